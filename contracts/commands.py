@@ -1,0 +1,277 @@
+"""Storage commands and replies (`storage.commands`, `storage.replies`), one model per operation.
+
+Each command names a `Store` method; its arguments are exactly the command's own fields, so the
+owner dispatches with `getattr(store, command.method)(**command.arguments())`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from contracts.envelope import Envelope
+from contracts.errors import ErrorBody
+from contracts.store import (
+    AppendResult,
+    Checkpoint,
+    Page,
+    Record,
+    RunMeta,
+    RunStart,
+    RunStatus,
+    Session,
+    StartResult,
+)
+from contracts.wire import Timestamp
+
+_ENVELOPE_FIELDS = frozenset(Envelope.model_fields) | {"op"}
+
+
+class StoreOperation(Envelope):
+    """Base of a storage command: the envelope plus the operation's arguments."""
+
+    method: ClassVar[str]
+    result_type: ClassVar[Any]
+
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of the matching `Store` method."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in _ENVELOPE_FIELDS}
+
+    def partition_key(self) -> str:
+        """Session id when the command has one, else the run id (ordering only, never correctness)."""
+        for name in ("session_id", "run", "record", "run_id"):
+            value = getattr(self, name, None)
+            if isinstance(value, RunStart | Record):
+                return value.session_id or value.run_id
+            if isinstance(value, str) and value:
+                return value
+        return ""
+
+
+class CreateSession(StoreOperation):
+    """Create a session, or return the active one unchanged."""
+
+    method: ClassVar[str] = "create_session"
+    result_type: ClassVar[Any] = Session
+    op: Literal["CreateSession"] = Field(default="CreateSession", description="Operation name.")
+    session_id: str = Field(description="Session to create.")
+    created_at: Timestamp = Field(description="Creation time (millisecond precision).")
+
+
+class EndSession(StoreOperation):
+    """End a session; running runs may still write and close."""
+
+    method: ClassVar[str] = "end_session"
+    result_type: ClassVar[Any] = Session
+    op: Literal["EndSession"] = Field(default="EndSession", description="Operation name.")
+    session_id: str = Field(description="Session to end.")
+    ended_at: Timestamp = Field(description="End time (millisecond precision).")
+
+
+class LoadSessionStatus(StoreOperation):
+    """Read a session's status."""
+
+    method: ClassVar[str] = "load_session_status"
+    result_type: ClassVar[Any] = Session
+    op: Literal["LoadSessionStatus"] = Field(default="LoadSessionStatus", description="Operation name.")
+    session_id: str = Field(description="Session to read.")
+
+
+class PurgeSession(StoreOperation):
+    """Tombstone an ended session and delete all of its runs and records."""
+
+    method: ClassVar[str] = "purge_session"
+    result_type: ClassVar[Any] = None
+    op: Literal["PurgeSession"] = Field(default="PurgeSession", description="Operation name.")
+    session_id: str = Field(description="Session to purge.")
+
+
+class StartRootRun(StoreOperation):
+    """Start a root run (or a root continuation) in a session."""
+
+    method: ClassVar[str] = "start_root_run"
+    result_type: ClassVar[Any] = StartResult
+    op: Literal["StartRootRun"] = Field(default="StartRootRun", description="Operation name.")
+    run: RunStart = Field(description="Identity of the run.")
+    started: Record = Field(description="The run_started record.")
+    stopped: Record = Field(description="The run_completed record written if the session has ended.")
+
+
+class StartChildRun(StoreOperation):
+    """Start a child run in a session, linked on its running parent."""
+
+    method: ClassVar[str] = "start_child_run"
+    result_type: ClassVar[Any] = StartResult
+    op: Literal["StartChildRun"] = Field(default="StartChildRun", description="Operation name.")
+    run: RunStart = Field(description="Identity of the child run.")
+    parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
+    started: Record = Field(description="The run_started record.")
+    stopped: Record = Field(description="The run_completed record written if the session has ended.")
+
+
+class StartOneShotRun(StoreOperation):
+    """Start a sessionless run."""
+
+    method: ClassVar[str] = "start_one_shot_run"
+    result_type: ClassVar[Any] = StartResult
+    op: Literal["StartOneShotRun"] = Field(default="StartOneShotRun", description="Operation name.")
+    run: RunStart = Field(description="Identity of the run (no session).")
+    started: Record = Field(description="The run_started record.")
+
+
+class StartOneShotChildRun(StoreOperation):
+    """Start a sessionless child of a sessionless parent."""
+
+    method: ClassVar[str] = "start_one_shot_child_run"
+    result_type: ClassVar[Any] = StartResult
+    op: Literal["StartOneShotChildRun"] = Field(
+        default="StartOneShotChildRun", description="Operation name."
+    )
+    run: RunStart = Field(description="Identity of the child run (no session).")
+    parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
+    started: Record = Field(description="The run_started record.")
+
+
+class AppendRunRecord(StoreOperation):
+    """Append an ordinary record to a running run."""
+
+    method: ClassVar[str] = "append_run_record"
+    result_type: ClassVar[Any] = AppendResult
+    op: Literal["AppendRunRecord"] = Field(default="AppendRunRecord", description="Operation name.")
+    record: Record = Field(description="The record to append (not a lifecycle type).")
+
+
+class RecordRunCancellation(StoreOperation):
+    """Record a cancellation intent; the first reason is permanent."""
+
+    method: ClassVar[str] = "record_run_cancellation"
+    result_type: ClassVar[Any] = AppendResult
+    op: Literal["RecordRunCancellation"] = Field(
+        default="RecordRunCancellation", description="Operation name."
+    )
+    record: Record = Field(description="The runtime.cancellation_intent record.")
+
+
+class RecordRunSuspension(StoreOperation):
+    """Suspend a running run with its checkpoint."""
+
+    method: ClassVar[str] = "record_run_suspension"
+    result_type: ClassVar[Any] = AppendResult
+    op: Literal["RecordRunSuspension"] = Field(default="RecordRunSuspension", description="Operation name.")
+    checkpoint: Checkpoint = Field(description="Private resume state, stored byte for byte.")
+    record: Record = Field(description="The run_suspended record.")
+
+
+class RecordRunTerminal(StoreOperation):
+    """Close a run as completed, failed or canceled."""
+
+    method: ClassVar[str] = "record_run_terminal"
+    result_type: ClassVar[Any] = AppendResult
+    op: Literal["RecordRunTerminal"] = Field(default="RecordRunTerminal", description="Operation name.")
+    record: Record = Field(description="The run_completed record.")
+
+
+class LoadRun(StoreOperation):
+    """Read a run's metadata."""
+
+    method: ClassVar[str] = "load_run"
+    result_type: ClassVar[Any] = RunMeta
+    op: Literal["LoadRun"] = Field(default="LoadRun", description="Operation name.")
+    run_id: str = Field(description="Run to read.")
+
+
+class LoadRunSuspension(StoreOperation):
+    """Read a suspended run's checkpoint."""
+
+    method: ClassVar[str] = "load_run_suspension"
+    result_type: ClassVar[Any] = Checkpoint
+    op: Literal["LoadRunSuspension"] = Field(default="LoadRunSuspension", description="Operation name.")
+    run_id: str = Field(description="Run whose checkpoint to read.")
+
+
+class ListRunRecords(StoreOperation):
+    """Page through one run's records in per-run order."""
+
+    method: ClassVar[str] = "list_run_records"
+    result_type: ClassVar[Any] = Page
+    op: Literal["ListRunRecords"] = Field(default="ListRunRecords", description="Operation name.")
+    run_id: str = Field(description="Run to list.")
+    cursor: str = Field(default="", description="Opaque cursor; empty starts at the beginning.")
+    limit: int = Field(description="Page size, 1..500 (larger values are capped).")
+
+
+class ListSessionRunRecords(StoreOperation):
+    """Page through a session's records in commit order across runs."""
+
+    method: ClassVar[str] = "list_session_run_records"
+    result_type: ClassVar[Any] = Page
+    op: Literal["ListSessionRunRecords"] = Field(
+        default="ListSessionRunRecords", description="Operation name."
+    )
+    session_id: str = Field(description="Session to list.")
+    cursor: str = Field(default="", description="Opaque cursor; empty starts at the beginning.")
+    limit: int = Field(description="Page size, 1..500 (larger values are capped).")
+
+
+class ListRunsBySession(StoreOperation):
+    """List a session's runs in start order, optionally filtered by status."""
+
+    method: ClassVar[str] = "list_runs_by_session"
+    result_type: ClassVar[Any] = list[RunMeta]
+    op: Literal["ListRunsBySession"] = Field(default="ListRunsBySession", description="Operation name.")
+    session_id: str = Field(description="Session to list.")
+    statuses: list[RunStatus] = Field(default_factory=list, description="Statuses to keep; empty = all.")
+
+
+StoreCommand = Annotated[
+    CreateSession
+    | EndSession
+    | LoadSessionStatus
+    | PurgeSession
+    | StartRootRun
+    | StartChildRun
+    | StartOneShotRun
+    | StartOneShotChildRun
+    | AppendRunRecord
+    | RecordRunCancellation
+    | RecordRunSuspension
+    | RecordRunTerminal
+    | LoadRun
+    | LoadRunSuspension
+    | ListRunRecords
+    | ListSessionRunRecords
+    | ListRunsBySession,
+    Field(discriminator="op"),
+]
+"""The payload of `storage.commands`: one of the store operations, discriminated on `op`."""
+
+STORE_COMMAND = TypeAdapter[StoreCommand](StoreCommand)
+
+
+class StoreReply(BaseModel):
+    """The payload of `storage.replies`: a result or a typed error for one correlation id."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    correlation_id: str = Field(description="The command's correlation id.")
+    op: str = Field(default="", description="The operation that was applied.")
+    result: Any = Field(default=None, description="JSON form of the operation's result.")
+    error: ErrorBody | None = Field(default=None, description="Set instead of result on refusal.")
+
+
+def encode_result(value: object) -> Any:
+    """The JSON form of a `Store` method's return value."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [encode_result(item) for item in value]
+    return value
+
+
+def decode_result(command: StoreOperation, value: Any) -> Any:
+    """Parse a reply's result into the command's result type."""
+    if command.result_type is None:
+        return None
+    return TypeAdapter(command.result_type).validate_python(value)
+

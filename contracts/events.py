@@ -1,0 +1,76 @@
+"""Run phases and the stream events of `runs.events` (STORE_CONTRACT §11)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from contracts.envelope import Envelope
+from contracts.wire import Timestamp
+
+
+class RunPhase(StrEnum):
+    """Phases a run goes through; the last four are terminal or closing."""
+
+    PROMPTED = "prompted"
+    PLANNING = "planning"
+    EXECUTING_TOOLS = "executing_tools"
+    SYNTHESIZING = "synthesizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    SUSPENDED = "suspended"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether a `workflow` event for this phase ends the run's stream."""
+        return self in (RunPhase.COMPLETED, RunPhase.FAILED, RunPhase.CANCELED, RunPhase.SUSPENDED)
+
+
+RUN_PHASE_CHANGED = "run_phase_changed"
+"""Ordinary record type carrying `{phase}`."""
+
+
+class StreamEventType(StrEnum):
+    """Types of the events UIs receive on `runs.events`."""
+
+    PLANNER_THOUGHT = "planner_thought"
+    PROMPT_RENDERED = "prompt_rendered"
+    TOOL_START = "tool_start"
+    TOOL_END = "tool_end"
+    TOOL_UPDATE = "tool_update"
+    TOOL_CALL_ARGS_DELTA = "tool_call_args_delta"
+    TOOL_OUTPUT_DELTA = "tool_output_delta"
+    ASSISTANT_REPLY = "assistant_reply"
+    ASSISTANT_TURN = "assistant_turn"
+    AWAIT_CLARIFICATION = "await_clarification"
+    AWAIT_CONFIRMATION = "await_confirmation"
+    AWAIT_QUESTIONS = "await_questions"
+    AWAIT_EXTERNAL_TOOLS = "await_external_tools"
+    TOOL_AUTHORIZATION = "tool_authorization"
+    USAGE = "usage"
+    WORKFLOW = "workflow"
+    CHILD_RUN_LINKED = "child_run_linked"
+    SESSION_STREAM_STARTED = "session_stream_started"
+    SESSION_STREAM_END = "session_stream_end"
+    RUN_STREAM_END = "run_stream_end"
+
+
+class RunEvent(Envelope):
+    """One live event of a run; consumers de-duplicate on (run_id, type, event_key)."""
+
+    type: StreamEventType = Field(description="What happened.")
+    event_key: str = Field(description="The record's key, or a deterministic delta key.")
+    run_id: str = Field(description="Run the event belongs to.")
+    session_id: str = Field(default="", description="Session of the run; the partition key.")
+    timestamp: Timestamp = Field(description="When it happened (the record's timestamp when it has one).")
+    payload: dict[str, Any] = Field(default_factory=dict, description="Type-specific JSON object.")
+    server_data: dict[str, Any] | None = Field(
+        default=None, description="Server-side extras for UIs (never secrets)."
+    )
+
+    def dedup_key(self) -> tuple[str, str, str]:
+        """The identity consumers de-duplicate on."""
+        return (self.run_id, self.type.value, self.event_key)

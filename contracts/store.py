@@ -1,0 +1,168 @@
+"""The runtime store's data model (STORE_CONTRACT §3): sessions, runs, records, results."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.wire import Timestamp, WireBytes
+
+
+class SessionStatus(StrEnum):
+    """A session goes from active to ended, one way."""
+
+    ACTIVE = "active"
+    ENDED = "ended"
+
+
+class RunStatus(StrEnum):
+    """Status of a run; every status but RUNNING is closed."""
+
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def closed(self) -> bool:
+        """Closed: anything but running (suspended included)."""
+        return self is not RunStatus.RUNNING
+
+    @property
+    def final(self) -> bool:
+        """Final: completed, failed or canceled."""
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED)
+
+
+class StartOutcome(StrEnum):
+    """The decision a start took; never changed afterwards."""
+
+    PROCEED = "proceed"
+    STOP = "stop"
+
+
+class CancellationReason(StrEnum):
+    """The three accepted cancellation reasons."""
+
+    USER_REQUESTED = "user_requested"
+    SESSION_ENDED = "session_ended"
+    ENGINE_CANCELED = "engine_canceled"
+
+
+class LifecycleType(StrEnum):
+    """Record types written only by lifecycle operations."""
+
+    RUN_STARTED = "run_started"
+    CHILD_RUN_LINKED = "child_run_linked"
+    CANCELLATION_INTENT = "runtime.cancellation_intent"
+    RUN_SUSPENDED = "run_suspended"
+    RUN_COMPLETED = "run_completed"
+
+
+LIFECYCLE_TYPES = frozenset(t.value for t in LifecycleType)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Session(_Frozen):
+    """A conversation container administered by the host."""
+
+    session_id: str = Field(description="Non-empty session identifier, compared byte for byte.")
+    status: SessionStatus = Field(description="active until ended; one way.")
+    created_at: Timestamp = Field(description="First accepted creation time.")
+    ended_at: Timestamp | None = Field(default=None, description="First accepted end time; null until ended.")
+
+
+class RunStart(_Frozen):
+    """The identity carried by every start; retries repeat it exactly."""
+
+    run_id: str = Field(description="Run identifier (required).")
+    agent_id: str = Field(description="Agent that executes the run (required).")
+    session_id: str = Field(default="", description="Owning session; empty for one-shot runs.")
+    parent_run_id: str = Field(default="", description="Parent run for child starts; empty for roots.")
+    predecessor_run_id: str = Field(
+        default="", description="Suspended run this one continues (continuations only)."
+    )
+    started_at: Timestamp = Field(description="Start time from the request, millisecond precision.")
+    labels: dict[str, str] = Field(default_factory=dict, description="String labels; absent equals {}.")
+
+
+class RunMeta(_Frozen):
+    """What LoadRun returns: the run's identity and current state."""
+
+    run_id: str = Field(description="Run identifier.")
+    agent_id: str = Field(description="Agent that executes the run.")
+    session_id: str = Field(description="Owning session; empty for one-shot runs.")
+    parent_run_id: str = Field(description="Parent run; empty for roots.")
+    started_at: Timestamp = Field(description="Start time from the start command.")
+    labels: dict[str, str] = Field(description="Labels from the start.")
+    status: RunStatus = Field(description="Current status.")
+    start_outcome: StartOutcome = Field(description="The start's decision; never changed.")
+    successor_run_id: str = Field(description="The one admitted continuation, or empty.")
+    cancellation_reason: str = Field(description="First accepted cancellation reason, or empty.")
+    updated_at: Timestamp = Field(description="Store clock at the last state change.")
+
+
+class Checkpoint(_Frozen):
+    """A suspended run's private resume state, stored byte for byte."""
+
+    suspension_id: str = Field(description="Identifier of the suspension (non-empty).")
+    data: WireBytes = Field(description="Opaque non-empty checkpoint bytes.")
+
+
+class Record(_Frozen):
+    """An immutable entry in a run's ordered log."""
+
+    id: str = Field(default="", description="Store-assigned per-run sequence; absent in commands.")
+    event_key: str = Field(description="Writer-derived key, unique per (run_id, event_key).")
+    run_id: str = Field(description="Run the record belongs to.")
+    agent_id: str = Field(description="Agent of that run.")
+    session_id: str = Field(default="", description="Session of that run; empty when sessionless.")
+    type: str = Field(description="Record type; lifecycle types are reserved to lifecycle operations.")
+    turn_id: str = Field(default="", description="Optional turn the record belongs to.")
+    payload: WireBytes = Field(description="Non-empty JSON bytes, kept and compared as received.")
+    timestamp: Timestamp = Field(description="Millisecond-precision time; part of identity.")
+
+    def same_content(self, other: Record) -> bool:
+        """Record equality of STORE_CONTRACT §3: every identity field and the payload bytes, never `id`."""
+        return (
+            self.event_key == other.event_key
+            and self.run_id == other.run_id
+            and self.agent_id == other.agent_id
+            and self.session_id == other.session_id
+            and self.turn_id == other.turn_id
+            and self.type == other.type
+            and self.timestamp == other.timestamp
+            and self.payload == other.payload
+        )
+
+
+class AppendResult(_Frozen):
+    """Result of a record write."""
+
+    record_id: str = Field(description="Id of the record (the original one on an exact retry).")
+    inserted: bool = Field(description="False on an exact retry: nothing was written.")
+    session_status: str = Field(
+        description="Session status read in the same transaction: active, ended, or empty when sessionless."
+    )
+
+
+class StartResult(_Frozen):
+    """Result of a start: the original decision, the current status and the records' results."""
+
+    decision: StartOutcome = Field(description="The original start outcome.")
+    run_status: RunStatus = Field(description="The run's current status.")
+    started: AppendResult = Field(description="The run_started record.")
+    parent_link: AppendResult | None = Field(default=None, description="child_run_linked on the parent.")
+    stopped: AppendResult | None = Field(default=None, description="run_completed when the decision is stop.")
+
+
+class Page(_Frozen):
+    """One page of a record listing."""
+
+    records: list[Record] = Field(description="Records in listing order.")
+    next_cursor: str = Field(description="Opaque cursor for the next page; empty when nothing followed.")
