@@ -1,0 +1,29 @@
+"""The `store` fixture: every conformance test runs once per registered implementation.
+
+Implementations live in `tests.conformance.implementations.IMPLEMENTATIONS`; see that module for
+how to add one. Select a subset with `-k`, e.g. `pytest tests/conformance -k memory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.kit.store.protocol import Store
+from tests.conformance.implementations import IMPLEMENTATIONS
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize `store` over the registry as it stands once every conftest/plugin is loaded."""
+    if "store" in metafunc.fixturenames:
+        names = list(IMPLEMENTATIONS)
+        metafunc.parametrize("store", names, indirect=True, ids=names)
+
+
+@pytest.fixture
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """A fresh, isolated store of the implementation named by the parameter."""
+    factory = IMPLEMENTATIONS[request.param]
+    async with factory(request) as instance:
+        yield instance
