@@ -125,9 +125,7 @@ class StartOneShotChildRun(StoreOperation):
 
     method: ClassVar[str] = "start_one_shot_child_run"
     result_type: ClassVar[Any] = StartResult
-    op: Literal["StartOneShotChildRun"] = Field(
-        default="StartOneShotChildRun", description="Operation name."
-    )
+    op: Literal["StartOneShotChildRun"] = Field(default="StartOneShotChildRun", description="Operation name.")
     run: RunStart = Field(description="Identity of the child run (no session).")
     parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
     started: Record = Field(description="The run_started record.")
@@ -274,4 +272,3 @@ def decode_result(command: StoreOperation, value: Any) -> Any:
     if command.result_type is None:
         return None
     return TypeAdapter(command.result_type).validate_python(value)
-

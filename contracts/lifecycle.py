@@ -19,7 +19,7 @@ from contracts.store import CancellationReason, LifecycleType, RunStart, RunStat
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class _Duplicate(Exception):
+class _DuplicateKeyError(Exception):
     """Raised inside the JSON hook when an object repeats a key."""
 
 
@@ -31,7 +31,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise _Duplicate(key)
+            raise _DuplicateKeyError(key)
         result[key] = value
     return result
 
@@ -59,7 +59,7 @@ def decode_json_object(payload: bytes, what: str) -> dict[str, Any]:
         value = json.loads(
             text, object_pairs_hook=_pairs, parse_float=Decimal, parse_constant=_reject_constant
         )
-    except _Duplicate as error:
+    except _DuplicateKeyError as error:
         raise invalid(f"{what}: duplicate key {error.args[0]!r}") from error
     except ValueError as error:
         raise invalid(f"{what}: payload is not exactly one JSON value ({error})") from error

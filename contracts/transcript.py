@@ -411,8 +411,7 @@ def _write(value: Any, out: list[str]) -> None:
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, Decimal):
-        # str() of a finite Decimal is valid JSON and keeps every digit (`1.10` stays `1.10`).
-        out.append(str(value))
+        out.append(_decimal_text(value))
     elif isinstance(value, str):
         out.append(json.dumps(_SURROGATE.sub("\ufffd", value), ensure_ascii=False))
     elif isinstance(value, bytes):
@@ -423,6 +422,15 @@ def _write(value: Any, out: list[str]) -> None:
         _write_array(value, out)
     else:
         raise TranscriptError(f"{type(value).__name__} is not a JSON value")
+
+
+def _decimal_text(value: Decimal) -> str:
+    # str() of a finite Decimal is valid JSON and keeps every digit (`1.10` stays `1.10`). A
+    # Decimal without fraction or exponent reads back as an int, so it is written as one:
+    # `Decimal('-0')` becomes `0`, keeping encode(decode(encode(x))) == encode(x).
+    if value.as_tuple().exponent == 0:
+        return str(int(value))
+    return str(value)
 
 
 def _write_object(value: dict[str, Any], out: list[str]) -> None:

@@ -65,9 +65,7 @@ class _MemoryTransaction:
         # Per-run sequences start at 1 and have no gaps, so position `after` is the slice start.
         return self._tables.records_in_order.get(run_id, [])[after : after + limit]
 
-    async def list_session_records(
-        self, session_id: str, after: int, limit: int
-    ) -> list[tuple[int, Record]]:
+    async def list_session_records(self, session_id: str, after: int, limit: int) -> list[tuple[int, Record]]:
         rows = self._tables.session_records.get(session_id, [])
         start = bisect.bisect_right(rows, after, key=lambda row: row[0])
         return rows[start : start + limit]

@@ -89,8 +89,6 @@ class Store(Protocol):
         """ListSessionRunRecords: session commit order across runs."""
         ...
 
-    async def list_runs_by_session(
-        self, session_id: str, statuses: list[RunStatus]
-    ) -> list[RunMeta]:
+    async def list_runs_by_session(self, session_id: str, statuses: list[RunStatus]) -> list[RunMeta]:
         """ListRunsBySession: runs in start order; an empty filter means all."""
         ...

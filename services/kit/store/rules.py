@@ -143,9 +143,7 @@ class RuleStore:
             state = await self._session(tx, session_id)
             if state.status is SessionStatus.ENDED:
                 return state.session
-            session = state.session.model_copy(
-                update={"status": SessionStatus.ENDED, "ended_at": ended_at}
-            )
+            session = state.session.model_copy(update={"status": SessionStatus.ENDED, "ended_at": ended_at})
             await tx.save_session(
                 state.model_copy(update={"session": session, "revision": state.revision + 1})
             )
@@ -237,9 +235,7 @@ class RuleStore:
             _fail(ErrorCode.RUN_SUSPENSION_NOT_FOUND, "predecessor is not suspended")
         if predecessor.successor_run_id:
             _fail(ErrorCode.RUN_CONFLICT, "predecessor already has a successor")
-        if predecessor.agent_id != run.agent_id or bool(predecessor.parent_run_id) != bool(
-            run.parent_run_id
-        ):
+        if predecessor.agent_id != run.agent_id or bool(predecessor.parent_run_id) != bool(run.parent_run_id):
             _fail(ErrorCode.RUN_CONFLICT, "continuation must keep the agent and the parent shape")
         old_link = predecessor.start.parent_link
         if parent_link is not None and old_link is not None:
@@ -255,9 +251,7 @@ class RuleStore:
                 _fail(ErrorCode.RUN_CONFLICT, "the new parent must run the old parent's agent")
         return predecessor
 
-    async def _linkable_parent(
-        self, tx: StoreTransaction, run: RunStart, parent_link: Record
-    ) -> RunState:
+    async def _linkable_parent(self, tx: StoreTransaction, run: RunStart, parent_link: Record) -> RunState:
         parent = await tx.load_run(run.parent_run_id)
         if parent is None:
             _fail(ErrorCode.RUN_NOT_FOUND, "parent run not found")
@@ -487,9 +481,7 @@ class RuleStore:
 
         return await self._transactions.run(apply)
 
-    async def list_runs_by_session(
-        self, session_id: str, statuses: list[RunStatus]
-    ) -> list[RunMeta]:
+    async def list_runs_by_session(self, session_id: str, statuses: list[RunStatus]) -> list[RunMeta]:
         require_id("session_id", session_id)
         wanted = set(statuses)
 

@@ -133,9 +133,7 @@ class StoreTransaction(Protocol):
         """Up to `limit` records of the run with sequence > after, in order."""
         ...
 
-    async def list_session_records(
-        self, session_id: str, after: int, limit: int
-    ) -> list[tuple[int, Record]]:
+    async def list_session_records(self, session_id: str, after: int, limit: int) -> list[tuple[int, Record]]:
         """Up to `limit` (session sequence, record) pairs with sequence > after, in order."""
         ...
 

@@ -1,0 +1,69 @@
+"""The storage owner's subscriber: apply a command, reply, publish what committed, then commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
+from pydantic import ValidationError
+
+from contracts.commands import STORE_COMMAND, StoreOperation, StoreReply
+from contracts.errors import ErrorCode, StoreError
+from contracts.topics import Topic
+from services.kit.broker import subscriber_options, topic
+from services.kit.delivery import Delivery, describe
+from services.kit.settings import KafkaSettings
+from services.kit.store.client import REPLY_TO_HEADER
+from services.kit.store.protocol import Store
+from services.storage_owner.logic import apply_command, correlation_of
+
+
+@dataclass
+class OwnerDeps:
+    """What the handler needs; the store is opened in the app's lifespan."""
+
+    store: Store | None = None
+
+    def opened_store(self) -> Store:
+        """The store, once the lifespan has opened it."""
+        if self.store is None:
+            raise RuntimeError("the storage owner's store is not open")
+        return self.store
+
+
+def register(
+    broker: KafkaBroker, settings: KafkaSettings, deps: OwnerDeps, delivery: Delivery, group: str
+) -> None:
+    """Subscribe the owner to `storage.commands`."""
+    replies_default = topic(settings, Topic.STORAGE_REPLIES)
+    events_topic = topic(settings, Topic.RUNS_EVENTS)
+
+    @broker.subscriber(
+        topic(settings, Topic.STORAGE_COMMANDS),
+        **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
+    )
+    async def on_command(message: KafkaMessage) -> None:
+        reply_to = message.headers.get(REPLY_TO_HEADER) or replies_default
+
+        async def publish_reply(reply: StoreReply) -> None:
+            await broker.publish(reply.model_dump_json().encode(), topic=str(reply_to))
+
+        async def apply(command: StoreOperation) -> None:
+            reply, events = await apply_command(deps.opened_store(), command)
+            await publish_reply(reply)
+            for event in events:
+                await broker.publish(
+                    event.model_dump_json().encode(),
+                    topic=events_topic,
+                    key=event.session_id.encode() or event.run_id.encode(),
+                )
+
+        async def refuse(body: bytes, error: ValidationError) -> None:
+            correlation_id = correlation_of(body)
+            if correlation_id:
+                invalid = StoreError(ErrorCode.INVALID_ARGUMENT, describe(error))
+                await publish_reply(StoreReply(correlation_id=correlation_id, error=invalid.to_body()))
+
+        await delivery.handle(message, STORE_COMMAND, apply, on_invalid=refuse)

@@ -1,0 +1,21 @@
+"""Settings of the storage owner, on top of the shared Kafka and Mongo settings."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OwnerSettings(BaseSettings):
+    """How the storage owner consumes commands and protects cursors."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_OWNER_", frozen=True, extra="ignore")
+
+    group: str = Field(default="storage-owner", description="Consumer group of every owner copy.")
+    cursor_secret: SecretStr | None = Field(
+        default=None,
+        description="HMAC key of listing cursors; unset: a key generated once and kept in MongoDB.",
+    )
+    retry_attempts: int = Field(
+        default=5, ge=1, description="Tries of one command on a transient database failure."
+    )
