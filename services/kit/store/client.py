@@ -57,7 +57,8 @@ from services.kit.settings import KafkaSettings
 
 logger = structlog.get_logger(__name__)
 
-REPLY_TO_HEADER = "reply_to"
+# Not FastStream's own `reply_to`, which would make it publish the handler's return value too.
+REPLY_TO_HEADER = "quipu-reply-to"
 
 
 class KafkaStore:
@@ -151,7 +152,7 @@ class KafkaStore:
         try:
             reply = StoreReply.model_validate_json(value or b"")
         except ValueError:
-            logger.warning("unreadable store reply skipped")
+            logger.warning("unreadable store reply skipped", value=(value or b"")[:200])
             return
         future = self._pending.get(reply.correlation_id)
         if future is not None and not future.done():
