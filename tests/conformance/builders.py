@@ -148,7 +148,7 @@ def started_record(
 def stopped_record(
     run: RunStart, *, key: str = "stopped", turn_id: str = "", payload: bytes | None = None
 ) -> Record:
-    """The start's `stopped` alternative: canceled/session_ended at `started_at`, the run's labels."""
+    """The start's `stopped` alternative: canceled/session_ended at `started_at`, run labels."""
     return Record(
         event_key=key,
         run_id=run.run_id,
@@ -255,9 +255,7 @@ def child_start(
         tool_call_id=tool_call_id,
         key=link_key,
     )
-    return ChildStart(
-        run, link, started_record(run, key=started_key), stopped_record(run, key=stopped_key)
-    )
+    return ChildStart(run, link, started_record(run, key=started_key), stopped_record(run, key=stopped_key))
 
 
 def one_shot(
@@ -440,7 +438,7 @@ def changed(model: Any, **changes: Any) -> Any:
 
 
 async def refused(code: ErrorCode, operation: Awaitable[object]) -> StoreError:
-    """Await `operation` and assert it is refused with exactly `code` (codes only, never messages)."""
+    """Await `operation`; assert it is refused with exactly `code` (codes, never messages)."""
     with pytest.raises(StoreError) as caught:
         await operation
     assert caught.value.code == code, f"expected {code}, got {caught.value.code}: {caught.value}"
@@ -514,9 +512,7 @@ async def running_root(store: Store, session_id: str, **options: Any) -> RunStar
     return await proceed(store, root_start(session_id, **options))
 
 
-async def running_child(
-    store: Store, session_id: str, parent: RunStart, **options: Any
-) -> RunStart:
+async def running_child(store: Store, session_id: str, parent: RunStart, **options: Any) -> RunStart:
     """A running child run of `parent`."""
     return await proceed(store, child_start(session_id, parent, **options))
 
@@ -579,9 +575,7 @@ async def _read(operation: Awaitable[Any]) -> Any:
     return value.model_dump() if hasattr(value, "model_dump") else value
 
 
-async def snapshot(
-    store: Store, runs: Iterable[str] = (), sessions: Iterable[str] = ()
-) -> dict[str, Any]:
+async def snapshot(store: Store, runs: Iterable[str] = (), sessions: Iterable[str] = ()) -> dict[str, Any]:
     """Everything the read operations show about some runs and sessions (errors included).
 
     Two equal snapshots around a refused operation prove that it wrote nothing observable.

@@ -236,9 +236,7 @@ RUN_CONFLICTS: dict[str, Variant] = {
     "other_agent": lambda s, r: root_start(
         s, run_id=r, agent_id="agent-z", labels=LABELS, started_at=ms(100)
     ),
-    "other_labels": lambda s, r: root_start(
-        s, run_id=r, labels={"team": "search"}, started_at=ms(100)
-    ),
+    "other_labels": lambda s, r: root_start(s, run_id=r, labels={"team": "search"}, started_at=ms(100)),
     # §6.3: "A later started_at is a conflict too."
     "later_started_at": lambda s, r: root_start(s, run_id=r, labels=LABELS, started_at=ms(101)),
     "earlier_started_at": lambda s, r: root_start(s, run_id=r, labels=LABELS, started_at=ms(99)),
@@ -250,16 +248,12 @@ RUN_CONFLICTS: dict[str, Variant] = {
     ),
     # §6.3 order: "Run exists → exact-retry comparison" comes before "Session missing", so a
     # start naming an unknown session for an existing run id is RUN_CONFLICT.
-    "other_session": lambda s, r: root_start(
-        uid("session"), run_id=r, labels=LABELS, started_at=ms(100)
-    ),
+    "other_session": lambda s, r: root_start(uid("session"), run_id=r, labels=LABELS, started_at=ms(100)),
 }
 
 
 @pytest.mark.parametrize("variant", list(RUN_CONFLICTS), ids=list(RUN_CONFLICTS))
-async def test_start_differing_in_identity_or_record_key_is_run_conflict(
-    store: Store, variant: str
-) -> None:
+async def test_start_differing_in_identity_or_record_key_is_run_conflict(store: Store, variant: str) -> None:
     session_id = await open_session(store)
     run_id = uid("run")
     await store.start_root_run(*_base(session_id, run_id))
@@ -288,9 +282,7 @@ EVENT_CONFLICTS: dict[str, Callable[[RootStart], RootStart]] = {
 
 
 @pytest.mark.parametrize("variant", list(EVENT_CONFLICTS), ids=list(EVENT_CONFLICTS))
-async def test_start_with_same_key_other_record_content_is_event_conflict(
-    store: Store, variant: str
-) -> None:
+async def test_start_with_same_key_other_record_content_is_event_conflict(store: Store, variant: str) -> None:
     session_id = await open_session(store)
     original = _base(session_id, uid("run"))
     await store.start_root_run(*original)
@@ -366,15 +358,11 @@ INVALID_STARTS: dict[str, Callable[[RootStart], RootStart]] = {
     "root_with_parent": _with_run({"parent_run_id": "some-parent"}),
     "predecessor_is_itself": lambda c: _with_run({"predecessor_run_id": c.run.run_id})(c),
     "started_wrong_type": lambda c: c._replace(started=changed(c.started, type="run_resumed")),
-    "started_not_at_started_at": lambda c: c._replace(
-        started=changed(c.started, timestamp=ms(1))
-    ),
+    "started_not_at_started_at": lambda c: c._replace(started=changed(c.started, timestamp=ms(1))),
     "started_payload_other_labels": lambda c: c._replace(
         started=changed(c.started, payload=b'{"labels":{"team":"other"}}')
     ),
-    "started_payload_without_labels": lambda c: c._replace(
-        started=changed(c.started, payload=b"{}")
-    ),
+    "started_payload_without_labels": lambda c: c._replace(started=changed(c.started, payload=b"{}")),
     "started_payload_with_parent": lambda c: c._replace(
         started=changed(c.started, payload=b'{"parent_run_id":"p","labels":{"team":"a"}}')
     ),
@@ -412,9 +400,7 @@ INVALID_STARTS: dict[str, Callable[[RootStart], RootStart]] = {
 
 
 @pytest.mark.parametrize("variant", list(INVALID_STARTS), ids=list(INVALID_STARTS))
-async def test_invalid_start_is_invalid_argument_and_writes_nothing(
-    store: Store, variant: str
-) -> None:
+async def test_invalid_start_is_invalid_argument_and_writes_nothing(store: Store, variant: str) -> None:
     session_id = await open_session(store)
     command = INVALID_STARTS[variant](root_start(session_id, labels={"team": "a"}))
     await refused(ErrorCode.INVALID_ARGUMENT, store.start_root_run(*command))
@@ -431,9 +417,7 @@ async def test_root_start_without_session_is_invalid(store: Store) -> None:
 @pytest.mark.parametrize(
     "field", ["session_id", "predecessor_run_id", "parent_run_id"], ids=lambda f: f"with_{f}"
 )
-async def test_one_shot_start_with_session_predecessor_or_parent_is_invalid(
-    store: Store, field: str
-) -> None:
+async def test_one_shot_start_with_session_predecessor_or_parent_is_invalid(store: Store, field: str) -> None:
     session_id = await open_session(store)
     predecessor = await running_root(store, session_id)
     value = {
@@ -449,21 +433,15 @@ async def test_one_shot_start_with_session_predecessor_or_parent_is_invalid(
 OWNER_MISMATCHES: dict[str, Callable[[RootStart], RootStart]] = {
     "started_run_id": lambda c: c._replace(started=changed(c.started, run_id=uid("run"))),
     "started_agent_id": lambda c: c._replace(started=changed(c.started, agent_id="agent-z")),
-    "started_session_id": lambda c: c._replace(
-        started=changed(c.started, session_id=uid("session"))
-    ),
+    "started_session_id": lambda c: c._replace(started=changed(c.started, session_id=uid("session"))),
     "stopped_run_id": lambda c: c._replace(stopped=changed(c.stopped, run_id=uid("run"))),
     "stopped_agent_id": lambda c: c._replace(stopped=changed(c.stopped, agent_id="agent-z")),
-    "stopped_session_id": lambda c: c._replace(
-        stopped=changed(c.stopped, session_id=uid("session"))
-    ),
+    "stopped_session_id": lambda c: c._replace(stopped=changed(c.stopped, session_id=uid("session"))),
 }
 
 
 @pytest.mark.parametrize("variant", list(OWNER_MISMATCHES), ids=list(OWNER_MISMATCHES))
-async def test_start_record_owned_by_another_run_is_record_owner_mismatch(
-    store: Store, variant: str
-) -> None:
+async def test_start_record_owned_by_another_run_is_record_owner_mismatch(store: Store, variant: str) -> None:
     session_id = await open_session(store)
     command = OWNER_MISMATCHES[variant](root_start(session_id))
     await refused(ErrorCode.RECORD_OWNER_MISMATCH, store.start_root_run(*command))
