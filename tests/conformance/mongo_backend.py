@@ -7,7 +7,6 @@ holds little). The server is the session's embedded stack when `tests/conftest.p
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import socket
@@ -20,11 +19,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from pymongo import AsyncMongoClient
+from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from services.kit.store.protocol import Store
-from services.storage_owner.adapters import MongoStore, client_options
+from services.storage_owner.adapters import MongoStore
 from tests.conformance.implementations import register_implementation
 
 _START_TIMEOUT = 30.0
@@ -36,15 +35,16 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def _answers(uri: str) -> bool:
-    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(uri, serverSelectionTimeoutMS=200)
+def _answers(uri: str) -> bool:
+    # Synchronous on purpose: session fixtures may be set up while the test loop runs.
+    client: MongoClient[dict[str, object]] = MongoClient(uri, serverSelectionTimeoutMS=200)
     try:
-        await client.admin.command("ping")
+        client.admin.command("ping")
         return True
     except PyMongoError:
         return False
     finally:
-        await client.close()
+        client.close()
 
 
 def _wait_until_answering(process: subprocess.Popen[bytes], uri: str) -> None:
@@ -52,7 +52,7 @@ def _wait_until_answering(process: subprocess.Popen[bytes], uri: str) -> None:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"secantusd-py exited with {process.returncode}")
-        if asyncio.run(_answers(uri)):
+        if _answers(uri):
             return
         time.sleep(0.05)
     raise RuntimeError("secantusd-py did not answer in time")
@@ -101,25 +101,16 @@ def secantus_uri(request: pytest.FixtureRequest) -> Iterator[str]:
             process.wait()
 
 
-@pytest.fixture(scope="session")
-async def secantus_client(secantus_uri: str) -> AsyncIterator[AsyncMongoClient[dict[str, object]]]:
-    """One client for every mongo conformance test (a store per test shares it)."""
-    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(
-        secantus_uri, **client_options(secantus_uri, 5_000)
-    )
-    yield client
-    await client.close()
-
-
 @asynccontextmanager
 async def mongo_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     """A MongoStore on a fresh database, dropped when the test ends."""
-    client = request.getfixturevalue("secantus_client")
-    store = await MongoStore.open(client, f"conformance_{uuid.uuid4().hex[:20]}")
+    uri = request.getfixturevalue("secantus_uri")
+    store = await MongoStore.connect(uri, f"conformance_{uuid.uuid4().hex[:20]}")
     try:
         yield store
     finally:
         await store.drop_database()
+        await store.close()
 
 
 register_implementation("mongo", mongo_store)

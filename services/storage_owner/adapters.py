@@ -1,0 +1,477 @@
+"""The MongoDB repository behind the store's transaction port (STORE_CONTRACT §6.1, §8).
+
+`MongoStore` is `RuleStore` (every contract rule, shared with the in-memory store) over
+`MongoTransactions`: each operation runs in one multi-document transaction, retried whole with
+bounded, jittered attempts when it meets another writer. Every save is conditional on the revision
+the operation read (insert at revision 1, else replace where `revision == state.revision - 1`), so a
+racing writer is detected even where MongoDB itself would not report a write conflict; that, plus
+MongoDB's own write conflicts, is what admits exactly one of several racing continuations.
+
+Layout (one database):
+
+- `sessions`: `_id` = session id. A live session holds the `SessionState`; a purged one is replaced
+  by its tombstone `{_id, tombstone: true, purged_at}`. Keeping the tombstone in the session's
+  own document means one read answers both "tombstoned?" and "which session?" (one round trip
+  less on every session-scoped operation), the id can never be inserted again (duplicate `_id`),
+  and a purge conflicts with every concurrent session-scoped write, which all bump the document.
+- `runs`: `_id` = run id; the `RunState` (checkpoint and bookkeeping included). Index
+  `(session_id, start_order)` serves ListRunsBySession and the purge cascade.
+- `records`: one document per record with its per-run `seq` and per-session `session_seq` (0 when
+  sessionless). Unique `(run_id, event_key)` and `(run_id, seq)`; `(session_id, session_seq)`
+  serves session listings and the purge cascade.
+- `meta`: the generated cursor secret, so cursors stay valid across restarts.
+
+Every query path hits an index: SecantusDB answers an unindexed find at ~5/s (PLATFORM_NOTES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from pymongo import ASCENDING, AsyncMongoClient, IndexModel, ReturnDocument
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import (
+    DocumentTooLarge,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from contracts.errors import ErrorCode, StoreError
+from contracts.store import Record
+from contracts.wire import utc_now_ms
+from services.kit.store.rules import RuleStore
+from services.kit.store.state import RunState, SessionState, StoreTransaction
+
+T = TypeVar("T")
+
+Document = dict[str, Any]
+
+SESSIONS = "sessions"
+RUNS = "runs"
+RECORDS = "records"
+META = "meta"
+
+CURSOR_SECRET_ID = "cursor_secret"
+_BSON_OBJECT_TOO_LARGE = 10334
+
+INDEXES: Mapping[str, list[IndexModel]] = {
+    RUNS: [IndexModel([("session_id", ASCENDING), ("start_order", ASCENDING)], name="session_start_order")],
+    RECORDS: [
+        IndexModel([("run_id", ASCENDING), ("event_key", ASCENDING)], name="run_event_key", unique=True),
+        IndexModel([("run_id", ASCENDING), ("seq", ASCENDING)], name="run_seq", unique=True),
+        IndexModel([("session_id", ASCENDING), ("session_seq", ASCENDING)], name="session_seq"),
+    ],
+}
+"""Secondary indexes by collection; `sessions` and `meta` are only read by `_id`."""
+
+
+class WriteRaceError(Exception):
+    """Raised inside a transaction when a conditional save finds that another writer came first."""
+
+
+@dataclass(frozen=True)
+class TransactionPolicy:
+    """How operations are committed and retried."""
+
+    write_concern: WriteConcern = field(default_factory=lambda: WriteConcern(w="majority", j=True))
+    """Majority and journaled: an acknowledged write survives SIGKILL (PLATFORM_NOTES)."""
+    read_concern: ReadConcern = field(default_factory=lambda: ReadConcern("snapshot"))
+    """Every read of an operation sees one snapshot."""
+    max_attempts: int = 12
+    """Tries of one operation that keeps meeting other writers, before UNAVAILABLE."""
+    commit_attempts: int = 3
+    """Tries of a commit whose outcome is unknown, before UNAVAILABLE."""
+    backoff_initial: float = 0.002
+    """Upper bound of the first (full-jitter) pause between attempts, in seconds."""
+    backoff_max: float = 0.1
+    """Cap of the pause between attempts, in seconds."""
+
+    def backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(max, initial * 2^(attempt-1))]."""
+        return random.uniform(0, min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1)))
+
+
+# --- documents ----------------------------------------------------------------------------------
+
+
+def _session_document(state: SessionState) -> Document:
+    return {"_id": state.session.session_id, **state.model_dump(mode="python")}
+
+
+def _session_state(document: Document) -> SessionState | None:
+    if document.get("tombstone"):
+        return None
+    return SessionState.model_validate({key: value for key, value in document.items() if key != "_id"})
+
+
+def _run_document(state: RunState) -> Document:
+    document = state.model_dump(mode="python")
+    # Label keys are arbitrary strings ("." "$" or NUL would be unsafe or invalid as BSON keys).
+    document["labels"] = [[key, value] for key, value in state.labels.items()]
+    return {"_id": state.run_id, **document}
+
+
+def _run_state(document: Document) -> RunState:
+    fields = {key: value for key, value in document.items() if key != "_id"}
+    fields["labels"] = dict(fields["labels"])
+    return RunState.model_validate(fields)
+
+
+def _record_document(record: Record, session_sequence: int) -> Document:
+    document = record.model_dump(mode="python", exclude={"id"})
+    document["seq"] = int(record.id)
+    document["session_seq"] = session_sequence
+    return document
+
+
+_RECORD_PROJECTION = {"_id": False, "session_seq": False}
+
+
+def _record(document: Document) -> Record:
+    fields = {key: value for key, value in document.items() if key not in ("_id", "seq", "session_seq")}
+    return Record(id=str(document["seq"]), **fields)
+
+
+# --- one transaction ----------------------------------------------------------------------------
+
+
+class _Collections:
+    def __init__(self, database: AsyncDatabase[Document]) -> None:
+        self.sessions: AsyncCollection[Document] = database[SESSIONS]
+        self.runs: AsyncCollection[Document] = database[RUNS]
+        self.records: AsyncCollection[Document] = database[RECORDS]
+
+
+class MongoTransaction:
+    """The `StoreTransaction` port inside one MongoDB transaction.
+
+    Documents read are remembered for the rest of the transaction (a snapshot reads the same
+    anyway), so the rules may load a run or a session twice for one round trip.
+    """
+
+    def __init__(self, collections: _Collections, session: AsyncClientSession) -> None:
+        self._collections = collections
+        self._session = session
+        self._sessions: dict[str, Document | None] = {}
+        self._runs: dict[str, RunState | None] = {}
+
+    async def _session_document(self, session_id: str) -> Document | None:
+        if session_id not in self._sessions:
+            self._sessions[session_id] = await self._collections.sessions.find_one(
+                {"_id": session_id}, session=self._session
+            )
+        return self._sessions[session_id]
+
+    async def is_tombstoned(self, session_id: str) -> bool:
+        document = await self._session_document(session_id)
+        return document is not None and bool(document.get("tombstone"))
+
+    async def load_session(self, session_id: str) -> SessionState | None:
+        document = await self._session_document(session_id)
+        return _session_state(document) if document is not None else None
+
+    async def save_session(self, state: SessionState) -> None:
+        document = _session_document(state)
+        await self._save(self._collections.sessions, document, state.revision)
+        self._sessions[state.session.session_id] = document
+
+    async def load_run(self, run_id: str) -> RunState | None:
+        if run_id not in self._runs:
+            document = await self._collections.runs.find_one({"_id": run_id}, session=self._session)
+            self._runs[run_id] = _run_state(document) if document is not None else None
+        return self._runs[run_id]
+
+    async def save_run(self, state: RunState) -> None:
+        await self._save(self._collections.runs, _run_document(state), state.revision)
+        self._runs[state.run_id] = state
+
+    async def _save(self, collection: AsyncCollection[Document], document: Document, revision: int) -> None:
+        """Insert at revision 1, else replace the document written at `revision - 1`."""
+        if revision == 1:
+            try:
+                await collection.insert_one(document, session=self._session)
+            except DuplicateKeyError as error:
+                raise WriteRaceError(
+                    f"{collection.name} {document['_id']!r} was inserted meanwhile"
+                ) from error
+            return
+        result = await collection.replace_one(
+            {"_id": document["_id"], "revision": revision - 1}, document, session=self._session
+        )
+        if result.matched_count != 1:
+            raise WriteRaceError(f"{collection.name} {document['_id']!r} changed meanwhile")
+
+    async def load_record(self, run_id: str, event_key: str) -> Record | None:
+        document = await self._collections.records.find_one(
+            {"run_id": run_id, "event_key": event_key}, _RECORD_PROJECTION, session=self._session
+        )
+        return _record(document) if document is not None else None
+
+    async def insert_record(self, record: Record, session_sequence: int) -> None:
+        try:
+            await self._collections.records.insert_one(
+                _record_document(record, session_sequence), session=self._session
+            )
+        except DuplicateKeyError as error:
+            # The rules checked the key and the sequence in this snapshot: another writer won.
+            raise WriteRaceError(f"record {record.event_key!r} of {record.run_id!r} was taken") from error
+
+    async def list_records(self, run_id: str, after: int, limit: int) -> list[Record]:
+        cursor = self._collections.records.find(
+            {"run_id": run_id, "seq": {"$gt": after}},
+            _RECORD_PROJECTION,
+            sort=[("seq", ASCENDING)],
+            limit=limit,
+            session=self._session,
+        )
+        return [_record(document) async for document in cursor]
+
+    async def list_session_records(self, session_id: str, after: int, limit: int) -> list[tuple[int, Record]]:
+        cursor = self._collections.records.find(
+            {"session_id": session_id, "session_seq": {"$gt": after}},
+            {"_id": False},
+            sort=[("session_seq", ASCENDING)],
+            limit=limit,
+            session=self._session,
+        )
+        return [(document["session_seq"], _record(document)) async for document in cursor]
+
+    async def list_runs(self, session_id: str) -> list[RunState]:
+        cursor = self._collections.runs.find(
+            {"session_id": session_id}, sort=[("start_order", ASCENDING)], session=self._session
+        )
+        runs = [_run_state(document) async for document in cursor]
+        self._runs.update((run.run_id, run) for run in runs)
+        return runs
+
+    async def purge(self, session_id: str) -> None:
+        tombstone: Document = {"_id": session_id, "tombstone": True, "purged_at": utc_now_ms()}
+        loaded = self._sessions.get(session_id)
+        if loaded is None or loaded.get("tombstone"):
+            # The rules load the session first; without it, overwrite whatever is there.
+            await self._collections.sessions.replace_one(
+                {"_id": session_id}, tombstone, upsert=True, session=self._session
+            )
+        else:
+            result = await self._collections.sessions.replace_one(
+                {"_id": session_id, "revision": loaded["revision"]}, tombstone, session=self._session
+            )
+            if result.matched_count != 1:
+                raise WriteRaceError(f"session {session_id!r} changed meanwhile")
+        self._sessions[session_id] = tombstone
+        await self._collections.runs.delete_many({"session_id": session_id}, session=self._session)
+        await self._collections.records.delete_many({"session_id": session_id}, session=self._session)
+        self._runs = {
+            run_id: run for run_id, run in self._runs.items() if run and run.session_id != session_id
+        }
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+def _unavailable(error: BaseException) -> StoreError:
+    return StoreError(ErrorCode.UNAVAILABLE, f"database unavailable: {type(error).__name__}: {error}")
+
+
+def _is_transient(error: BaseException) -> bool:
+    if isinstance(error, WriteRaceError):
+        return True
+    if isinstance(error, ServerSelectionTimeoutError):
+        # No server within the selection timeout: trying again at once would only wait again.
+        return False
+    return isinstance(error, PyMongoError) and error.has_error_label("TransientTransactionError")
+
+
+def _too_large(error: BaseException) -> bool:
+    return isinstance(error, DocumentTooLarge) or (
+        isinstance(error, OperationFailure) and error.code == _BSON_OBJECT_TOO_LARGE
+    )
+
+
+class MongoTransactions:
+    """The `TransactionRunner` over MongoDB: one transaction per operation, retried whole."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Document],
+        database: AsyncDatabase[Document],
+        policy: TransactionPolicy | None = None,
+    ) -> None:
+        self._client = client
+        self._collections = _Collections(database)
+        self._policy = policy or TransactionPolicy()
+        self.attempts = 0
+        """Transactions started, conflicts included (an operational figure)."""
+
+    async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+        policy = self._policy
+        last: BaseException | None = None
+        for attempt in range(1, policy.max_attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(policy.backoff(attempt - 1))
+            self.attempts += 1
+            try:
+                return await self._attempt(operation)
+            except StoreError:
+                raise
+            except (PyMongoError, WriteRaceError) as error:
+                if _too_large(error):
+                    raise StoreError(ErrorCode.INVALID_ARGUMENT, f"document too large: {error}") from error
+                if not _is_transient(error):
+                    raise _unavailable(error) from error
+                last = error
+        assert last is not None
+        raise StoreError(
+            ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
+        ) from last
+
+    async def _attempt(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+        policy = self._policy
+        async with self._client.start_session() as session:
+            await session.start_transaction(
+                read_concern=policy.read_concern, write_concern=policy.write_concern
+            )
+            try:
+                result = await operation(MongoTransaction(self._collections, session))
+            except BaseException:
+                await session.abort_transaction()
+                raise
+            await self._commit(session)
+            return result
+
+    async def _commit(self, session: AsyncClientSession) -> None:
+        for attempt in range(1, self._policy.commit_attempts + 1):
+            try:
+                await session.commit_transaction()
+                return
+            except PyMongoError as error:
+                unknown = error.has_error_label("UnknownTransactionCommitResult")
+                if not unknown or attempt == self._policy.commit_attempts:
+                    raise
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+async def ensure_schema(database: AsyncDatabase[Document]) -> None:
+    """Create every secondary index; idempotent (an existing identical index is left as it is)."""
+    for name, indexes in INDEXES.items():
+        await database[name].create_indexes(indexes)
+
+
+async def load_cursor_secret(database: AsyncDatabase[Document], write_concern: WriteConcern) -> bytes:
+    """The cursor secret kept in `meta`, generated by the first store that asks for it."""
+    meta = database.get_collection(META, write_concern=write_concern)
+    for _ in range(2):
+        try:
+            document = await meta.find_one_and_update(
+                {"_id": CURSOR_SECRET_ID},
+                {"$setOnInsert": {"secret": secrets.token_bytes(32), "created_at": datetime.now(UTC)}},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        except DuplicateKeyError:
+            continue  # another store inserted it at the same moment: read theirs
+        if document is not None:
+            return bytes(document["secret"])
+    raise StoreError(ErrorCode.UNAVAILABLE, "could not read the cursor secret")
+
+
+def client_options(uri: str, server_selection_timeout_ms: int) -> dict[str, Any]:
+    """Keyword options for `AsyncMongoClient`: UTC-aware dates, and no retryable writes unless asked.
+
+    SecantusDB slows ~10x with retryable writes (PLATFORM_NOTES); operations are retried whole here
+    and by the caller after UNAVAILABLE, so the driver's own write retry adds nothing.
+    """
+    options: dict[str, Any] = {"tz_aware": True, "serverSelectionTimeoutMS": server_selection_timeout_ms}
+    if "retrywrites=" not in uri.lower():
+        options["retryWrites"] = False
+    return options
+
+
+class MongoStore(RuleStore):
+    """The `Store` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Document],
+        database: AsyncDatabase[Document],
+        cursor_secret: bytes,
+        *,
+        policy: TransactionPolicy | None = None,
+        owns_client: bool = False,
+        clock: Callable[[], datetime] = utc_now_ms,
+    ) -> None:
+        self.transactions = MongoTransactions(client, database, policy)
+        super().__init__(self.transactions, cursor_secret, clock)
+        self.client = client
+        self.database = database
+        self._owns_client = owns_client
+
+    @classmethod
+    async def open(
+        cls,
+        client: AsyncMongoClient[Document],
+        database: str,
+        *,
+        cursor_secret: bytes | None = None,
+        policy: TransactionPolicy | None = None,
+        owns_client: bool = False,
+        clock: Callable[[], datetime] = utc_now_ms,
+    ) -> MongoStore:
+        """A store on `database` through an existing client; creates indexes and the cursor secret.
+
+        The client must be tz-aware (`client_options`); SecantusDB needs retryable writes off.
+        """
+        policy = policy or TransactionPolicy()
+        db = client.get_database(database, write_concern=policy.write_concern)
+        try:
+            await ensure_schema(db)
+            secret = cursor_secret or await load_cursor_secret(db, policy.write_concern)
+        except PyMongoError as error:
+            raise _unavailable(error) from error
+        return cls(client, db, secret, policy=policy, owns_client=owns_client, clock=clock)
+
+    @classmethod
+    async def connect(
+        cls,
+        uri: str,
+        database: str,
+        *,
+        cursor_secret: bytes | None = None,
+        policy: TransactionPolicy | None = None,
+        server_selection_timeout_ms: int = 5_000,
+        clock: Callable[[], datetime] = utc_now_ms,
+    ) -> MongoStore:
+        """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
+        client: AsyncMongoClient[Document] = AsyncMongoClient(
+            uri, **client_options(uri, server_selection_timeout_ms)
+        )
+        try:
+            return await cls.open(
+                client, database, cursor_secret=cursor_secret, policy=policy, owns_client=True, clock=clock
+            )
+        except BaseException:
+            await client.close()
+            raise
+
+    async def drop_database(self) -> None:
+        """Delete every collection of this store (tests)."""
+        await self.client.drop_database(self.database.name)
+
+    async def close(self) -> None:
+        """Close the client if this store opened it."""
+        if self._owns_client:
+            await self.client.close()
