@@ -114,9 +114,7 @@ def _canonical_base64(value: Any) -> Any:
 Base64Bytes = Annotated[
     bytes,
     BeforeValidator(_canonical_base64),
-    PlainSerializer(
-        lambda raw: base64.b64encode(raw).decode("ascii"), return_type=str, when_used="json"
-    ),
+    PlainSerializer(lambda raw: base64.b64encode(raw).decode("ascii"), return_type=str, when_used="json"),
 ]
 """Raw bytes in Python; canonical padded base64 in JSON."""
 
@@ -135,26 +133,16 @@ class ThinkingPart(_Strict):
     """Provider reasoning: signed text (the text may be empty) xor redacted bytes."""
 
     kind: Literal["thinking"] = Field(default="thinking", description="Part discriminator.")
-    text: StrictStr = Field(
-        default="", description="Reasoning text of a signed block; may be empty."
-    )
+    text: StrictStr = Field(default="", description="Reasoning text of a signed block; may be empty.")
     signature: StrictStr = Field(default="", description="Provider signature of a signed block.")
-    redacted: Base64Bytes = Field(
-        default=b"", description="Opaque redacted reasoning (base64 in JSON)."
-    )
-    index: StrictInt = Field(
-        default=0, ge=0, description="Position in the turn's reasoning sequence."
-    )
-    final: StrictBool = Field(
-        default=False, description="Whether this is the turn's last reasoning block."
-    )
+    redacted: Base64Bytes = Field(default=b"", description="Opaque redacted reasoning (base64 in JSON).")
+    index: StrictInt = Field(default=0, ge=0, description="Position in the turn's reasoning sequence.")
+    final: StrictBool = Field(default=False, description="Whether this is the turn's last reasoning block.")
 
     @model_validator(mode="after")
     def _signed_xor_redacted(self) -> ThinkingPart:
         if bool(self.signature) == bool(self.redacted):
-            raise ValueError(
-                "thinking must be signed (signature) xor redacted, not both or neither"
-            )
+            raise ValueError("thinking must be signed (signature) xor redacted, not both or neither")
         if self.redacted and self.text:
             raise ValueError("redacted thinking carries no text")
         return self
@@ -188,9 +176,7 @@ class DocumentPart(_Strict):
     format: StrictStr = Field(default="", description="Format or extension, e.g. pdf, txt, md.")
     bytes: Base64Bytes = Field(default=b"", description="Raw document bytes (base64 in JSON).")
     text: StrictStr = Field(default="", description="The document as one text.")
-    chunks: tuple[NonEmptyStr, ...] = Field(
-        default=(), description="The document as non-empty chunks."
-    )
+    chunks: tuple[NonEmptyStr, ...] = Field(default=(), description="The document as non-empty chunks.")
     uri: StrictStr = Field(default="", description="Where the document lives, when not embedded.")
     context: StrictStr = Field(default="", description="How the model should read the document.")
     cite: StrictBool = Field(default=False, description="Ask the provider for citations.")
@@ -204,18 +190,14 @@ class DocumentPart(_Strict):
             if not getattr(self, name):
                 raise ValueError(f"document {name} must not be empty when present")
         if len(given) != 1:
-            raise ValueError(
-                f"document needs exactly one of bytes, text, chunks, uri (got {given})"
-            )
+            raise ValueError(f"document needs exactly one of bytes, text, chunks, uri (got {given})")
         return self
 
 
 class CitationSpan(_Strict):
     """A range inside one source document (characters, chunks or pages)."""
 
-    document_index: StrictInt = Field(
-        ge=0, description="Index of the cited document in the request."
-    )
+    document_index: StrictInt = Field(ge=0, description="Index of the cited document in the request.")
     start: StrictInt = Field(ge=0, description="First position of the range.")
     end: StrictInt = Field(ge=0, description="Position after the range.")
 
@@ -229,9 +211,7 @@ class CitationLocation(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one_range(self) -> CitationLocation:
-        given = [
-            span for span in (self.document_char, self.document_chunk, self.document_page) if span
-        ]
+        given = [span for span in (self.document_char, self.document_chunk, self.document_page) if span]
         if len(given) != 1:
             raise ValueError("citation location needs exactly one of document_char/chunk/page")
         return self
@@ -272,30 +252,22 @@ class ToolResultPart(_Strict):
 
     kind: Literal["tool_result"] = Field(default="tool_result", description="Part discriminator.")
     tool_use_id: NonEmptyStr = Field(description="Id of the tool use this answers.")
-    content: JsonValue = Field(
-        description="Result as any JSON value; the error text when is_error."
-    )
-    is_error: StrictBool = Field(
-        default=False, description="The tool failed; content is its error text."
-    )
+    content: JsonValue = Field(description="Result as any JSON value; the error text when is_error.")
+    is_error: StrictBool = Field(default=False, description="The tool failed; content is its error text.")
 
     @model_validator(mode="after")
     def _error_is_text(self) -> ToolResultPart:
         # A failed tool gives its error text and nothing else: a structured result next to an
         # error would leave the model guessing which one to believe.
         if self.is_error and not (isinstance(self.content, str) and self.content):
-            raise ValueError(
-                "a failed tool result carries its error text (a non-empty string) only"
-            )
+            raise ValueError("a failed tool result carries its error text (a non-empty string) only")
         return self
 
 
 class CacheCheckpointPart(_Strict):
     """A prompt-cache boundary; no content."""
 
-    kind: Literal["cache_checkpoint"] = Field(
-        default="cache_checkpoint", description="Part discriminator."
-    )
+    kind: Literal["cache_checkpoint"] = Field(default="cache_checkpoint", description="Part discriminator.")
 
 
 Part = Annotated[
@@ -347,9 +319,7 @@ def _has_lone_surrogate(value: Any) -> bool:
     if isinstance(value, str):
         return _SURROGATE.search(value) is not None
     if isinstance(value, dict):
-        return any(
-            _has_lone_surrogate(key) or _has_lone_surrogate(item) for key, item in value.items()
-        )
+        return any(_has_lone_surrogate(key) or _has_lone_surrogate(item) for key, item in value.items())
     if isinstance(value, list):
         return any(_has_lone_surrogate(item) for item in value)
     return False
@@ -371,9 +341,7 @@ def decode_json_value(payload: bytes, where: str) -> Any:
     except _DuplicateKeyError as error:
         raise TranscriptError(f"{where}: duplicate key {error.args[0]!r}") from error
     except (ValueError, RecursionError) as error:
-        raise TranscriptError(
-            f"{where}: payload is not exactly one JSON value ({error})"
-        ) from error
+        raise TranscriptError(f"{where}: payload is not exactly one JSON value ({error})") from error
     if _has_lone_surrogate(value):
         raise TranscriptError(f"{where}: lone surrogate escape")
     return value
@@ -381,8 +349,7 @@ def decode_json_value(payload: bytes, where: str) -> Any:
 
 def _describe(error: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(step) for step in item['loc']) or '<root>'}: {item['msg']}"
-        for item in error.errors()
+        f"{'.'.join(str(step) for step in item['loc']) or '<root>'}: {item['msg']}" for item in error.errors()
     )
 
 
@@ -394,6 +361,10 @@ def decode_messages(payload: bytes, where: str) -> list[Message]:
     value = decode_json_value(payload, where)
     if not isinstance(value, list):
         raise TranscriptError(f"{where}: payload must be a JSON array of messages")
+    for position, item in enumerate(value):
+        # Absent meta is the only "no meta" on the wire; null would be a second spelling of it.
+        if isinstance(item, dict) and "meta" in item and item["meta"] is None:
+            raise TranscriptError(f"{where}: message {position} meta must not be null")
     try:
         return _MESSAGES.validate_python(value)
     except ValidationError as error:

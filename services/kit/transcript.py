@@ -69,8 +69,7 @@ def _transcript_records_of(page: Page, run_id: str) -> list[Record]:
     for record in page.records:
         if record.run_id != run_id:
             raise TranscriptError(
-                f"run {run_id!r}: listing returned record {record.event_key!r} "
-                f"of run {record.run_id!r}"
+                f"run {run_id!r}: listing returned record {record.event_key!r} of run {record.run_id!r}"
             )
     # Only transcript records are kept: a long run's other records need not stay in memory.
     return [record for record in page.records if record.type in TRANSCRIPT_RECORD_TYPES]
@@ -184,8 +183,7 @@ def _check_no_orphan_results(messages: Sequence[Message], answered: set[int]) ->
         results = _tool_results(message)
         if results and index not in answered:
             raise TranscriptError(
-                f"message {index}: tool_result {results[0].tool_use_id!r} "
-                "without a preceding tool-use group"
+                f"message {index}: tool_result {results[0].tool_use_id!r} without a preceding tool-use group"
             )
 
 
@@ -201,8 +199,7 @@ def validate_thinking_first(messages: Sequence[Message]) -> None:
         if not isinstance(message.parts[0], ThinkingPart):
             kinds = [part.kind for part in message.parts]
             raise TranscriptError(
-                f"message {index}: assistant tool_use message must start with thinking "
-                f"(parts {kinds})"
+                f"message {index}: assistant tool_use message must start with thinking (parts {kinds})"
             )
 
 
@@ -263,9 +260,7 @@ def encode_anthropic_messages(
             system.extend(_system_block(part, index) for part in message.parts)
             continue
         if not message.parts:
-            raise TranscriptError(
-                f"message {index}: a {message.role} message needs at least one part"
-            )
+            raise TranscriptError(f"message {index}: a {message.role} message needs at least one part")
         blocks = [_block(part, message.role, index, aliases) for part in message.parts]
         conversation.append({"role": message.role, "content": blocks})
     return system, conversation
@@ -286,9 +281,7 @@ def _block(part: Part, role: str, index: int, aliases: dict[str, str]) -> dict[s
         return _tool_use_block(part, role, index, aliases)
     if isinstance(part, ToolResultPart):
         return _tool_result_block(part, role, index, aliases)
-    raise TranscriptError(
-        f"message {index}: {part.kind} parts cannot be sent to Anthropic Messages"
-    )
+    raise TranscriptError(f"message {index}: {part.kind} parts cannot be sent to Anthropic Messages")
 
 
 def _thinking_block(part: ThinkingPart, role: str, index: int) -> dict[str, Any]:
@@ -307,14 +300,10 @@ def _redacted_data(redacted: bytes, index: int) -> str:
     try:
         return redacted.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise TranscriptError(
-            f"message {index}: redacted thinking is not Anthropic data"
-        ) from error
+        raise TranscriptError(f"message {index}: redacted thinking is not Anthropic data") from error
 
 
-def _tool_use_block(
-    part: ToolUsePart, role: str, index: int, aliases: dict[str, str]
-) -> dict[str, Any]:
+def _tool_use_block(part: ToolUsePart, role: str, index: int, aliases: dict[str, str]) -> dict[str, Any]:
     if role != "assistant":
         raise TranscriptError(f"message {index}: tool_use is only allowed in assistant messages")
     return {
@@ -413,9 +402,7 @@ def _decode_reasoning(block: dict[str, Any], position: int, reasoning: list[int]
     index = reasoning.index(position)
     final = position == reasoning[-1]
     if block["type"] == "thinking":
-        return ThinkingPart(
-            text=block["thinking"], signature=block["signature"], index=index, final=final
-        )
+        return ThinkingPart(text=block["thinking"], signature=block["signature"], index=index, final=final)
     data = block["data"]
     if not isinstance(data, str):
         raise TypeError("redacted_thinking data must be a string")
