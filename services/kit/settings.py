@@ -1,0 +1,180 @@
+"""Settings every service shares, read from the environment (`QUIPU_...`).
+
+Build them once (in `__main__` or `create_app`) and pass them in; nothing here
+reads the environment at import time.
+
+Two Kafka flavours need different client settings (PLATFORM_NOTES): real
+Apache Kafka keeps the client defaults, the embedded Tansu broker needs short
+fetch waits and session timeouts and no idempotent producer. The defaults
+below are the production ones; `flavour="tansu"` (or `QUIPU_KAFKA_FLAVOUR=tansu`,
+or `KafkaSettings.for_embedded`) switches every field that was not set
+explicitly to the Tansu value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KafkaFlavour = Literal["kafka", "tansu"]
+OffsetReset = Literal["earliest", "latest"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+TANSU_CLIENT_SETTINGS: dict[str, Any] = {
+    # The Tansu fetch long-poll does not wake on new data: a hop costs about
+    # fetch_max_wait_ms / 2, so wait as little as possible.
+    "fetch_max_wait_ms": 10,
+    # A group join takes max(1 s, session_timeout / 2) on Tansu, and
+    # FastStream starts subscribers one after another.
+    "session_timeout_ms": 2000,
+    "heartbeat_interval_ms": 500,
+    # aiokafka's InitProducerId v0 fails on Tansu (`UnknownError` at start).
+    "enable_idempotence": False,
+    # ListOffsets(latest) under-reports on Tansu, so "latest" loses messages.
+    "auto_offset_reset": "earliest",
+}
+"""The client settings the embedded Tansu broker needs (PLATFORM_NOTES, Tansu)."""
+
+
+class KafkaSettings(BaseSettings):
+    """How a service reaches Kafka, and how its producer and consumers behave."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_KAFKA_", frozen=True, extra="ignore")
+
+    bootstrap: str = Field(
+        description="Comma-separated `host:port` list of brokers (QUIPU_KAFKA_BOOTSTRAP).",
+    )
+    topic_prefix: str = Field(
+        default="",
+        description=(
+            "Prepended to every topic name and consumer group id; tests use a unique prefix "
+            "to isolate themselves on a shared broker. Empty in production."
+        ),
+    )
+    flavour: KafkaFlavour = Field(
+        default="kafka",
+        description=(
+            "Which broker this is. `tansu` fills every client setting not given explicitly "
+            "with the value the embedded Tansu broker needs."
+        ),
+    )
+    client_id: str = Field(
+        default="quipu",
+        description="Kafka client id, shown in broker logs and quotas; services pass their name.",
+    )
+    acks: Literal["all", 1, 0] = Field(
+        default="all",
+        description="Producer acknowledgements; `all` waits for every in-sync replica.",
+    )
+    enable_idempotence: bool = Field(
+        default=True,
+        description=(
+            "Idempotent producer (no duplicates from producer retries). Must be off on Tansu, "
+            "where aiokafka's InitProducerId fails."
+        ),
+    )
+    fetch_max_wait_ms: int = Field(
+        default=500,
+        ge=0,
+        description=(
+            "Longest time the broker holds a fetch waiting for data. On Tansu each hop costs "
+            "about half of it, so the embedded value is 10."
+        ),
+    )
+    session_timeout_ms: int = Field(
+        default=10_000,
+        gt=0,
+        description=(
+            "A consumer silent this long is dropped from its group. Real Kafka refuses less "
+            "than its group.min.session.timeout.ms (6000 by default)."
+        ),
+    )
+    heartbeat_interval_ms: int = Field(
+        default=3_000,
+        gt=0,
+        description="How often a consumer heartbeats its group; about a third of the session.",
+    )
+    max_poll_interval_ms: int = Field(
+        default=300_000,
+        gt=0,
+        description=(
+            "Longest gap between two polls before the consumer is dropped from its group; "
+            "every model or tool call timeout must stay well below it."
+        ),
+    )
+    auto_offset_reset: OffsetReset = Field(
+        default="earliest",
+        description=(
+            "Where a new consumer group starts. `earliest`, so that nothing published before "
+            "a group's first start is lost (effects are idempotent); on Tansu `latest` is wrong."
+        ),
+    )
+
+    @field_validator("acks", mode="before")
+    @classmethod
+    def _acks_from_text(cls, value: Any) -> Any:
+        """Accept `QUIPU_KAFKA_ACKS=1` (the environment only holds text)."""
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            return "all" if int(value) == -1 else int(value)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_flavour_defaults(cls, data: Any) -> Any:
+        """Fill the client settings not given explicitly with the flavour's values."""
+        if not isinstance(data, dict) or data.get("flavour") != "tansu":
+            return data
+        return {**TANSU_CLIENT_SETTINGS, **data}
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> KafkaSettings:
+        """Refuse a heartbeat that cannot keep the session alive."""
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be lower than session_timeout_ms")
+        return self
+
+    @classmethod
+    def for_embedded(
+        cls, bootstrap: str, *, topic_prefix: str = "", **overrides: Any
+    ) -> KafkaSettings:
+        """Settings for the embedded Tansu broker at `bootstrap` (see `TANSU_CLIENT_SETTINGS`)."""
+        return cls(bootstrap=bootstrap, topic_prefix=topic_prefix, flavour="tansu", **overrides)
+
+
+class MongoSettings(BaseSettings):
+    """How the storage owner reaches MongoDB (no other service holds these)."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_MONGO_", frozen=True, extra="ignore")
+
+    uri: SecretStr = Field(
+        description=(
+            "MongoDB connection string (QUIPU_MONGO_URI); it may carry credentials. "
+            "SecantusDB needs `retryWrites=false` in it."
+        ),
+    )
+    database: str = Field(
+        default="quipu",
+        min_length=1,
+        description="Database holding every Quipu collection; tests use a unique name.",
+    )
+
+
+class ServiceSettings(BaseSettings):
+    """What every service process needs to describe itself: its name and how it logs."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_", frozen=True, extra="ignore")
+
+    service_name: str = Field(
+        default="quipu",
+        description="Name bound to every log line as `service` and used as the Kafka client id.",
+    )
+    log_level: LogLevel = Field(
+        default="INFO",
+        description="Lowest level logged, for Quipu and the libraries it uses.",
+    )
+    json_logs: bool | None = Field(
+        default=None,
+        description="JSON lines if true, a pretty console if false; unset: JSON unless on a TTY.",
+    )
