@@ -1,0 +1,20 @@
+"""`make bench`: figures and ratios on the embedded stack, printed and saved as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench.report import print_table, save
+from bench.store_bench import measure_store
+
+
+async def main() -> None:
+    """Run every benchmark and write `bench/results/latest.json`."""
+    figures = await measure_store()
+    print_table(figures)
+    path = save(figures)
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
