@@ -7,10 +7,11 @@ are uuid-based so that tests never collide, even on a shared backend.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
@@ -38,6 +39,8 @@ from contracts.store import (
     StartResult,
 )
 from services.kit.store.protocol import Store
+
+T = TypeVar("T")
 
 # --- time and identifiers -------------------------------------------------------------------------
 
@@ -452,6 +455,22 @@ async def code_of(operation: Awaitable[object]) -> ErrorCode | None:
     except StoreError as error:
         return error.code
     return None
+
+
+async def resending(operation: Callable[[], Awaitable[T]], attempts: int = 50, pause: float = 0.002) -> T:
+    """Run `operation`, resending the identical command after UNAVAILABLE (§5: the caller's job).
+
+    Contract errors are final and raised at once; racing tests use this so that a store which
+    aborts conflicting transactions (UNAVAILABLE) is judged on the answer to the resent command.
+    """
+    for attempt in range(attempts):
+        try:
+            return await operation()
+        except StoreError as error:
+            if error.code is not ErrorCode.UNAVAILABLE or attempt == attempts - 1:
+                raise
+            await asyncio.sleep(pause * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def assert_new(result: AppendResult, session_status: str | None = None) -> None:
