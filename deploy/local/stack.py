@@ -51,7 +51,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from contracts.topics import TOPICS, dead_letter_topic
-from services.kit.settings import KafkaSettings, MongoSettings
+from services.kit.settings import KafkaFlavour, KafkaSettings, MongoSettings
 
 # Through a standard logger: silent below WARNING until the application configures
 # logging (services.kit.logging), instead of structlog's default print to stdout.
@@ -90,6 +90,15 @@ class _Child:
         with contextlib.suppress(OSError):
             return self.log_path.read_bytes()[-_LOG_TAIL_BYTES:].decode(errors="replace")
         return ""
+
+
+def _flavour(value: str) -> KafkaFlavour:
+    """Check a `QUIPU_KAFKA_FLAVOUR` value."""
+    if value == "tansu":
+        return "tansu"
+    if value == "kafka":
+        return "kafka"
+    raise StackError(f"{FLAVOUR_ENV} must be 'kafka' or 'tansu', not {value!r}")
 
 
 def _free_port() -> int:
@@ -319,6 +328,7 @@ class EmbeddedStack:
         env = os.environ if environ is None else environ
         self._external_bootstrap = env.get(BOOTSTRAP_ENV) or None
         self._external_mongo_uri = env.get(MONGO_URI_ENV) or None
+        self._external_flavour = _flavour(env.get(FLAVOUR_ENV) or "kafka")
         self._create_registry_topics = create_registry_topics
         self._mongo_storage_path = mongo_storage_path
         self._enable_test_commands = enable_test_commands
@@ -347,8 +357,13 @@ class EmbeddedStack:
 
     @property
     def kafka_is_embedded(self) -> bool:
-        """Whether the broker is the embedded Tansu (its client settings differ)."""
+        """Whether the broker is the embedded Tansu, started by this stack."""
         return self._external_bootstrap is None
+
+    @property
+    def kafka_flavour(self) -> KafkaFlavour:
+        """`tansu` when embedded, else `QUIPU_KAFKA_FLAVOUR` (default `kafka`)."""
+        return "tansu" if self.kafka_is_embedded else self._external_flavour
 
     @property
     def pids(self) -> list[int]:
@@ -356,10 +371,13 @@ class EmbeddedStack:
         return [child.process.pid for child in self._children]
 
     def kafka_settings(self, topic_prefix: str = "", **overrides: Any) -> KafkaSettings:
-        """Kafka settings for this broker: Tansu values when embedded, the defaults otherwise."""
-        if self.kafka_is_embedded:
-            return KafkaSettings.for_embedded(self.bootstrap, topic_prefix=topic_prefix, **overrides)
-        return KafkaSettings(bootstrap=self.bootstrap, topic_prefix=topic_prefix, **overrides)
+        """Kafka settings for this broker, with the client values its flavour needs."""
+        return KafkaSettings(
+            bootstrap=self.bootstrap,
+            topic_prefix=topic_prefix,
+            flavour=self.kafka_flavour,
+            **overrides,
+        )
 
     def mongo_settings(self, database: str = "quipu") -> MongoSettings:
         """MongoDB settings for this server and `database`."""
@@ -370,7 +388,7 @@ class EmbeddedStack:
         return {
             BOOTSTRAP_ENV: self.bootstrap,
             MONGO_URI_ENV: self.mongo_uri,
-            FLAVOUR_ENV: "tansu" if self.kafka_is_embedded else "kafka",
+            FLAVOUR_ENV: self.kafka_flavour,
         }
 
     # -- lifecycle -------------------------------------------------------------------

@@ -28,7 +28,7 @@ import itertools
 import logging
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -82,9 +82,7 @@ SECRET_VALUE_PATTERN = re.compile(
 )
 """Text that looks like a credential wherever it appears in a string."""
 
-BODY_KEYS = frozenset(
-    {"body", "payload", "content", "prompt", "messages", "completion", "text", "raw"}
-)
+BODY_KEYS = frozenset({"body", "payload", "content", "prompt", "messages", "completion", "text", "raw"})
 """Keys that hold message bodies: logged only at DEBUG (rule 2 of the module docstring)."""
 
 _BODY_LEVELS = frozenset({"debug", "notset"})
@@ -128,10 +126,11 @@ def omit_bodies(_logger: WrappedLogger, method: str, event_dict: EventDict) -> E
 
 def _size_of(value: Any) -> str:
     """A short stand-in for an omitted body that still helps debugging."""
-    try:
-        return f"<omitted: {len(value)} items/chars>"
-    except TypeError:
-        return "<omitted>"
+    if isinstance(value, str | bytes | bytearray):
+        return f"<omitted: {len(value)} chars>"
+    if isinstance(value, Sized):
+        return f"<omitted: {len(value)} items>"
+    return "<omitted>"
 
 
 def _default_service(service: str) -> Processor:
@@ -242,9 +241,7 @@ def bind_ids(
     **extra: Any,
 ) -> None:
     """Bind identifiers to every line logged from the current task from now on."""
-    structlog.contextvars.bind_contextvars(
-        **_present(run_id, session_id, tenant_id, event_id, extra)
-    )
+    structlog.contextvars.bind_contextvars(**_present(run_id, session_id, tenant_id, event_id, extra))
 
 
 @contextmanager

@@ -1,0 +1,204 @@
+"""Fixtures shared by every test folder.
+
+- `stack` (session): the embedded Tansu + SecantusDB (or the endpoints named by
+  `QUIPU_KAFKA_BOOTSTRAP` / `QUIPU_MONGO_URI`), started once, stopped at the
+  end of the session even when tests fail.
+- `unique`: a short unique name for this test (topic prefix, group ids,
+  database name).
+- `topic_prefix`: every registry topic (and `.dlq`) created under a prefix of
+  this test's own; deleted afterwards.
+- `kafka_settings` / `mongo_settings`: settings pointing at the stack, isolated
+  by `topic_prefix` / a database named `unique`.
+- An autouse guard fails any test during which the event loop is blocked for
+  longer than a threshold (1 s; `QUIPU_TEST_BLOCK_THRESHOLD` or the marker
+  `event_loop_block_threshold(seconds)` change it; the marker
+  `allow_event_loop_blocking` turns it off for a test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from services.kit.settings import KafkaSettings, MongoSettings
+
+BLOCK_THRESHOLD_ENV = "QUIPU_TEST_BLOCK_THRESHOLD"
+DEFAULT_BLOCK_THRESHOLD = 1.0
+"""Seconds the event loop may spend in one step before a test fails."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register this file's markers (the suite runs with --strict-markers)."""
+    config.addinivalue_line(
+        "markers",
+        "event_loop_block_threshold(seconds): fail when the event loop blocks this long",
+    )
+    config.addinivalue_line("markers", "allow_event_loop_blocking: do not fail when the event loop blocks")
+
+
+# -- the embedded stack ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[EmbeddedStack]:
+    """The broker and database for the whole session (`.bootstrap`, `.mongo_uri`, settings).
+
+    Test commands (`configureFailPoint`) are on, for the fault tests.
+    """
+    embedded = EmbeddedStack(enable_test_commands=True)
+    embedded.start()
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short name no other test uses: valid as a topic prefix, group id and database name."""
+    return "q" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+async def topic_prefix(stack: EmbeddedStack, unique: str) -> AsyncIterator[str]:
+    """A prefix under which every registry topic and its `.dlq` exist, for this test only."""
+    prefix = f"{unique}."
+    await create_topics(stack.bootstrap, prefix)
+    yield prefix
+    # Keeps the session's broker small; a failure here must not hide the test's outcome.
+    with contextlib.suppress(Exception):
+        await delete_topics(stack.bootstrap, prefix)
+
+
+@pytest.fixture
+def kafka_settings(stack: EmbeddedStack, topic_prefix: str) -> KafkaSettings:
+    """Kafka settings for the stack's broker, isolated by this test's topic prefix."""
+    return stack.kafka_settings(topic_prefix=topic_prefix)
+
+
+@pytest.fixture
+def mongo_settings(stack: EmbeddedStack, unique: str) -> MongoSettings:
+    """MongoDB settings for the stack's server and a database named after this test."""
+    return stack.mongo_settings(database=unique)
+
+
+# -- the event-loop blocking guard -------------------------------------------------------
+
+
+@dataclass
+class Stall:
+    """One stretch during which the event loop did not get back to its scheduler."""
+
+    started: float
+    seconds: float
+    stack: str
+
+
+class EventLoopWatchdog:
+    """Notices, from a thread, when the event loop runs one step longer than `threshold`.
+
+    A heartbeat task stamps the time every `interval`; a watchdog thread
+    checks the stamp. When the loop is running but the stamp is older than
+    the threshold, something holds the loop: the watchdog records the loop
+    thread's stack at that moment (the culprit, not the victim). While the
+    loop is not running at all (between pytest-asyncio's steps, during a sync
+    test) nothing is measured, so fixture setup does not count as a stall.
+    """
+
+    def __init__(self, threshold: float, interval: float = 0.05) -> None:
+        """Watch the running loop of the calling thread; call from inside it."""
+        self.threshold = threshold
+        self.interval = interval
+        self.stalls: list[Stall] = []
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._beat = time.monotonic()
+        self._done = threading.Event()
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+
+    def start(self) -> None:
+        """Start the heartbeat task and the watchdog thread."""
+        self._heartbeat = self._loop.create_task(self._beat_forever())
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop both; `stalls` is final afterwards."""
+        self._done.set()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        await asyncio.to_thread(self._thread.join)
+
+    async def _beat_forever(self) -> None:
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(self.interval)
+
+    def _watch(self) -> None:
+        quiet_since = time.monotonic()  # last moment the loop was known not to be held
+        current: Stall | None = None
+        while not self._done.wait(self.interval):
+            now = time.monotonic()
+            if not self._loop.is_running() or self._heartbeat_gone():
+                quiet_since = now
+            quiet_since = max(quiet_since, self._beat)
+            held = now - quiet_since
+            if current is None and held > self.threshold:
+                current = Stall(started=quiet_since, seconds=held, stack=self._loop_stack())
+                self.stalls.append(current)
+            elif current is not None:
+                if quiet_since > current.started:  # the loop came back
+                    current = None
+                else:
+                    current.seconds = held
+
+    def _heartbeat_gone(self) -> bool:
+        # A test that cancels every task kills the heartbeat too: measure nothing then.
+        return self._heartbeat is None or self._heartbeat.done()
+
+    def _loop_stack(self) -> str:
+        frame = sys._current_frames().get(self._loop_thread)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
+
+
+def _block_threshold(node: pytest.Item) -> float | None:
+    """The threshold for this test, or None when blocking is allowed."""
+    if node.get_closest_marker("allow_event_loop_blocking") is not None:
+        return None
+    marker = node.get_closest_marker("event_loop_block_threshold")
+    if marker is not None:
+        return float(marker.args[0])
+    return float(os.environ.get(BLOCK_THRESHOLD_ENV, DEFAULT_BLOCK_THRESHOLD))
+
+
+@pytest.fixture(autouse=True)
+async def _fail_on_blocked_event_loop(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Fail the test if the event loop was blocked longer than the threshold while it ran."""
+    threshold = _block_threshold(request.node)
+    if threshold is None:
+        yield
+        return
+    watchdog = EventLoopWatchdog(threshold)
+    watchdog.start()
+    yield
+    await watchdog.stop()
+    if watchdog.stalls:
+        worst = max(watchdog.stalls, key=lambda stall: stall.seconds)
+        pytest.fail(
+            f"the event loop was blocked for {worst.seconds:.2f} s (threshold {threshold} s; "
+            f"{len(watchdog.stalls)} stall(s)). Loop thread at the time:\n{worst.stack}",
+            pytrace=False,
+        )

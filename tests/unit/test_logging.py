@@ -1,0 +1,158 @@
+"""The logging rules: secrets never reach the output, bodies only at DEBUG."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from services.kit.logging import (
+    REDACTED,
+    bind_ids,
+    bound_ids,
+    clear_ids,
+    configure_logging,
+    get_logger,
+    is_secret_key,
+    omit_bodies,
+    redact_secrets,
+)
+from services.kit.settings import ServiceSettings
+
+API_KEY = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+
+
+def _redact(**event: Any) -> dict[str, Any]:
+    return dict(redact_secrets(None, "info", event))
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password",
+        "db_password",
+        "secret",
+        "client_secret",
+        "token",
+        "access_token",
+        "api_key",
+        "X-Api-Key",
+        "apiKey",
+        "Authorization",
+        "cookie",
+        "credentials",
+        "aws_access_key_id",
+        "private_key",
+        "refreshToken",
+    ],
+)
+def test_secret_keys_are_masked(key: str) -> None:
+    assert _redact(**{key: "hunter2"})[key] == REDACTED
+
+
+@pytest.mark.parametrize(
+    "key", ["input_tokens", "max_tokens", "event_id", "session_key", "idempotency_key", "keys"]
+)
+def test_ordinary_keys_are_kept(key: str) -> None:
+    assert not is_secret_key(key)
+    assert _redact(**{key: 12})[key] == 12
+
+
+def test_secret_keys_are_masked_at_any_depth() -> None:
+    event = _redact(
+        request={"headers": {"Authorization": "Bearer abc", "accept": "json"}},
+        attempts=[{"api_key": "x"}, ("password", "y")],
+    )
+    assert event["request"] == {"headers": {"Authorization": REDACTED, "accept": "json"}}
+    assert event["attempts"] == [{"api_key": REDACTED}, ["password", "y"]]
+
+
+def test_api_keys_inside_any_text_are_masked() -> None:
+    event = _redact(event=f"calling with {API_KEY} now", detail=[f"key={API_KEY}"])
+    assert event["event"] == f"calling with {REDACTED} now"
+    assert event["detail"] == [f"key={REDACTED}"]
+    assert API_KEY not in json.dumps(event)
+
+
+def test_bearer_tokens_and_uri_passwords_are_masked() -> None:
+    event = _redact(
+        header="Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.abc.def",
+        uri="mongodb://quipu:s3cr3t-pw@db:27017/?retryWrites=false",
+    )
+    assert event["header"] == f"Authorization: Bearer {REDACTED}"
+    assert event["uri"] == f"mongodb://{REDACTED}@db:27017/?retryWrites=false"
+
+
+def test_ordinary_text_is_untouched() -> None:
+    event = _redact(event="run started", note="task-123 sk-short skeleton")
+    assert event == {"event": "run started", "note": "task-123 sk-short skeleton"}
+
+
+def test_bodies_are_omitted_above_debug_and_kept_at_debug() -> None:
+    info = omit_bodies(None, "info", {"level": "info", "body": "hello there", "event_id": "e1"})
+    debug = omit_bodies(None, "debug", {"level": "debug", "body": "hello there"})
+    assert info == {"level": "info", "body": "<omitted: 11 chars>", "event_id": "e1"}
+    assert debug["body"] == "hello there"
+
+
+@pytest.fixture
+def log_output() -> Iterator[io.StringIO]:
+    """Logging configured as a service would, into a buffer; the old setup restored after."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    old_level, old_handlers = root.level, list(root.handlers)
+    configure_logging(ServiceSettings(service_name="tests", log_level="DEBUG", json_logs=True), stream=stream)
+    yield stream
+    clear_ids()
+    root.handlers[:] = old_handlers
+    root.setLevel(old_level)
+    structlog.reset_defaults()
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_configured_logging_writes_redacted_json_with_ids(log_output: io.StringIO) -> None:
+    log = get_logger("quipu.test")
+    bind_ids(tenant_id="t1")
+    with bound_ids(run_id="r1", session_id="s1", event_id=None):
+        log.info("model.call", api_key=API_KEY, prompt="tell me a secret", input_tokens=7)
+    log.debug("model.reply", content="the answer")
+
+    first, second = _lines(log_output)
+    assert first["event"] == "model.call"
+    assert first["service"] == "tests"
+    assert (first["tenant_id"], first["run_id"], first["session_id"]) == ("t1", "r1", "s1")
+    assert "event_id" not in first
+    assert first["api_key"] == REDACTED
+    assert first["prompt"].startswith("<omitted")
+    assert first["input_tokens"] == 7
+    assert "run_id" not in second  # the `with` block ended
+    assert second["content"] == "the answer"  # DEBUG may show bodies
+    assert API_KEY not in log_output.getvalue()
+
+
+def test_library_logs_and_tracebacks_are_redacted_too(log_output: io.StringIO) -> None:
+    logging.getLogger("aiokafka").warning("auth failed for %s", API_KEY, extra={"token": "t"})
+    try:
+        raise ValueError(f"bad key {API_KEY}")
+    except ValueError:
+        get_logger("quipu.test").exception("call.failed")
+
+    library, failure = _lines(log_output)
+    assert library["event"] == f"auth failed for {REDACTED}"
+    assert library["token"] == REDACTED
+    assert library["service"] == "tests"
+    assert "ValueError: bad key " + REDACTED in failure["exception"]
+    assert API_KEY not in log_output.getvalue()
+
+
+def test_a_bound_service_wins_over_the_default(log_output: io.StringIO) -> None:
+    get_logger("quipu.planner", service="planner").info("ready")
+    assert _lines(log_output)[0]["service"] == "planner"
