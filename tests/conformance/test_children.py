@@ -25,6 +25,7 @@ from tests.conformance.builders import (
     changed,
     child_start,
     keys,
+    link_record,
     ms,
     one_shot_child,
     open_session,
@@ -35,6 +36,8 @@ from tests.conformance.builders import (
     running_root,
     same_record,
     snapshot,
+    started_record,
+    stopped_record,
     suspension,
     terminal,
     uid,
@@ -277,6 +280,16 @@ def _link_payload(c: ChildStart, **fields: str) -> ChildStart:
     return c._replace(parent_link=changed(c.parent_link, payload=encode_child_run_linked(**values)))
 
 
+def _self_parent(c: ChildStart) -> ChildStart:
+    run = changed(c.run, run_id=c.run.parent_run_id)
+    return ChildStart(
+        run,
+        link_record(run, parent_agent_id=c.parent_link.agent_id),
+        started_record(run),
+        stopped_record(run),
+    )
+
+
 INVALID_CHILDREN: dict[str, Callable[[ChildStart], ChildStart]] = {
     "link_other_child_run_id": lambda c: _link_payload(c, child_run_id=uid("run")),
     "link_other_child_agent_id": lambda c: _link_payload(c, child_agent_id="agent-z"),
@@ -292,6 +305,8 @@ INVALID_CHILDREN: dict[str, Callable[[ChildStart], ChildStart]] = {
     "link_key_equals_stopped_key": lambda c: c._replace(
         parent_link=changed(c.parent_link, event_key=c.stopped.event_key)
     ),
+    # §3: the parent differs from the run itself (the run id here names a running run).
+    "parent_is_itself": _self_parent,
     "started_payload_without_parent": lambda c: c._replace(started=changed(c.started, payload=b"{}")),
 }
 
@@ -301,9 +316,10 @@ async def test_invalid_child_start_is_invalid_argument(store: Store, variant: st
     session_id = await open_session(store)
     parent = await running_root(store, session_id)
     command = INVALID_CHILDREN[variant](child_start(session_id, parent))
+    before = await snapshot(store, runs=[parent.run_id, command.run.run_id], sessions=[session_id])
     await refused(ErrorCode.INVALID_ARGUMENT, store.start_child_run(*command))
-    assert len(await all_run_records(store, parent.run_id)) == 1
-    await refused(ErrorCode.RUN_NOT_FOUND, store.load_run(command.run.run_id))
+    after = await snapshot(store, runs=[parent.run_id, command.run.run_id], sessions=[session_id])
+    assert after == before
 
 
 async def test_child_start_without_a_parent_is_invalid(store: Store) -> None:

@@ -11,6 +11,8 @@ from contracts.errors import ErrorCode
 from contracts.store import CancellationReason, RunStart, RunStatus
 from services.kit.store.protocol import Store
 from tests.conformance.builders import (
+    all_run_records,
+    changed,
     child_start,
     complete,
     ended_session,
@@ -181,3 +183,14 @@ async def test_purge_of_an_ended_empty_session(store: Store) -> None:
     session_id = await ended_session(store)
     await store.purge_session(session_id)
     await refused(ErrorCode.SESSION_PURGED, store.create_session(session_id, ms(0)))
+
+
+async def test_record_naming_a_purged_session_is_session_purged(store: Store) -> None:
+    # §6.4 record checks: the tombstone of the record's session is checked before its run.
+    purged = await ended_session(store)
+    await store.purge_session(purged)
+    session_id = await open_session(store)
+    run = await running_root(store, session_id)
+    stray = changed(ordinary(run, "stray"), session_id=purged)
+    await refused(ErrorCode.SESSION_PURGED, store.append_run_record(stray))
+    assert len(await all_run_records(store, run.run_id)) == 1

@@ -144,6 +144,14 @@ async def test_started_payload_equality_is_semantic_and_bytes_are_kept(store: St
     assert stored.payload == payload
 
 
+async def test_explicit_empty_labels_equal_absent_labels(store: Store) -> None:
+    # §2: labels absent equals {}; the started payload may state them explicitly.
+    session_id = await open_session(store)
+    run = run_start(session_id=session_id)
+    command = RootStart(run, started_record(run, payload=b'{"labels":{}}'), stopped_record(run))
+    assert (await store.start_root_run(*command)).started.inserted is True
+
+
 # --- exact retries --------------------------------------------------------------------------------
 
 
