@@ -12,7 +12,8 @@ import pytest
 
 from services.kit.store.protocol import Store
 from tests.conformance.implementations import IMPLEMENTATIONS
-from tests.conformance.mongo_backend import secantus_uri  # noqa: F401  registers "mongo"
+from tests.conformance.kafka_backend import kafka_store_client  # noqa: F401  registers "kafka"
+from tests.conformance.mongo_backend import mongo_client  # noqa: F401  registers "mongo"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
