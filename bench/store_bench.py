@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pymongo import AsyncMongoClient
 
 from bench.workload import OPS_PER_RUN, one_run
-from deploy.local.stack import EmbeddedStack
+from deploy.local.stack import EmbeddedStack, create_topics
 from services.kit.store.client import KafkaStore
 from services.kit.store.protocol import Store
 from services.storage_owner.adapters import MongoStore
@@ -83,7 +83,7 @@ async def measure_store() -> dict[str, float]:
             await direct_store.close()
         prefix = f"bench{uuid.uuid4().hex[:6]}."
         kafka_settings = stack.kafka_settings(topic_prefix=prefix)
-        await stack.create_topics(prefix)
+        await create_topics(stack.bootstrap, prefix)
         owner = create_app(
             kafka_settings,
             MongoSettings(uri=stack.mongo_uri, database=f"bench_owner_{uuid.uuid4().hex[:8]}"),

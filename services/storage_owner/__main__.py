@@ -1,0 +1,21 @@
+"""`python -m services.storage_owner`: the owner alone, against the configured Kafka and MongoDB."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.kit.logging import configure_logging
+from services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
+from services.storage_owner.app import SERVICE, create_app
+from services.storage_owner.settings import OwnerSettings
+
+
+def main() -> None:
+    """Read the settings once, configure logging and serve until interrupted."""
+    configure_logging(ServiceSettings(service_name=SERVICE))
+    app = create_app(KafkaSettings(), MongoSettings(), OwnerSettings())  # type: ignore[call-arg]
+    asyncio.run(app.run())
+
+
+if __name__ == "__main__":
+    main()
