@@ -392,8 +392,9 @@ class MongoTransactions:
                 return await self._attempt(operation)
             except StoreError:
                 raise
-            except (PyMongoError, WriteRaceError) as error:
+            except (PyMongoError, DocumentTooLarge, WriteRaceError) as error:
                 if _too_large(error):
+                    # Permanent: resending would fail the same way (16 MiB per BSON document).
                     raise StoreError(ErrorCode.INVALID_ARGUMENT, f"document too large: {error}") from error
                 if not _is_transient(error):
                     raise _unavailable(error) from error
