@@ -21,7 +21,11 @@ Layout (one database):
   serves session listings and the purge cascade.
 - `meta`: the generated cursor secret, so cursors stay valid across restarts.
 
-Every query path hits an index: SecantusDB answers an unindexed find at ~5/s (PLATFORM_NOTES).
+Every query path hits an index: SecantusDB answers an unindexed find at ~5/s (PLATFORM_NOTES);
+tests/integration/test_mongo_store.py explains every query the store sends. Listings read a
+closed sequence window, because SecantusDB reads a whole open range before applying the limit.
+Operations on one session take turns inside the process (`KeyedTurns`) so that they do not abort
+each other; across processes the conditional saves and the transactions decide.
 """
 
 from __future__ import annotations
@@ -86,7 +90,9 @@ class TransactionPolicy:
     """How operations are committed and retried."""
 
     write_concern: WriteConcern = field(default_factory=lambda: WriteConcern(w="majority", j=True))
-    """Majority and journaled: an acknowledged write survives SIGKILL (PLATFORM_NOTES)."""
+    """Majority and journaled: on MongoDB an acknowledged commit survives SIGKILL. SecantusDB
+    ignores `j` on commitTransaction (0-82 of 120 journaled commits survived a SIGKILL): run it
+    with `--sync-on-commit` wherever durability matters (120/120)."""
     read_concern: ReadConcern = field(default_factory=lambda: ReadConcern("snapshot"))
     """Every read of an operation sees one snapshot."""
     max_attempts: int = 12
