@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 from faststream import FastStream
 
 from services.kit.broker import make_broker
@@ -41,18 +38,22 @@ def create_app(
     deps = handlers.OwnerDeps(store=store)
     handlers.register(broker, kafka, deps, delivery, group=owner.group)
 
-    @asynccontextmanager
-    async def lifespan() -> AsyncIterator[None]:
-        opened = None
+    opened: list[Store] = []
+
+    async def open_store() -> None:
+        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
         if deps.store is None:
             if mongo is None:
                 raise ValueError("the storage owner needs MongoSettings or a store")
-            opened = deps.store = await _open_mongo_store(mongo, owner)
-        try:
-            yield
-        finally:
-            close = getattr(opened, "close", None)
+            deps.store = await _open_mongo_store(mongo, owner)
+            opened.append(deps.store)
+
+    async def close_store() -> None:
+        for store_opened in opened:
+            close = getattr(store_opened, "close", None)
             if close is not None:
                 await close()
+        opened.clear()
+        deps.store = store
 
-    return FastStream(broker, lifespan=lifespan)
+    return FastStream(broker, on_startup=[open_store], after_shutdown=[close_store])
