@@ -19,11 +19,11 @@ from pymongo import AsyncMongoClient
 
 from bench.workload import OPS_PER_RUN, one_run
 from deploy.local.stack import EmbeddedStack, create_topics
+from services.kit.settings import MongoSettings
 from services.kit.store.client import KafkaStore
 from services.kit.store.protocol import Store
 from services.storage_owner.adapters import MongoStore
 from services.storage_owner.app import create_app
-from services.kit.settings import MongoSettings
 
 RUNS = 60
 RAW_TRANSACTIONS = 300

@@ -97,7 +97,7 @@ async def scripted_session(store: Store) -> None:
     await _step("phase: planning", lambda: store.append_run_record(_phase(root, "planning")))
     user_turn = {
         "role": "user",
-        "parts": [{"kind": "text", "text": "What is 6 × 7, and ask the math agent."}],
+        "parts": [{"kind": "text", "text": "What is 6 x 7, and ask the math agent."}],
     }
     tool_use = {
         "role": "assistant",
@@ -162,7 +162,7 @@ async def scripted_session(store: Store) -> None:
         "a second continuation is refused", lambda: store.start_root_run(rival, *_start_records(rival))
     )
     await _step("phase: synthesizing", lambda: store.append_run_record(_phase(resumed, "synthesizing")))
-    reply = {"role": "assistant", "parts": [{"kind": "text", "text": "6 × 7 = 42."}]}
+    reply = {"role": "assistant", "parts": [{"kind": "text", "text": "6 x 7 = 42."}]}
     await _step("the answer", lambda: store.append_run_record(_messages(resumed, "turn-1/answer", reply)))
     intent = _record(
         resumed,

@@ -5,6 +5,7 @@ Each service runs as `python -m services.<name>` with the environment that point
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -57,10 +58,8 @@ class ServiceProcess:
 
     def _signal(self, signum: signal.Signals) -> None:
         if self.process is not None and self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def _wait(self, timeout: float) -> bool:
         if self.process is None:
