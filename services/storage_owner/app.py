@@ -36,7 +36,9 @@ def create_app(
     delivery = Delivery(dead_letter, RetryPolicy(attempts=owner.retry_attempts))
 
     deps = handlers.OwnerDeps(store=store)
-    handlers.register(broker, kafka, deps, delivery, group=owner.group)
+    handlers.register(
+        broker, kafka, deps, delivery, group=owner.group, partition_workers=owner.partition_workers
+    )
 
     opened: list[Store] = []
 

@@ -34,7 +34,12 @@ class OwnerDeps:
 
 
 def register(
-    broker: KafkaBroker, settings: KafkaSettings, deps: OwnerDeps, delivery: Delivery, group: str
+    broker: KafkaBroker,
+    settings: KafkaSettings,
+    deps: OwnerDeps,
+    delivery: Delivery,
+    group: str,
+    partition_workers: int = 1,
 ) -> None:
     """Subscribe the owner to `storage.commands`."""
     replies_default = topic(settings, Topic.STORAGE_REPLIES)
@@ -43,6 +48,8 @@ def register(
     @broker.subscriber(
         topic(settings, Topic.STORAGE_COMMANDS),
         **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
+        # Several consumers of one group: partitions in parallel, each partition still in order.
+        max_workers=partition_workers if partition_workers > 1 else None,
     )
     async def on_command(message: KafkaMessage) -> None:
         reply_to = message.headers.get(REPLY_TO_HEADER) or replies_default

@@ -16,6 +16,15 @@ class OwnerSettings(BaseSettings):
         default=None,
         description="HMAC key of listing cursors; unset: a key generated once and kept in MongoDB.",
     )
+    partition_workers: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Consumers in this process, each owning some partitions of storage.commands, so "
+            "partitions are applied concurrently, each in order. On Tansu more than one adds "
+            "rebalances (slow joins) and, measured, no throughput: SecantusDB serialises writes."
+        ),
+    )
     retry_attempts: int = Field(
         default=5, ge=1, description="Tries of one command on a transient database failure."
     )
