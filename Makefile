@@ -24,9 +24,10 @@ demo: $(STAMP) ## start the embedded stack and drive a session end to end
 test: $(STAMP) lint ## run the whole suite against the embedded broker and database
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP) ## import boundaries (import-linter) and ruff
+lint: $(STAMP) ## import boundaries (import-linter), ruff and mypy --strict
 	$(BIN)/lint-imports
 	$(BIN)/ruff check contracts services deploy tests bench
+	$(BIN)/mypy
 
 typecheck: $(STAMP) ## mypy --strict
 	$(BIN)/mypy

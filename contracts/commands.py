@@ -33,6 +33,7 @@ class StoreOperation(Envelope):
 
     method: ClassVar[str]
     result_type: ClassVar[Any]
+    op: str = Field(description="Operation name (STORE_CONTRACT wire name).")
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of the matching `Store` method."""

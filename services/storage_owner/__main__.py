@@ -13,7 +13,7 @@ from services.storage_owner.settings import OwnerSettings
 def main() -> None:
     """Read the settings once, configure logging and serve until interrupted."""
     configure_logging(ServiceSettings(service_name=SERVICE))
-    app = create_app(KafkaSettings(), MongoSettings(), OwnerSettings())  # type: ignore[call-arg]
+    app = create_app(KafkaSettings(), MongoSettings(), OwnerSettings())
     asyncio.run(app.run())
 
 
