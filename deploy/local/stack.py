@@ -314,6 +314,7 @@ class EmbeddedStack:
         create_registry_topics: bool = True,
         mongo_storage_path: Path | None = None,
         enable_test_commands: bool = False,
+        sync_on_commit: bool = False,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -323,7 +324,9 @@ class EmbeddedStack:
         `mongo_storage_path` keeps SecantusDB's data across runs (default: a
         temporary directory removed by `stop()`). `enable_test_commands`
         allows `configureFailPoint` (fault tests); never expose it further
-        than loopback.
+        than loopback. `sync_on_commit` fsyncs every commit: SecantusDB ignores
+        `j` on commitTransaction, so a test that SIGKILLs the database and
+        expects committed transactions to survive needs it (NOTES.md).
         """
         env = os.environ if environ is None else environ
         self._external_bootstrap = env.get(BOOTSTRAP_ENV) or None
@@ -332,6 +335,7 @@ class EmbeddedStack:
         self._create_registry_topics = create_registry_topics
         self._mongo_storage_path = mongo_storage_path
         self._enable_test_commands = enable_test_commands
+        self._sync_on_commit = sync_on_commit
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._children: list[_Child] = []
@@ -532,6 +536,8 @@ class EmbeddedStack:
         ]
         if self._enable_test_commands:
             argv.append("--enable-test-commands")
+        if self._sync_on_commit:
+            argv.append("--sync-on-commit")
         child = _spawn("secantus", argv, self._workdir / "secantus.log", port)
         self._children.append(child)
         return child
@@ -594,13 +600,14 @@ def main() -> None:
 
     configure_logging(ServiceSettings(service_name="embedded-stack"))
     stop = threading.Event()
+    # Both by hand: a shell starts background jobs with SIGINT ignored.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     with EmbeddedStack() as stack:
         for name, value in stack.environment().items():
             print(f"export {name}='{value}'")
         sys.stdout.flush()
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
+        stop.wait()
 
 
 if __name__ == "__main__":
