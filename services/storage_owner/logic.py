@@ -25,9 +25,8 @@ from contracts.errors import StoreError
 from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType
 from contracts.lifecycle import decode_run_completed
 from contracts.store import CancellationReason, Record, StartOutcome, StartResult
+from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from services.kit.store.protocol import Store
-
-TRANSCRIPT_MESSAGES_APPENDED = "transcript_messages_appended"
 
 
 def _event(record: Record, type_: StreamEventType, payload: dict[str, Any], key: str = "") -> RunEvent:
