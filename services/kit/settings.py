@@ -136,9 +136,7 @@ class KafkaSettings(BaseSettings):
         return self
 
     @classmethod
-    def for_embedded(
-        cls, bootstrap: str, *, topic_prefix: str = "", **overrides: Any
-    ) -> KafkaSettings:
+    def for_embedded(cls, bootstrap: str, *, topic_prefix: str = "", **overrides: Any) -> KafkaSettings:
         """Settings for the embedded Tansu broker at `bootstrap` (see `TANSU_CLIENT_SETTINGS`)."""
         return cls(bootstrap=bootstrap, topic_prefix=topic_prefix, flavour="tansu", **overrides)
 

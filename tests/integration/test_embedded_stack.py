@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient
 from faststream.middlewares import AckPolicy
 from pymongo import AsyncMongoClient
 
