@@ -1,0 +1,62 @@
+"""Tool calls and their results (`tools.calls`, `tools.results`)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.envelope import Envelope
+
+
+class ToolCallRequested(Envelope):
+    """Execute one tool use of a run; the result comes back on `tools.results`."""
+
+    run_id: str = Field(description="Run whose model asked for the tool (the partition key).")
+    session_id: str = Field(default="", description="Session of the run; results are keyed by it.")
+    agent_id: str = Field(description="Agent of the run.")
+    principal_id: str = Field(default="", description="The person the run acts for.")
+    tool_use_id: str = Field(description="The tool_use id; exactly one result answers it.")
+    tool_name: str = Field(description="Registered tool to run.")
+    input: dict[str, Any] = Field(default_factory=dict, description="Arguments the model gave.")
+    timeout_s: float | None = Field(default=None, description="Deadline override; the tool's own if unset.")
+
+
+class AwaitKind(StrEnum):
+    """What outside input a tool waits for (the `await_*` stream events)."""
+
+    CLARIFICATION = "await_clarification"
+    CONFIRMATION = "await_confirmation"
+    QUESTIONS = "await_questions"
+    EXTERNAL_TOOLS = "await_external_tools"
+
+
+class AwaitInput(BaseModel):
+    """A tool's request for outside input: the run is suspended until someone answers."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: AwaitKind = Field(description="What is awaited.")
+    prompt: str = Field(description="The question shown to the user.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Kind-specific extras (choices...).")
+
+
+class ToolCallCompleted(Envelope):
+    """The one result of a tool use: content or an error, or a request for outside input."""
+
+    run_id: str = Field(description="Run the tool use belongs to.")
+    session_id: str = Field(default="", description="Session of the run (the partition key).")
+    agent_id: str = Field(default="", description="Agent of the run.")
+    tool_use_id: str = Field(description="The tool_use id this result answers.")
+    tool_name: str = Field(description="Tool that ran.")
+    content: Any = Field(default=None, description="JSON result (or the error text when is_error).")
+    is_error: bool = Field(default=False, description="True when the tool failed; content is the error.")
+    awaiting: AwaitInput | None = Field(
+        default=None, description="Set when the tool needs outside input: the run suspends."
+    )
+    duration_ms: float = Field(default=0.0, description="How long the tool ran.")
+
+    def partition_key(self) -> str:
+        """Results go with their session, like everything else about it."""
+        return self.session_id or self.run_id
