@@ -1,0 +1,160 @@
+"""The gateway's I/O: publishing run requests and cancellations, and the live event streams (SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import structlog
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from contracts.errors import ErrorCode, StoreError
+from contracts.runs import CancelRun, RunRequested
+from contracts.topics import Topic
+from services.kit.events import EventPosition, EventStreamError, RunEventReader, StartAt, StreamedEvent
+from services.kit.settings import KafkaSettings
+
+logger = structlog.get_logger(__name__)
+
+RECONNECT_DELAY_MS = 2000
+"""The `retry:` a stream announces: how long a browser waits before it reconnects."""
+
+
+class KafkaRunPublisher:
+    """Publishes RunRequested to `runs.requested` and CancelRun to `runs.control` (a `RunPublisher`)."""
+
+    def __init__(self, settings: KafkaSettings, *, client_id: str = "gateway") -> None:
+        self._settings = settings
+        self._client_id = client_id
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect the producer."""
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._settings.bootstrap,
+            client_id=f"{self._client_id}-publisher",
+            acks=self._settings.acks,
+            enable_idempotence=self._settings.enable_idempotence,
+        )
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        """Flush and close the producer."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    def topic_of(self, message: RunRequested | CancelRun) -> str:
+        """The physical topic a message goes to."""
+        name = Topic.RUNS_REQUESTED if isinstance(message, RunRequested) else Topic.RUNS_CONTROL
+        return self._settings.topic_prefix + name.value
+
+    async def publish(self, message: RunRequested | CancelRun) -> None:
+        """Send and wait for the broker's acknowledgement; broker trouble is UNAVAILABLE."""
+        if self._producer is None:
+            raise StoreError(ErrorCode.UNAVAILABLE, "the publisher is not started")
+        key = message.session_id or message.run_id
+        try:
+            await self._producer.send_and_wait(
+                self.topic_of(message), message.model_dump_json().encode(), key=key.encode()
+            )
+        except KafkaError as error:
+            raise StoreError(ErrorCode.UNAVAILABLE, f"could not publish: {error!r}") from error
+        logger.info(
+            "published",
+            topic=self.topic_of(message),
+            run_id=message.run_id,
+            session_id=message.session_id,
+            event_id=message.event_id,
+        )
+
+
+def sse_event(streamed: StreamedEvent) -> bytes:
+    """One run event in the SSE wire format: its position as `id`, its type as `event`, JSON `data`."""
+    return (
+        f"id: {streamed.position}\n"
+        f"event: {streamed.event.type.value}\n"
+        f"data: {streamed.event.model_dump_json()}\n\n"
+    ).encode()
+
+
+def sse_comment(text: str) -> bytes:
+    """An SSE comment line: ignored by clients, it keeps idle connections open."""
+    return f": {text}\n\n".encode()
+
+
+class EventStreams:
+    """One `RunEventReader` per SSE connection: opened by the request, closed when the client goes.
+
+    `close()` ends every open stream (their responses finish), so a server can shut down without
+    waiting for clients that never leave.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, keepalive_s: float = 15.0, poll_s: float = 1.0) -> None:
+        self._settings = settings
+        self._keepalive_s = keepalive_s
+        self._poll_s = min(poll_s, keepalive_s)
+        self._open: set[RunEventReader] = set()
+        self._closing = asyncio.Event()
+
+    @property
+    def open_count(self) -> int:
+        """Streams open right now."""
+        return len(self._open)
+
+    async def open(
+        self, session_id: str, *, after: EventPosition | None = None, start_at: StartAt = StartAt.BEGINNING
+    ) -> RunEventReader:
+        """A started reader of the session's events (raises InvalidPositionError, EventStreamError)."""
+        reader = RunEventReader(self._settings, session_id=session_id, client_id="gateway-events")
+        await reader.start(after=after, start_at=start_at)
+        self._open.add(reader)
+        logger.info(
+            "event stream opened",
+            session_id=session_id,
+            partition=reader.partition,
+            offset=reader.next_offset,
+            open_streams=len(self._open),
+        )
+        return reader
+
+    async def release(self, reader: RunEventReader) -> None:
+        """Stop a reader and forget it; safe to call more than once."""
+        if reader in self._open:
+            self._open.discard(reader)
+            logger.info("event stream closed", session_id=reader.session_id, open_streams=len(self._open))
+        await reader.stop()
+
+    def close(self) -> None:
+        """Make every open stream end at its next poll."""
+        self._closing.set()
+
+    async def body(self, reader: RunEventReader) -> AsyncIterator[bytes]:
+        """The SSE body of one connection: events as they arrive, a keep-alive comment when idle.
+
+        A client that goes away cancels this generator (Starlette watches for the disconnect);
+        the reader is stopped in any case.
+        """
+        try:
+            yield f"retry: {RECONNECT_DELAY_MS}\n".encode() + sse_comment(
+                f"session {reader.session_id} partition {reader.partition} from offset {reader.next_offset}"
+            )
+            quiet_since = time.monotonic()
+            while not self._closing.is_set():
+                events = await reader.read(timeout_s=self._poll_s)
+                if events:
+                    yield b"".join(sse_event(streamed) for streamed in events)
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= self._keepalive_s:
+                    yield sse_comment("keep-alive")
+                    quiet_since = time.monotonic()
+        except EventStreamError as error:
+            # The client reconnects with Last-Event-ID and loses nothing.
+            logger.warning("event stream interrupted", session_id=reader.session_id, error=str(error))
+        finally:
+            # The cancel scope of a disconnect would cancel the awaits of the clean-up too.
+            with anyio.CancelScope(shield=True):
+                await self.release(reader)

@@ -1,0 +1,193 @@
+"""The gateway as a FastAPI application: HTTP for clients, Server-Sent Events for UIs.
+
+It owns no state: sessions and runs live in the store (reached through the storage owner),
+run requests and cancellations go to the planner over Kafka, and event streams read
+`runs.events`. Any number of copies can serve behind a load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Generator
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from contracts.errors import StoreError
+from services.gateway import logic
+from services.gateway.adapters import EventStreams, KafkaRunPublisher
+from services.gateway.handlers import GatewayDeps, health_router, router
+from services.gateway.logic import GatewayError
+from services.gateway.settings import GatewaySettings
+from services.kit.settings import KafkaSettings
+from services.kit.store.client import KafkaStore
+
+SERVICE = "gateway"
+STATIC = Path(__file__).parent / "static"
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(
+        logic.ErrorResponse(code=code, message=message).model_dump(), status_code=status, headers=headers
+    )
+
+
+async def _gateway_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, GatewayError)
+    return _error(error.status, error.code, error.message)
+
+
+async def _store_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StoreError)
+    refusal = logic.error_of(error)
+    return _error(refusal.status, refusal.code, refusal.message)
+
+
+async def _validation_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    problems = [
+        f"{'.'.join(str(part) for part in problem.get('loc', ()))}: {problem.get('msg', '')}"
+        for problem in error.errors()
+    ]
+    return _error(400, logic.INVALID_REQUEST, "; ".join(problems) or "invalid request")
+
+
+async def _http_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    code = logic.ROUTE_NOT_FOUND if error.status_code == 404 else f"HTTP_{error.status_code}"
+    return _error(error.status_code, code, str(error.detail))
+
+
+def create_app(
+    kafka_settings: KafkaSettings,
+    deps: GatewayDeps | None = None,
+    settings: GatewaySettings | None = None,
+) -> FastAPI:
+    """The gateway; without `deps` its lifespan starts a Kafka store client and a producer.
+
+    With `deps` (tests: an in-memory store, a recording publisher) the caller owns them.
+    """
+    settings = settings or GatewaySettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if deps is not None:
+            app.state.deps = deps
+            try:
+                yield
+            finally:
+                deps.streams.close()
+                app.state.deps = None
+            return
+        store = KafkaStore(
+            kafka_settings,
+            reply_timeout_s=settings.store_reply_timeout_s,
+            attempts=settings.store_attempts,
+            tenant_id=settings.tenant_id,
+        )
+        publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE)
+        streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s)
+        await store.start()
+        try:
+            await publisher.start()
+            try:
+                app.state.deps = GatewayDeps(store, publisher, streams, tenant_id=settings.tenant_id)
+                yield
+            finally:
+                streams.close()
+                app.state.deps = None
+                await publisher.stop()
+        finally:
+            await store.stop()
+
+    app = FastAPI(
+        title="Quipu gateway",
+        summary="Sessions, runs and live run events (SSE) of the Quipu agent runtime.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.deps = None
+    app.include_router(router)
+    app.include_router(health_router)
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(StoreError, _store_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        """The live event page."""
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    return app
+
+
+def open_streams(app: FastAPI) -> EventStreams | None:
+    """The app's event streams while it serves (None before start-up and after shutdown)."""
+    deps: GatewayDeps | None = app.state.deps
+    return deps.streams if deps is not None else None
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn inside a running event loop (`quipu up`, tests): the caller owns the signals.
+
+    `start()` returns once the socket listens; `stop()` ends open event streams first, so
+    shutdown does not wait for clients that never leave.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, grace_s: int = 3) -> None:
+        super().__init__(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                timeout_graceful_shutdown=grace_s,
+            )
+        )
+        self.app = app
+        self._task: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """Leave signal handling to the caller (uvicorn would take SIGINT for itself)."""
+        yield
+
+    async def start(self) -> None:
+        """Serve in a task until `stop()`; raise if start-up fails."""
+        self._task = asyncio.create_task(self.serve(), name="gateway-http")
+        while not self.started:
+            if self._task.done():
+                await self._task  # raises start-up errors
+                raise RuntimeError("the gateway stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with port 0)."""
+        sock: socket.socket = self.servers[0].sockets[0]
+        port: int = sock.getsockname()[1]
+        return port
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server."""
+        return f"http://{self.config.host}:{self.port}"
+
+    async def stop(self) -> None:
+        """End open streams, then shut the server down and wait for it."""
+        streams = open_streams(self.app)
+        if streams is not None:
+            streams.close()
+        self.should_exit = True
+        if self._task is not None:
+            await self._task

@@ -1,0 +1,211 @@
+"""The gateway's routes: each a few lines — load what a check needs, call the logic, publish or answer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from contracts.store import Page, RunMeta, Session
+from contracts.transcript import TranscriptError, encode_messages
+from contracts.wire import utc_now_ms
+from services.gateway import logic
+from services.gateway.adapters import EventStreams
+from services.gateway.logic import (
+    AnswerRequest,
+    CancelRequest,
+    CreateSessionRequest,
+    ErrorResponse,
+    GatewayError,
+    GatewayStore,
+    Health,
+    RunAccepted,
+    RunPublisher,
+    RunRequest,
+    TranscriptResponse,
+)
+from services.kit.events import EventPosition, EventStreamError, InvalidPositionError, StartAt
+from services.kit.transcript import build_messages_from_run_log
+
+
+@dataclass
+class GatewayDeps:
+    """What the routes need; `create_app` builds the Kafka-backed ones in its lifespan."""
+
+    store: GatewayStore
+    publisher: RunPublisher
+    streams: EventStreams
+    tenant_id: str = ""
+
+
+def _deps(request: Request) -> GatewayDeps:
+    deps: GatewayDeps | None = getattr(request.app.state, "deps", None)
+    if deps is None:
+        raise GatewayError(503, "UNAVAILABLE", "the gateway is starting or stopping")
+    return deps
+
+
+Deps = Annotated[GatewayDeps, Depends(_deps)]
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 409, 410, 503)
+}
+
+router = APIRouter(prefix="/v1", responses=_ERRORS)
+
+# --- sessions -------------------------------------------------------------------------------------
+
+
+@router.post("/sessions", status_code=201, response_model=Session, tags=["sessions"])
+async def create_session(deps: Deps, body: Annotated[CreateSessionRequest | None, Body()] = None) -> Session:
+    """Create a session (an active one with the same id is returned as it is)."""
+    session_id = (body.session_id if body else None) or logic.new_id()
+    return await deps.store.create_session(session_id, utc_now_ms())
+
+
+@router.get("/sessions/{session_id}", response_model=Session, tags=["sessions"])
+async def get_session(deps: Deps, session_id: str) -> Session:
+    """A session's status."""
+    return await deps.store.load_session_status(session_id)
+
+
+@router.post("/sessions/{session_id}/end", response_model=Session, tags=["sessions"])
+async def end_session(deps: Deps, session_id: str) -> Session:
+    """End a session: its running runs may still finish; new runs stop at once."""
+    return await deps.store.end_session(session_id, utc_now_ms())
+
+
+@router.delete("/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])
+async def purge_session(deps: Deps, session_id: str) -> None:
+    """Purge an ended session with no running run: everything is deleted, the id is never reusable."""
+    await deps.store.purge_session(session_id)
+
+
+@router.get("/sessions/{session_id}/runs", response_model=list[RunMeta], tags=["sessions"])
+async def list_session_runs(deps: Deps, session_id: str) -> list[RunMeta]:
+    """Every run of the session, in start order."""
+    return await deps.store.list_runs_by_session(session_id, [])
+
+
+@router.get(
+    "/sessions/{session_id}/events",
+    response_class=StreamingResponse,
+    tags=["sessions"],
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."}},
+)
+async def session_events(
+    deps: Deps,
+    session_id: str,
+    start: Annotated[StartAt, Query(alias="from", description="Without a resume position.")] = (
+        StartAt.BEGINNING
+    ),
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    after: Annotated[
+        str | None, Query(description="Resume after this event id (for clients that cannot set headers).")
+    ] = None,
+) -> StreamingResponse:
+    """The session's run events, live, as Server-Sent Events.
+
+    Each event: `id: <partition>-<offset>`, `event: <type>`, `data: <RunEvent JSON>`. Reconnecting
+    with `Last-Event-ID` resumes just after that event; otherwise the stream starts at the
+    beginning of the session's history, or at `?from=now`. Idle streams get a comment every ~15 s.
+    """
+    await deps.store.load_session_status(session_id)  # 404 / 410 before any stream opens
+    resume = last_event_id or after
+    try:
+        position = EventPosition.parse(resume) if resume else None
+        reader = await deps.streams.open(session_id, after=position, start_at=start)
+    except InvalidPositionError as error:
+        raise GatewayError(400, logic.INVALID_REQUEST, str(error)) from error
+    except EventStreamError as error:
+        raise GatewayError(503, "UNAVAILABLE", str(error)) from error
+    return StreamingResponse(
+        deps.streams.body(reader),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(deps.streams.release, reader),
+    )
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+
+@router.post("/runs", status_code=202, response_model=RunAccepted, tags=["runs"])
+async def request_run(deps: Deps, body: RunRequest) -> RunAccepted:
+    """Ask an agent for a turn; follow it on the session's event stream."""
+    if body.session_id:
+        logic.require_open(await deps.store.load_session_status(body.session_id))
+    message = logic.turn_request(body, tenant_id=deps.tenant_id)
+    await deps.publisher.publish(message)
+    return logic.accepted(message)
+
+
+@router.get("/runs/{run_id}", response_model=RunMeta, tags=["runs"])
+async def get_run(deps: Deps, run_id: str) -> RunMeta:
+    """A run's identity and current state."""
+    return await deps.store.load_run(run_id)
+
+
+@router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunAccepted, tags=["runs"])
+async def cancel_run(
+    deps: Deps, run_id: str, body: Annotated[CancelRequest | None, Body()] = None
+) -> RunAccepted:
+    """Ask for a run to be canceled; the first accepted reason is permanent."""
+    meta = await deps.store.load_run(run_id)
+    message = logic.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=deps.tenant_id)
+    await deps.publisher.publish(message)
+    return logic.accepted(message)
+
+
+@router.post("/runs/{run_id}/answer", status_code=202, response_model=RunAccepted, tags=["runs"])
+async def answer_run(deps: Deps, run_id: str, body: AnswerRequest) -> RunAccepted:
+    """Answer a suspended run: its continuation starts in the same session."""
+    meta = await deps.store.load_run(run_id)
+    message = logic.resume_request(
+        meta, body.answer, principal_id=body.principal_id, run_id=body.run_id, tenant_id=deps.tenant_id
+    )
+    await deps.publisher.publish(message)
+    return logic.accepted(message)
+
+
+@router.get("/runs/{run_id}/records", response_model=Page, tags=["runs"])
+async def list_run_records(
+    deps: Deps,
+    run_id: str,
+    cursor: Annotated[str, Query(description="From a previous page's next_cursor; empty: the start.")] = "",
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
+) -> Page:
+    """A page of the run's records in order (payloads are base64 JSON bytes)."""
+    return await deps.store.list_run_records(run_id, cursor, limit)
+
+
+@router.get(
+    "/runs/{run_id}/transcript",
+    response_class=Response,
+    tags=["runs"],
+    responses={200: {"model": TranscriptResponse, "description": "The run's messages, in order."}},
+)
+async def get_transcript(deps: Deps, run_id: str) -> Response:
+    """The run's transcript, rebuilt from its records (exact JSON: numbers keep their digits)."""
+    try:
+        messages = await build_messages_from_run_log(deps.store, run_id)
+    except TranscriptError as error:
+        raise GatewayError(422, logic.TRANSCRIPT_UNAVAILABLE, str(error)) from error
+    head = json.dumps({"run_id": run_id})[:-1].encode()  # '{"run_id": "..."' without the brace
+    return Response(
+        content=head + b', "messages": ' + encode_messages(messages) + b"}",
+        media_type="application/json",
+    )
+
+
+health_router = APIRouter()
+
+
+@health_router.get("/healthz", response_model=Health, tags=["health"])
+async def health(deps: Deps) -> Health:
+    """Liveness, and how many event streams are open."""
+    return Health(status="ok", open_streams=deps.streams.open_count)
