@@ -1,0 +1,611 @@
+"""The planner's I/O: the store, the model, the topics, and `Planner`, which runs the logic's steps.
+
+Every trigger follows the same pattern: take the run's lock (one run is handled by one task at a
+time in this process), write what the message brings, then `advance`: load the run's records,
+ask `logic.decide` for the next step, do it, feed the written record back into the view, and
+ask again, until the run waits for a message or is closed. Across processes nothing is locked:
+deterministic keys decide, and a write that meets another writer's record (EVENT_CONFLICT, or a
+run closed meanwhile) makes the planner reload and use what the store holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import structlog
+from faststream.kafka import KafkaBroker
+
+from contracts.errors import ErrorCode, StoreError
+from contracts.lifecycle import Failure, encode_cancellation_intent
+from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
+from contracts.store import LifecycleType, Record, RunStatus, StartOutcome, StartResult
+from contracts.tools import ToolCallCompleted, ToolCallRequested
+from contracts.topics import Topic
+from contracts.transcript import (
+    TRANSCRIPT_MESSAGES_APPENDED,
+    TRANSCRIPT_MESSAGES_SEEDED,
+    ToolUsePart,
+    TranscriptError,
+    encode_messages,
+)
+from contracts.wire import utc_now_ms
+from services.kit.agents import AgentRegistry, AgentSpec, UnknownAgentError
+from services.kit.broker import topic
+from services.kit.delivery import PermanentError, RetryableError
+from services.kit.models.port import ModelClient, ModelError
+from services.kit.settings import KafkaSettings
+from services.kit.store.protocol import Store
+from services.kit.tool_catalog import ToolCatalog, agent_tool
+from services.kit.transcript import PAGE_LIMIT, build_messages_from_run_log, validate_planner_transcript
+from services.planner.logic import (
+    CANCEL_KEY,
+    CONTEXT_KEY,
+    CONTEXT_TYPE,
+    INPUT_KEY,
+    INVALID_TRANSCRIPT,
+    SEED_KEY,
+    TOOL_RESULT_TYPE,
+    Append,
+    CallModel,
+    Closed,
+    ContextBlocks,
+    ContextSource,
+    Dispatch,
+    Finish,
+    Output,
+    RunView,
+    StartPlan,
+    Suspend,
+    SuspensionCheckpoint,
+    ToolInfo,
+    ToolResult,
+    Trigger,
+    Wait,
+    answer_message,
+    completed_turn,
+    decide,
+    dispatch_outputs,
+    failure_finish,
+    history_window,
+    link_key,
+    model_failure,
+    model_records,
+    model_request,
+    reply_delta,
+    run_context,
+    run_start,
+    seed_messages,
+    start_plan,
+    tool_result_key,
+    user_message,
+)
+from services.planner.settings import PlannerSettings
+
+logger = structlog.get_logger(__name__)
+
+RELOAD_CODES = frozenset(
+    {
+        ErrorCode.EVENT_CONFLICT,
+        ErrorCode.RUN_NOT_ACTIVE,
+        ErrorCode.RUN_TERMINAL_CONFLICT,
+        ErrorCode.RUN_CANCELLATION_CONFLICT,
+        ErrorCode.RUN_SUSPENSION_CONFLICT,
+    }
+)
+"""Refusals that mean another writer got there first: reload and use what the store holds."""
+
+
+# --- reading a run ------------------------------------------------------------------------------
+
+
+async def load_records(store: Store, run_id: str) -> list[Record]:
+    """Every record of a run, in log order (ListRunRecords, paged to the end)."""
+    records: list[Record] = []
+    cursor = ""
+    while True:
+        page = await store.list_run_records(run_id, cursor, PAGE_LIMIT)
+        records.extend(page.records)
+        if not page.next_cursor or not page.records:
+            return records
+        cursor = page.next_cursor
+
+
+async def load_view(store: Store, run_id: str) -> RunView | None:
+    """The run as its records say, or None when the store does not know it."""
+    try:
+        records = await load_records(store, run_id)
+    except StoreError as error:
+        if error.code is ErrorCode.RUN_NOT_FOUND:
+            return None
+        raise
+    try:
+        return RunView.of(records)
+    except (TranscriptError, ValueError, KeyError) as error:
+        raise PermanentError(f"run {run_id!r}: its records cannot be read: {error}") from error
+
+
+# --- publishing ---------------------------------------------------------------------------------
+
+
+class Publisher(Protocol):
+    """Publishes the planner's messages, each to its topic with its key."""
+
+    async def publish(self, message: Output) -> None:
+        """Publish one message and wait for the broker to take it."""
+        ...
+
+
+_TOPICS: dict[type, Topic] = {
+    ToolCallRequested: Topic.TOOLS_CALLS,
+    RunRequested: Topic.RUNS_REQUESTED,
+    ToolCallCompleted: Topic.TOOLS_RESULTS,
+    TurnCompleted: Topic.HISTORY_TURNS,
+    CancelRun: Topic.RUNS_CONTROL,
+}
+
+
+def topic_and_key(message: Output) -> tuple[Topic, str]:
+    """Where a planner message goes (DESIGN §3): its topic and partition key."""
+    if isinstance(message, ToolCallRequested):
+        return Topic.TOOLS_CALLS, message.run_id
+    if isinstance(message, RunRequested | ToolCallCompleted):
+        return _TOPICS[type(message)], message.partition_key()
+    if isinstance(message, TurnCompleted):
+        return Topic.HISTORY_TURNS, message.session_id
+    if isinstance(message, CancelRun):
+        return Topic.RUNS_CONTROL, message.session_id or message.run_id
+    return Topic.RUNS_EVENTS, message.session_id or message.run_id
+
+
+class KafkaPublisher:
+    """A `Publisher` on the service's FastStream broker."""
+
+    def __init__(self, broker: KafkaBroker, settings: KafkaSettings) -> None:
+        self._broker = broker
+        self._settings = settings
+
+    async def publish(self, message: Output) -> None:
+        name, key = topic_and_key(message)
+        await self._broker.publish(
+            message.model_dump_json().encode(), topic=topic(self._settings, name), key=key.encode()
+        )
+
+
+# --- context and tools --------------------------------------------------------------------------
+
+
+class SessionHistoryContext:
+    """The default `ContextSource`: the last completed turns of the session, as plain text.
+
+    Each completed root run of the session is one turn: what the user said and what the agent
+    answered (tool traffic is left out). At most `max_messages` messages, whole turns only.
+    """
+
+    def __init__(self, store: Store, max_messages: int = 12) -> None:
+        self._store = store
+        self._max_messages = max_messages
+
+    async def context(self, session_id: str, principal_id: str, agent_id: str) -> ContextBlocks:
+        wanted = self._max_messages // 2
+        if not wanted:
+            return ContextBlocks()
+        runs = await self._store.list_runs_by_session(session_id, [RunStatus.COMPLETED])
+        turns: list[tuple[str, str]] = []
+        for run in reversed([run for run in runs if not run.parent_run_id]):
+            if len(turns) >= wanted:
+                break
+            try:
+                messages = await build_messages_from_run_log(self._store, run.run_id)
+            except TranscriptError:
+                continue
+            turn = completed_turn(messages)
+            if turn is not None:
+                turns.append(turn)
+        return ContextBlocks(history=history_window(list(reversed(turns)), self._max_messages))
+
+
+def tool_book(agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry) -> dict[str, ToolInfo]:
+    """The tools `agent` may call: catalog tools, and other agents as agent-tools (child runs)."""
+    book: dict[str, ToolInfo] = {}
+    for name in agent.tools:
+        definition = catalog.find(name)
+        if definition is None and agents.is_agent_tool(name):
+            callee = agents.get_agent(name)
+            definition = agent_tool(name, callee.description or f"The {name} agent.", callee.agent_id)
+        if definition is None:
+            logger.warning("agent names an unknown tool", agent_id=agent.agent_id, tool=name)
+            continue
+        book[name] = ToolInfo(
+            spec=definition.spec(),
+            timeout_s=None if definition.agent_id else definition.timeout_s,
+            agent_id=definition.agent_id,
+        )
+    return book
+
+
+# --- the planner --------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannerDeps:
+    """What the planner works with; `create_app` builds whatever is left None."""
+
+    store: Store | None = None
+    model: ModelClient | None = None
+    catalog: ToolCatalog | None = None
+    agents: AgentRegistry | None = None
+    context: ContextSource | None = None
+
+
+@dataclass(frozen=True)
+class ReadyDeps:
+    """The planner's dependencies, all present."""
+
+    store: Store
+    model: ModelClient
+    catalog: ToolCatalog
+    agents: AgentRegistry
+    context: ContextSource
+
+
+class RunLocks:
+    """One asyncio lock per run id, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, run_id: str) -> AsyncIterator[None]:
+        """Hold `run_id`'s lock for the block."""
+        lock, users = self._locks.get(run_id, (asyncio.Lock(), 0))
+        self._locks[run_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[run_id]
+            if users == 1:
+                del self._locks[run_id]
+            else:
+                self._locks[run_id] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+def _permanent(what: str, error: StoreError) -> PermanentError:
+    return PermanentError(f"{what}: {error.code.value}: {error.message}")
+
+
+class Planner:
+    """The agent loop over the store: one method per trigger, each ending in `advance`."""
+
+    def __init__(self, deps: ReadyDeps, publisher: Publisher, settings: PlannerSettings) -> None:
+        self.deps = deps
+        self.publisher = publisher
+        self.settings = settings
+        self.locks = RunLocks()
+
+    # --- triggers -------------------------------------------------------------------------------
+
+    async def on_run_requested(self, request: RunRequested) -> None:
+        """A new turn, a resume or a child run: start it, record its input, advance."""
+        log = logger.bind(run_id=request.run_id, session_id=request.session_id, kind=request.kind.value)
+        async with self.locks.hold(request.run_id):
+            if request.kind is RunKind.RESUME:
+                view = await self._start_resume(request)
+            elif request.kind is RunKind.CHILD:
+                view = await self._start_child(request)
+            else:
+                view = await self._start_turn(request)
+            if view is None:
+                log.info("run not planned (stopped at start or parent closed)")
+                return
+            await self.advance(view, self._trigger(request.occurred_at, request.event_id))
+
+    async def on_tool_result(self, completed: ToolCallCompleted) -> None:
+        """Record one tool result (the first one wins), then advance."""
+        async with self.locks.hold(completed.run_id):
+            view = await load_view(self.deps.store, completed.run_id)
+            if view is None:
+                logger.warning("tool result for an unknown run ignored", run_id=completed.run_id)
+                return
+            trigger = self._trigger(completed.occurred_at, completed.event_id, completed.tool_use_id)
+            if not view.closed and completed.tool_use_id not in view.results:
+                if completed.tool_use_id not in _tool_use_ids(view):
+                    logger.warning(
+                        "result for a tool use the run never made ignored",
+                        run_id=view.run_id,
+                        tool_use_id=completed.tool_use_id,
+                    )
+                    return
+                result = ToolResult.of(completed)
+                record = view.record(
+                    tool_result_key(completed.tool_use_id), TOOL_RESULT_TYPE, result.encode(), trigger.at
+                )
+                view = await self._write(view, record)
+            await self.advance(view, trigger)
+
+    async def on_cancel(self, cancel: CancelRun) -> None:
+        """Record the cancellation intent (the first reason is permanent), then advance to the end."""
+        async with self.locks.hold(cancel.run_id):
+            view = await load_view(self.deps.store, cancel.run_id)
+            if view is None:
+                logger.warning("cancel for an unknown run ignored", run_id=cancel.run_id)
+                return
+            trigger = self._trigger(cancel.occurred_at, cancel.event_id)
+            if not view.closed and not view.cancel_reason:
+                record = view.record(
+                    CANCEL_KEY,
+                    LifecycleType.CANCELLATION_INTENT.value,
+                    encode_cancellation_intent(cancel.reason),
+                    trigger.at,
+                )
+                view = await self._write(view, record, self.deps.store.record_run_cancellation)
+            await self.advance(view, trigger)
+
+    # --- starts ---------------------------------------------------------------------------------
+
+    async def _start_turn(self, request: RunRequested) -> RunView | None:
+        agent = self._agent(request.agent_id)
+        if not request.text:
+            raise PermanentError(f"run {request.run_id!r}: a turn needs the user's text")
+        plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
+        view = await self._start(plan, request)
+        if view is None or view.closed:
+            return view
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        view = await self._write_once(
+            view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
+        )
+        if view.session_id and not view.has_input and SEED_KEY not in view.keys:
+            principal = view.context.principal_id if view.context is not None else ""
+            blocks = await self.deps.context.context(view.session_id, principal, view.agent_id)
+            seed = seed_messages(blocks)
+            if seed:
+                view = await self._write_once(
+                    view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), trigger
+                )
+        return await self._write_once(
+            view,
+            INPUT_KEY,
+            TRANSCRIPT_MESSAGES_APPENDED,
+            encode_messages([user_message(request.text)]),
+            trigger,
+        )
+
+    async def _start_child(self, request: RunRequested) -> RunView | None:
+        parent = request.parent
+        if parent is None:
+            raise PermanentError(f"child run {request.run_id!r} names no parent tool call")
+        agent = self._agent(request.agent_id)
+        run = run_start(
+            request,
+            agent_id=agent.agent_id,
+            session_id=request.session_id,
+            parent_run_id=parent.parent_run_id,
+        )
+        plan = start_plan(run, (parent, link_key(parent.tool_call_id, run.run_id, continuation=False)))
+        view = await self._start(plan, request)
+        if view is None or view.closed:
+            return view
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        view = await self._write_once(
+            view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
+        )
+        return await self._write_once(
+            view,
+            INPUT_KEY,
+            TRANSCRIPT_MESSAGES_APPENDED,
+            encode_messages([user_message(request.text)]),
+            trigger,
+        )
+
+    async def _start_resume(self, request: RunRequested) -> RunView | None:
+        store = self.deps.store
+        predecessor = await load_view(store, request.predecessor_run_id)
+        if predecessor is None or predecessor.suspended_time is None:
+            raise PermanentError(
+                f"resume {request.run_id!r}: {request.predecessor_run_id!r} is not suspended"
+            )
+        try:
+            checkpoint = SuspensionCheckpoint.decode(
+                (await store.load_run_suspension(predecessor.run_id)).data
+            )
+        except StoreError as error:
+            if error.retryable:
+                raise
+            raise _permanent(f"resume {request.run_id!r}", error) from error
+        agent = self._agent(predecessor.agent_id)
+        run = run_start(
+            request,
+            agent_id=predecessor.agent_id,
+            session_id=predecessor.session_id,
+            parent_run_id=predecessor.parent_run_id,
+        )
+        parent = predecessor.context.parent if predecessor.context is not None else None
+        link = (parent, link_key(parent.tool_call_id, run.run_id, continuation=True)) if parent else None
+        view = await self._start(start_plan(run, link), request)
+        if view is None or view.closed:
+            return view
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        context = run_context(request, agent, inherited=predecessor.context)
+        view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
+        view = await self._write_once(
+            view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(predecessor.messages), trigger
+        )
+        try:
+            answer = answer_message(predecessor, checkpoint.pending, request.answer)
+        except TranscriptError as error:
+            raise PermanentError(f"resume {request.run_id!r}: {error}") from error
+        return await self._write_once(
+            view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
+        )
+
+    async def _start(self, plan: StartPlan, request: RunRequested) -> RunView | None:
+        """Start the run (an exact retry on redelivery); None when it must not be planned."""
+        store = self.deps.store
+        run = plan.run
+        try:
+            result: StartResult
+            if plan.parent_link is not None and run.session_id:
+                result = await store.start_child_run(run, plan.parent_link, plan.started, plan.stopped)
+            elif plan.parent_link is not None:
+                result = await store.start_one_shot_child_run(run, plan.parent_link, plan.started)
+            elif run.session_id:
+                result = await store.start_root_run(run, plan.started, plan.stopped)
+            else:
+                result = await store.start_one_shot_run(run, plan.started)
+        except StoreError as error:
+            if error.retryable:
+                raise
+            if plan.parent_link is not None and error.code is ErrorCode.RUN_NOT_ACTIVE:
+                logger.info("child not started: its parent is closed", run_id=run.run_id)
+                return None
+            raise _permanent(f"start of {run.run_id!r}", error) from error
+        if result.decision is StartOutcome.STOP:
+            return None
+        view = await load_view(store, run.run_id)
+        if view is None:
+            raise RetryableError(f"run {run.run_id!r} started but not readable yet")
+        return view
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def advance(self, view: RunView, trigger: Trigger) -> None:
+        """Take the run's next steps until it waits for a message or is closed."""
+        agent = self._agent(view.agent_id)
+        tools = tool_book(agent, self.deps.catalog, self.deps.agents)
+        dispatched = 0
+        for _ in range(self.settings.max_actions_per_message):
+            action = decide(view, trigger, dispatched)
+            if isinstance(action, Wait):
+                return
+            if isinstance(action, Closed):
+                for message in action.outputs:
+                    await self.publisher.publish(message)
+                return
+            if isinstance(action, Append):
+                view = await self._write(view, action.record)
+            elif isinstance(action, Finish):
+                view = await self._write(view, action.record, self.deps.store.record_run_terminal)
+            elif isinstance(action, Suspend):
+                view = await self._write(view, action.record, self._suspension_writer(action))
+            elif isinstance(action, Dispatch):
+                outputs, local = dispatch_outputs(view, action.step, action.uses, tools, trigger)
+                for record in local:
+                    view = await self._write(view, record)
+                for message in outputs:
+                    await self.publisher.publish(message)
+                dispatched = action.step
+            elif isinstance(action, CallModel):
+                view = await self._model_step(view, agent, tools, action.step, trigger)
+        raise PermanentError(
+            f"run {view.run_id!r}: no end after {self.settings.max_actions_per_message} steps"
+        )
+
+    async def _model_step(
+        self, view: RunView, agent: AgentSpec, tools: Mapping[str, ToolInfo], step: int, trigger: Trigger
+    ) -> RunView:
+        request = model_request(view, agent, tools, step, self.settings.max_tokens_per_call)
+        try:
+            validate_planner_transcript(request.messages)
+        except TranscriptError as error:
+            failure = Failure(message=str(error), kind=INVALID_TRANSCRIPT, retryable=False)
+            return await self._write(
+                view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
+            )
+        deltas = 0
+
+        async def on_text(text: str) -> None:
+            nonlocal deltas
+            await self.publisher.publish(reply_delta(view, step, deltas, text, utc_now_ms()))
+            deltas += 1
+
+        model = self.deps.model
+        try:
+            response = await asyncio.wait_for(model.complete(request, on_text), self.settings.model_timeout_s)
+        except TimeoutError as error:
+            raise RetryableError(f"model call {request.call_key} timed out") from error
+        except ModelError as error:
+            if error.retryable:
+                raise RetryableError(f"model call {request.call_key}: {error.kind}: {error}") from error
+            failure = model_failure(
+                str(error), provider=model.name, code=error.kind, http_status=error.http_status
+            )
+            return await self._write(
+                view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
+            )
+        for record in model_records(view, step, response, trigger.at):
+            view = await self._write(view, record)
+        return view
+
+    # --- writing --------------------------------------------------------------------------------
+
+    async def _write(self, view: RunView, record: Record, operation: _Write | None = None) -> RunView:
+        """Write a record and fold it into the view; reload instead when another writer came first."""
+        write = operation or self.deps.store.append_run_record
+        try:
+            await write(record)
+        except StoreError as error:
+            if error.retryable:
+                raise
+            if error.code not in RELOAD_CODES:
+                raise _permanent(f"run {view.run_id!r} record {record.event_key!r}", error) from error
+            logger.info(
+                "another writer came first; reloading",
+                run_id=view.run_id,
+                event_key=record.event_key,
+                code=error.code.value,
+            )
+            reloaded = await load_view(self.deps.store, view.run_id)
+            if reloaded is None:
+                raise _permanent(f"run {view.run_id!r} vanished", error) from error
+            return reloaded
+        view.add(record)
+        return view
+
+    async def _write_once(
+        self, view: RunView, key: str, type_: str, payload: bytes, trigger: Trigger
+    ) -> RunView:
+        """Write the record at `key` unless the run already holds one there."""
+        if key in view.keys:
+            return view
+        return await self._write(view, view.record(key, type_, payload, trigger.at))
+
+    def _suspension_writer(self, action: Suspend) -> _Write:
+        async def suspend(record: Record) -> object:
+            return await self.deps.store.record_run_suspension(action.checkpoint, record)
+
+        return suspend
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _agent(self, agent_id: str) -> AgentSpec:
+        try:
+            return self.deps.agents.get_agent(agent_id)
+        except UnknownAgentError as error:
+            raise PermanentError(str(error)) from error
+
+    @staticmethod
+    def _trigger(at: datetime, event_id: str, result_for: str = "") -> Trigger:
+        return Trigger(at=at, event_id=event_id, result_for=result_for)
+
+
+class _Write(Protocol):
+    async def __call__(self, record: Record, /) -> object: ...
+
+
+def _tool_use_ids(view: RunView) -> set[str]:
+    return {
+        part.id
+        for message in view.messages
+        if message.role == "assistant"
+        for part in message.parts
+        if isinstance(part, ToolUsePart)
+    }
