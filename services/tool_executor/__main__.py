@@ -1,0 +1,21 @@
+"""`python -m services.tool_executor`: the tool executor alone, against the configured Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.kit.logging import configure_logging
+from services.kit.settings import KafkaSettings, ServiceSettings
+from services.tool_executor.app import SERVICE, create_app
+from services.tool_executor.settings import ToolExecutorSettings
+
+
+def main() -> None:
+    """Read the settings once, configure logging and serve until interrupted."""
+    configure_logging(ServiceSettings(service_name=SERVICE))
+    app = create_app(KafkaSettings(), ToolExecutorSettings())
+    asyncio.run(app.run())
+
+
+if __name__ == "__main__":
+    main()

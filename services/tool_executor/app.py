@@ -1,0 +1,62 @@
+"""The tool executor as a FastStream application: runs tool calls, answers each exactly once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from faststream import FastStream
+
+from services.kit.broker import make_broker
+from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.settings import KafkaSettings
+from services.kit.tool_catalog import ToolCatalog, default_catalog
+from services.tool_executor import handlers
+from services.tool_executor.adapters import RememberedResults, default_implementations
+from services.tool_executor.logic import CompletedCalls, ToolImplementation, ToolRunner
+from services.tool_executor.settings import ToolExecutorSettings
+
+SERVICE = "tool-executor"
+
+
+@dataclass
+class ToolExecutorDeps:
+    """The tools this executor runs: their definitions, implementations and the record of results."""
+
+    catalog: ToolCatalog = field(default_factory=default_catalog)
+    implementations: Mapping[str, ToolImplementation] = field(default_factory=default_implementations)
+    completed_calls: CompletedCalls | None = None
+
+
+def create_app(
+    kafka: KafkaSettings,
+    settings: ToolExecutorSettings | None = None,
+    deps: ToolExecutorDeps | None = None,
+) -> FastStream:
+    """The executor application; pass `deps` to run other tools (tests add slow or failing ones)."""
+    settings = settings or ToolExecutorSettings()
+    if settings.max_timeout_s * 1000 >= kafka.max_poll_interval_ms:
+        raise ValueError("max_timeout_s must be shorter than the consumer's max_poll_interval_ms")
+    deps = deps or ToolExecutorDeps()
+    runner = ToolRunner(
+        deps.catalog,
+        deps.implementations,
+        deps.completed_calls or RememberedResults(settings.remembered_results),
+        max_timeout_s=settings.max_timeout_s,
+        canceled_runs_capacity=settings.remembered_cancels,
+    )
+    # The pid in the client id tells the copies apart in the broker's view of the group.
+    broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        await broker.publish(body, topic=topic, key=key, headers=headers)
+
+    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    dispatcher = handlers.register(broker, kafka, settings, runner, delivery)
+
+    async def drain() -> None:
+        # Before the broker stops: calls in flight can still publish and commit.
+        await dispatcher.drain(settings.shutdown_grace_s)
+
+    return FastStream(broker, on_shutdown=[drain])

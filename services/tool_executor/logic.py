@@ -1,0 +1,563 @@
+"""The tool executor's domain logic: run one tool call to exactly one result; no broker, no I/O.
+
+- `ToolRunner.run(request)` validates the arguments against the catalog, runs the tool's
+  implementation under its deadline and concurrency limit, and turns whatever happens (content,
+  a request for outside input, a bad argument, an error, a timeout, an oversized result) into
+  one `ToolCallCompleted`; or None when the run was canceled (a canceled call answers nothing:
+  the planner has abandoned it).
+- `calculate` is the calculator: arithmetic through `ast` with a whitelist, sizes bounded.
+- `OffsetLedger` keeps, per partition, the calls in flight, so that the offset committed never
+  passes a call that has not been answered while later calls run concurrently.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import math
+import operator
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from contracts.envelope import derive_id
+from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from contracts.transcript import (
+    TOOL_RESULT_MAX_BYTES,
+    TranscriptError,
+    bounded_tool_result,
+    encode_json_value,
+)
+from services.kit.logging import REDACTED, SECRET_VALUE_PATTERN
+from services.kit.tool_catalog import (
+    ArgumentError,
+    AskUserArguments,
+    CalculatorArguments,
+    ToolCatalog,
+    ToolDefinition,
+)
+
+ERROR_TEXT_LIMIT = 2000
+"""Longest error text given back to the model."""
+
+PREVIEW_CHARS = 1000
+"""How much of an oversized result's JSON is kept as the omission's preview."""
+
+
+class ToolError(Exception):
+    """Raised by a tool for a failure the model should read and can act on (bad input, nothing found)."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Who a tool call is for: the scope a tool keys its effects by."""
+
+    run_id: str
+    tool_use_id: str
+    session_id: str = ""
+    agent_id: str = ""
+    principal_id: str = ""
+    tenant_id: str = ""
+
+    @classmethod
+    def of(cls, request: ToolCallRequested) -> ToolContext:
+        """The context of one request."""
+        return cls(
+            run_id=request.run_id,
+            tool_use_id=request.tool_use_id,
+            session_id=request.session_id,
+            agent_id=request.agent_id,
+            principal_id=request.principal_id,
+            tenant_id=request.tenant_id,
+        )
+
+
+ToolImplementation = Callable[[Any, ToolContext], Awaitable[Any]]
+"""A tool: validated arguments (its definition's model) and context in; JSON content out.
+
+A tool whose definition `awaits_input` returns an `AwaitInput` instead. Raise ToolError for a
+failure the model should read; any other exception is reported as the tool's failure too.
+"""
+
+
+class CompletedCalls(Protocol):
+    """The results already given, by (run id, tool_use id): a redelivered call is answered from here."""
+
+    def get(self, run_id: str, tool_use_id: str) -> ToolCallCompleted | None:
+        """The result given for this tool use, if it is remembered."""
+        ...
+
+    def put(self, result: ToolCallCompleted) -> None:
+        """Remember a result."""
+        ...
+
+
+# --- the calculator -------------------------------------------------------------------------------
+
+MAX_INT_BITS = 4096
+"""Largest integer (about 1,233 digits) the calculator computes or returns."""
+
+MAX_EXPONENT = 10_000
+"""Largest exponent magnitude the calculator accepts."""
+
+MAX_DEPTH = 300
+"""Deepest nesting of operations evaluated (a 500-character sum of ones is 250 deep)."""
+
+Number = int | float
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+class CalculatorError(ToolError):
+    """Raised when an expression is not plain arithmetic, or its value cannot be computed."""
+
+
+def calculate(expression: str) -> Number:
+    """The value of an arithmetic expression: numbers, + - * / // % **, parentheses, unary signs.
+
+    Nothing but these is evaluated: no names, calls, attributes, strings or comparisons. Integers
+    stay exact up to MAX_INT_BITS; exponents are bounded, and a power that would exceed the
+    bound is refused before it is computed. Raises CalculatorError.
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as error:
+        raise CalculatorError(f"not an arithmetic expression: {error.msg}") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise CalculatorError("expression is too deeply nested") from None
+    try:
+        return _evaluate(tree.body, 0)
+    except ZeroDivisionError:
+        raise CalculatorError("division by zero") from None
+    except OverflowError:
+        raise CalculatorError("result is too large") from None
+    except RecursionError:
+        raise CalculatorError("expression is too deeply nested") from None
+
+
+def _evaluate(node: ast.expr, depth: int) -> Number:
+    if depth > MAX_DEPTH:
+        raise CalculatorError("expression is too deeply nested")
+    if isinstance(node, ast.Constant):
+        return _checked(_literal(node.value))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _checked(_UNARY[type(node.op)](_evaluate(node.operand, depth + 1)))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left = _evaluate(node.left, depth + 1)
+        right = _evaluate(node.right, depth + 1)
+        _check_size_before(node.op, left, right)
+        return _checked(_BINARY[type(node.op)](left, right))
+    raise CalculatorError(f"not allowed in an arithmetic expression: {_describe_node(node)}")
+
+
+def _literal(value: object) -> Number:
+    # bool is an int subclass; True + True is not arithmetic a model should rely on.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CalculatorError(f"not a number: {type(value).__name__} literal")
+    return value
+
+
+def _describe_node(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return f"name {node.id!r}"
+    if isinstance(node, ast.Call):
+        return "function call"
+    if isinstance(node, ast.Attribute):
+        return "attribute access"
+    if isinstance(node, ast.BinOp | ast.UnaryOp):
+        return f"operator {type(node.op).__name__}"
+    return type(node).__name__
+
+
+def _check_size_before(op: ast.operator, left: Number, right: Number) -> None:
+    """Refuse an operation whose result would be too large, before spending time computing it."""
+    integers = isinstance(left, int) and isinstance(right, int)
+    if isinstance(op, ast.Pow):
+        if abs(right) > MAX_EXPONENT:
+            raise CalculatorError(f"exponent is too large (at most {MAX_EXPONENT} in magnitude)")
+        if integers and right > 0 and abs(left) > 1 and math.log2(abs(left)) * right > MAX_INT_BITS:
+            raise CalculatorError("result is too large")
+    # A product has at most as many bits as its factors together.
+    elif isinstance(op, ast.Mult) and integers and _bits(left) + _bits(right) > MAX_INT_BITS + 1:
+        raise CalculatorError("result is too large")
+
+
+def _bits(value: Number) -> int:
+    return value.bit_length() if isinstance(value, int) else 0
+
+
+def _checked(value: object) -> Number:
+    if isinstance(value, complex):
+        raise CalculatorError("result is not a real number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalculatorError("result is too large")
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise CalculatorError("result is too large")
+    if not isinstance(value, int | float):
+        raise CalculatorError("result is not a number")
+    return value
+
+
+async def run_calculator(arguments: CalculatorArguments, _context: ToolContext) -> dict[str, Any]:
+    """The `calculator` tool."""
+    return {"expression": arguments.expression, "result": calculate(arguments.expression)}
+
+
+async def run_ask_user(arguments: AskUserArguments, _context: ToolContext) -> AwaitInput:
+    """The `ask_user` tool: no content, a request for the user's answer (the run suspends)."""
+    return AwaitInput(
+        kind=AwaitKind.CLARIFICATION,
+        prompt=arguments.question,
+        details={"choices": list(arguments.choices or [])},
+    )
+
+
+# --- one call to one result -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one execution produced: content, or an error text, or a request for outside input."""
+
+    content: Any = None
+    is_error: bool = False
+    awaiting: AwaitInput | None = None
+    duration_ms: float = 0.0
+
+    @classmethod
+    def error(cls, text: str, duration_ms: float = 0.0) -> Outcome:
+        """A failure the model reads: a non-empty text without secrets, at most ERROR_TEXT_LIMIT long."""
+        cleaned = SECRET_VALUE_PATTERN.sub(REDACTED, text).strip() or "the tool failed"
+        if len(cleaned) > ERROR_TEXT_LIMIT:
+            cleaned = cleaned[: ERROR_TEXT_LIMIT - 1] + "…"
+        return cls(content=bounded_tool_result(cleaned, True), is_error=True, duration_ms=duration_ms)
+
+
+def describe_failure(tool_name: str, error: BaseException) -> str:
+    """The text of an exception for the model: its type and message, never a traceback."""
+    if isinstance(error, ToolError):
+        return str(error) or f"{tool_name} failed"
+    message = str(error)
+    kind = type(error).__name__
+    return f"{tool_name} failed: {kind}: {message}" if message else f"{tool_name} failed: {kind}"
+
+
+def result_content(value: Any) -> Any:
+    """Content for the wire: plain JSON when it fits in 64 KiB, else the omission marker.
+
+    The transcript keeps numbers exact as `Decimal`, which pydantic would write to JSON as a
+    string; the wire carries the plain JSON value instead, and the planner's transcript parts
+    turn it exact again. Raises TranscriptError for a value that is not JSON.
+    """
+    encoded = encode_json_value(value)
+    if len(encoded) <= TOOL_RESULT_MAX_BYTES:
+        return json.loads(encoded)
+    preview = encoded[:PREVIEW_CHARS].decode("utf-8", errors="ignore")
+    return bounded_tool_result(
+        value,
+        False,
+        preview=preview,
+        bounds={"size_bytes": len(encoded), "limit_bytes": TOOL_RESULT_MAX_BYTES},
+    )
+
+
+def completed(request: ToolCallRequested, outcome: Outcome) -> ToolCallCompleted:
+    """The one result of `request`; its event id derives from the request's, so a retry repeats it."""
+    return ToolCallCompleted(
+        event_id=derive_id(request.event_id, "result"),
+        tenant_id=request.tenant_id,
+        correlation_id=request.correlation_id,
+        causation_id=request.event_id,
+        run_id=request.run_id,
+        session_id=request.session_id,
+        agent_id=request.agent_id,
+        tool_use_id=request.tool_use_id,
+        tool_name=request.tool_name,
+        content=outcome.content,
+        is_error=outcome.is_error,
+        awaiting=outcome.awaiting,
+        duration_ms=round(outcome.duration_ms, 3),
+    )
+
+
+class _BoundedSet:
+    """A set that forgets its oldest members beyond `capacity`."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, item: str) -> None:
+        self._items[item] = None
+        self._items.move_to_end(item)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
+
+
+CallKey = tuple[str, str]
+"""(run id, tool_use id): one tool use."""
+
+
+class ToolRunner:
+    """Runs tool calls: each to exactly one result, under its deadline and concurrency limit.
+
+    Idempotence: a call already answered is answered again from `completed` without running
+    the tool a second time (a redelivered `notes set` must not write again), and a duplicate of
+    a call still running waits for that one execution. The record is in process and bounded:
+    enough for the shipped tools, because the planner also never re-requests a tool use it has
+    a result for; a tool with effects beyond this process needs a durable record keyed the same.
+    """
+
+    def __init__(
+        self,
+        catalog: ToolCatalog,
+        implementations: Mapping[str, ToolImplementation],
+        completed_calls: CompletedCalls,
+        *,
+        max_timeout_s: float,
+        canceled_runs_capacity: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        runnable = {definition.name for definition in catalog if not definition.is_agent_tool}
+        if missing := runnable - set(implementations):
+            raise ValueError(f"tools without an implementation: {sorted(missing)}")
+        if unknown := set(implementations) - runnable:
+            raise ValueError(f"implementations of tools the catalog does not run: {sorted(unknown)}")
+        self._catalog = catalog
+        self._implementations = dict(implementations)
+        self._completed = completed_calls
+        self._max_timeout_s = max_timeout_s
+        self._clock = clock
+        self._limits = {name: asyncio.Semaphore(catalog.get(name).max_concurrency) for name in runnable}
+        self._canceled_runs = _BoundedSet(canceled_runs_capacity)
+        self._running: dict[CallKey, asyncio.Task[Outcome]] = {}
+        self._running_by_run: dict[str, set[asyncio.Task[Outcome]]] = {}
+
+    # -- cancellation --
+
+    def cancel_run(self, run_id: str) -> int:
+        """Cancel the run's calls in flight and refuse its later ones; returns how many were canceled."""
+        self._canceled_runs.add(run_id)
+        tasks = self._running_by_run.get(run_id, set())
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def is_canceled(self, run_id: str) -> bool:
+        """Whether a cancel for this run was seen (remembered for the last canceled runs only)."""
+        return run_id in self._canceled_runs
+
+    def running(self) -> int:
+        """Calls executing now."""
+        return len(self._running)
+
+    # -- running --
+
+    async def run(self, request: ToolCallRequested) -> ToolCallCompleted | None:
+        """The one result of `request`, or None when its run is canceled (nothing to publish)."""
+        if self.is_canceled(request.run_id):
+            return None
+        key = (request.run_id, request.tool_use_id)
+        remembered = self._completed.get(*key)
+        if remembered is not None:
+            # Same request (a redelivery): the very same event. Another request for the same tool
+            # use gets the same answer under its own event id.
+            return remembered.model_copy(
+                update={"event_id": derive_id(request.event_id, "result"), "causation_id": request.event_id}
+            )
+        task = self._running.get(key)
+        owner = task is None
+        if task is None:
+            task = self._start(key, request)
+        try:
+            # A duplicate must not cancel the execution it shares when it is itself canceled.
+            outcome = await (task if owner else asyncio.shield(task))
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if (current is not None and current.cancelling()) or not self.is_canceled(request.run_id):
+                raise  # shutdown: the call stays uncommitted and is delivered again
+            return None
+        result = completed(request, outcome)
+        if owner:
+            self._completed.put(result)
+        return result
+
+    def _start(self, key: CallKey, request: ToolCallRequested) -> asyncio.Task[Outcome]:
+        task = asyncio.create_task(self._execute(request), name=f"tool {request.tool_name} {key[1]}")
+        self._running[key] = task
+        self._running_by_run.setdefault(key[0], set()).add(task)
+
+        def forget(done: asyncio.Task[Outcome]) -> None:
+            self._running.pop(key, None)
+            siblings = self._running_by_run.get(key[0])
+            if siblings is not None:
+                siblings.discard(done)
+                if not siblings:
+                    del self._running_by_run[key[0]]
+
+        task.add_done_callback(forget)
+        return task
+
+    async def _execute(self, request: ToolCallRequested) -> Outcome:
+        definition = self._catalog.find(request.tool_name)
+        if definition is None:
+            available = ", ".join(self._catalog.names())
+            return Outcome.error(f"unknown tool {request.tool_name!r}; available tools: {available}")
+        if definition.is_agent_tool:
+            return Outcome.error(f"{definition.name} is an agent-tool: the planner runs it, not the executor")
+        try:
+            arguments = definition.parse_arguments(request.input)
+        except ArgumentError as error:
+            return Outcome.error(str(error))
+        return await self._invoke(definition, arguments, request)
+
+    def deadline(self, definition: ToolDefinition, request: ToolCallRequested) -> float:
+        """Seconds one call may take: the request's override or the tool's own, capped by the executor."""
+        wanted = request.timeout_s if request.timeout_s and request.timeout_s > 0 else definition.timeout_s
+        return min(wanted, self._max_timeout_s)
+
+    async def _invoke(
+        self, definition: ToolDefinition, arguments: BaseModel, request: ToolCallRequested
+    ) -> Outcome:
+        implementation = self._implementations[definition.name]
+        limit = self._limits[definition.name]
+        seconds = self.deadline(definition, request)
+        started: float | None = None
+        # The deadline covers waiting for a slot too: every call ends within it, which bounds how
+        # long the executor holds a message. It cannot interrupt a tool that computes without
+        # awaiting; such tools (the calculator) bound their own work instead.
+        timer = asyncio.timeout(seconds)
+        try:
+            async with timer, limit:
+                started = self._clock()
+                value = await implementation(arguments, ToolContext.of(request))
+        except TimeoutError as error:
+            if not timer.expired():  # the tool's own timeout (a slow upstream), not ours
+                return Outcome.error(describe_failure(definition.name, error), self._elapsed(started))
+            waited = "waiting for a free slot" if started is None else "running"
+            return Outcome.error(
+                f"{definition.name} timed out after {seconds:g} s ({waited})", self._elapsed(started)
+            )
+        except Exception as error:
+            return Outcome.error(describe_failure(definition.name, error), self._elapsed(started))
+        return self._outcome(definition, value, self._elapsed(started))
+
+    def _elapsed(self, started: float | None) -> float:
+        return 0.0 if started is None else (self._clock() - started) * 1000
+
+    @staticmethod
+    def _outcome(definition: ToolDefinition, value: Any, duration_ms: float) -> Outcome:
+        if definition.awaits_input:
+            if not isinstance(value, AwaitInput):
+                return Outcome.error(f"{definition.name} did not ask for input", duration_ms)
+            return Outcome(awaiting=value, duration_ms=duration_ms)
+        if isinstance(value, AwaitInput):
+            return Outcome.error(f"{definition.name} asked for input but is not declared to", duration_ms)
+        try:
+            return Outcome(content=result_content(value), duration_ms=duration_ms)
+        except TranscriptError as error:
+            return Outcome.error(f"{definition.name} returned a value that is not JSON: {error}", duration_ms)
+
+
+# --- commits that never pass an unanswered call ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One consumed message in flight: where it sits, and the assignment it was consumed under."""
+
+    topic: str
+    partition: int
+    offset: int
+    generation: int
+
+
+@dataclass
+class _PartitionLedger:
+    generation: int
+    pending: set[int] = field(default_factory=set)
+    next_offset: int = -1
+    committed: int = -1
+
+    def position(self) -> int:
+        """The offset to commit: the oldest call still pending, or past the newest one begun."""
+        return min(self.pending) if self.pending else self.next_offset
+
+
+class OffsetLedger:
+    """Per partition: the calls begun and not yet settled, and how far a commit may go.
+
+    Calls run concurrently and finish in any order, but a Kafka commit is one position per
+    partition: everything before it counts as done. So the position committed is the oldest
+    call still in flight (or past the newest when none is). A call that is never settled (the
+    executor shut down before answering it) holds its partition's position, so it is delivered
+    again. `forget` drops revoked partitions; tickets of the old assignment are then ignored.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[tuple[str, int], _PartitionLedger] = {}
+        self._generations = 0
+
+    def begin(self, topic: str, partition: int, offset: int) -> Ticket:
+        """A consumed message starts."""
+        ledger = self._partitions.get((topic, partition))
+        if ledger is None:
+            self._generations += 1
+            ledger = self._partitions[(topic, partition)] = _PartitionLedger(self._generations)
+        ledger.pending.add(offset)
+        ledger.next_offset = max(ledger.next_offset, offset + 1)
+        return Ticket(topic, partition, offset, ledger.generation)
+
+    def settle(self, ticket: Ticket) -> None:
+        """A message is done (answered, dead-lettered, or canceled with its run)."""
+        ledger = self._current(ticket)
+        if ledger is not None:
+            ledger.pending.discard(ticket.offset)
+
+    def uncommitted(self, ticket: Ticket) -> int | None:
+        """The position to commit for the ticket's partition, if it moved past the last commit."""
+        ledger = self._current(ticket)
+        if ledger is None:
+            return None
+        position = ledger.position()
+        return position if position > ledger.committed else None
+
+    def committed(self, ticket: Ticket, position: int) -> None:
+        """A commit of `position` for the ticket's partition succeeded."""
+        ledger = self._current(ticket)
+        if ledger is not None:
+            ledger.committed = max(ledger.committed, position)
+
+    def in_flight(self, topic: str, partition: int) -> int:
+        """Messages begun and not settled in a partition."""
+        ledger = self._partitions.get((topic, partition))
+        return len(ledger.pending) if ledger is not None else 0
+
+    def forget(self, partitions: set[tuple[str, int]]) -> None:
+        """Drop revoked partitions: whoever owns them next starts from their committed position."""
+        for key in partitions:
+            self._partitions.pop(key, None)
+
+    def _current(self, ticket: Ticket) -> _PartitionLedger | None:
+        ledger = self._partitions.get((ticket.topic, ticket.partition))
+        if ledger is None or ledger.generation != ticket.generation:
+            return None
+        return ledger

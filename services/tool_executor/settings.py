@@ -1,0 +1,59 @@
+"""Settings of the tool executor, on top of the shared Kafka settings."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ToolExecutorSettings(BaseSettings):
+    """How the tool executor consumes calls, bounds them and shuts down (`QUIPU_TOOLS_...`)."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_TOOLS_", frozen=True, extra="ignore")
+
+    group: str = Field(
+        default="tool-executor",
+        description="Consumer group of `tools.calls`; every executor copy joins it and gets some partitions.",
+    )
+    max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Calls one executor runs at once across every tool; when all are busy it stops "
+            "taking messages until one finishes."
+        ),
+    )
+    max_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Upper bound of any call's deadline (a tool's own or a request's override); must stay "
+            "well below the consumer's max_poll_interval."
+        ),
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On shutdown, how long calls in flight may finish; the rest are delivered again later.",
+    )
+    revoke_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "When partitions move to another executor, how long their calls in flight may finish "
+            "and commit first (fewer duplicate results)."
+        ),
+    )
+    remembered_results: int = Field(
+        default=10_000,
+        ge=1,
+        description="Results kept in process so a redelivered call is answered again without running twice.",
+    )
+    remembered_cancels: int = Field(
+        default=10_000,
+        ge=1,
+        description="Canceled run ids kept in process; later calls of those runs are not run.",
+    )
+    retry_attempts: int = Field(
+        default=5, ge=1, description="Tries to publish one result while the broker is briefly unavailable."
+    )
