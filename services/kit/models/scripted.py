@@ -24,12 +24,15 @@ Rules, first match wins:
 
    | clause contains | tool use |
    | --- | --- |
+   | `ask the user <x>` | `ask_user` with `{"question": "<X>?"}` (first letter upper-cased) |
    | `ask the <name> <task>` | `<name>` with `{"task": <task without a leading "to">}` |
    | `delegate <task>` | first offered tool named `*_agent` (else `math_agent`), `{"task": ...}` |
    | `calculate <expr>` | `calculator` with `{"expression": <expr>}` (trailing `?.!` dropped) |
-   | `note <key>=<value>` | `notes` with `{"key": <key>, "value": <value>}` |
+   | `note <key>=<value>` | `notes` with `{"action": "set", "key": <key>, "value": <value>}` |
+   | `recall <key>` | `notes` with `{"action": "get", "key": <key>}` |
    | `ask me <x>` | `ask_user` with `{"question": "What is your answer to: <x>?"}` |
-   | `confirm <x>` | `ask_user` with `{"question": "Do you confirm: <x>?"}` |
+   | `confirm <x>` | `ask_user` with `{"question": "Do you confirm: <x>?", "choices": ["yes", "no"]}` |
+   | `time in <Area/City>` (or `UTC`) | `current_time` with `{"timezone": <zone>}` |
    | the word `time` | `current_time` with `{}` |
 
    When at least one clause matched, the answer is the text `Calling <names>.` followed by the
@@ -193,6 +196,8 @@ _ASK_AGENT = re.compile(r"\bask the\s+([A-Za-z0-9_-]+)\s*(.*)", re.IGNORECASE | 
 _DELEGATE = re.compile(r"\bdelegate\b\s*(.*)", re.IGNORECASE | re.DOTALL)
 _CALCULATE = re.compile(r"\bcalculate\s+(.+)", re.IGNORECASE | re.DOTALL)
 _NOTE = re.compile(r"\bnote\s+([^=\s]+)\s*=\s*(.*\S)", re.IGNORECASE | re.DOTALL)
+_RECALL = re.compile(r"\brecall\s+([^\s?.!]+)", re.IGNORECASE)
+_TIME_IN = re.compile(r"\btime in\s+([A-Za-z_]+/[A-Za-z_/+-]+|UTC)\b", re.IGNORECASE)
 _ASK_ME = re.compile(r"\bask me\b\s*(.*)", re.IGNORECASE | re.DOTALL)
 _CONFIRM = re.compile(r"\bconfirm\b\s*(.*)", re.IGNORECASE | re.DOTALL)
 _TIME = re.compile(r"\btime\b", re.IGNORECASE)
@@ -203,6 +208,8 @@ _TRAILING_PUNCTUATION = "?.! \t\n"
 def _command(clause: str, tools: Sequence[ToolSpec]) -> tuple[str, dict[str, Any]] | None:
     """The tool use one clause asks for: (tool name, input), or None."""
     if match := _ASK_AGENT.search(clause):
+        if match.group(1).lower() == "user":
+            return ASK_USER_TOOL, {"question": _sentence_question(_task(match.group(2), clause))}
         return match.group(1), {"task": _task(match.group(2), clause)}
     if match := _DELEGATE.search(clause):
         return _agent_tool(tools), {"task": _task(match.group(1), clause)}
@@ -211,14 +218,20 @@ def _command(clause: str, tools: Sequence[ToolSpec]) -> tuple[str, dict[str, Any
         if expression:
             return CALCULATOR_TOOL, {"expression": expression}
     if match := _NOTE.search(clause):
-        return NOTES_TOOL, {"key": match.group(1), "value": match.group(2).strip()}
+        return NOTES_TOOL, {"action": "set", "key": match.group(1), "value": match.group(2).strip()}
+    if match := _RECALL.search(clause):
+        return NOTES_TOOL, {"action": "get", "key": match.group(1)}
     if match := _ASK_ME.search(clause):
         topic = _topic(match.group(1))
         question = f"What is your answer to: {topic}?" if topic else "What would you like me to do?"
         return ASK_USER_TOOL, {"question": question}
     if match := _CONFIRM.search(clause):
         topic = _topic(match.group(1))
-        return ASK_USER_TOOL, {"question": f"Do you confirm: {topic}?" if topic else "Do you confirm?"}
+        question = f"Do you confirm: {topic}?" if topic else "Do you confirm?"
+        return ASK_USER_TOOL, {"question": question, "choices": ["yes", "no"]}
+    if match := _TIME_IN.search(clause):
+        zone = match.group(1)
+        return CLOCK_TOOL, {"timezone": "UTC" if zone.upper() == "UTC" else zone}
     if _TIME.search(clause):
         return CLOCK_TOOL, {}
     return None
@@ -227,6 +240,10 @@ def _command(clause: str, tools: Sequence[ToolSpec]) -> tuple[str, dict[str, Any
 def _task(rest: str, clause: str) -> str:
     task = _LEADING_TO.sub("", rest.strip()).rstrip(_TRAILING_PUNCTUATION)
     return task or clause.strip()
+
+
+def _sentence_question(text: str) -> str:
+    return text[:1].upper() + text[1:] + "?"
 
 
 def _topic(rest: str) -> str:
@@ -260,12 +277,17 @@ def _results_answer(messages: Sequence[Message], results: list[ToolResultPart]) 
     for result in results:
         name = names.get(result.tool_use_id, "tool")
         if result.is_error:
-            sentences.append(f"The {name} failed: {tool_result_text(result.content)}.")
+            sentences.append(_sentence(f"The {name} failed: {tool_result_text(result.content)}"))
         elif name == ASK_USER_TOOL:
             sentences.append(f'You answered: "{result_text(result.content)}".')
         else:
-            sentences.append(f"The {name} says {result_text(result.content)}.")
+            sentences.append(_sentence(f"The {name} says {result_text(result.content)}"))
     return " ".join(sentences)
+
+
+def _sentence(text: str) -> str:
+    """`text` ending with one full stop (a result that is itself a sentence keeps its own)."""
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 _ANSWER_MEMBERS = ("answer", "result", "text", "value", "output")
