@@ -42,12 +42,24 @@ class Owner:
     the event loop (and the blocking guard of tests/conftest.py) is never held.
     """
 
-    def __init__(self, stack: EmbeddedStack, prefix: str, database: str, log_path: Path | None) -> None:
+    def __init__(
+        self,
+        stack: EmbeddedStack,
+        prefix: str,
+        database: str,
+        log_path: Path | None,
+        *,
+        mongo_app_name: str = "",
+    ) -> None:
+        """`mongo_app_name` names the owner's MongoDB client (failpoints can target it alone)."""
         self.environment = {
             **stack.environment(),
             "QUIPU_KAFKA_TOPIC_PREFIX": prefix,
             "QUIPU_MONGO_DATABASE": database,
         }
+        if mongo_app_name:
+            separator = "&" if "?" in stack.mongo_uri else "?"
+            self.environment["QUIPU_MONGO_URI"] = f"{stack.mongo_uri}{separator}appName={mongo_app_name}"
         self.log_path = log_path
         self.process: ServiceProcess | None = None
 
@@ -65,6 +77,13 @@ class Owner:
         """SIGTERM, then SIGKILL what is left."""
         if self.process is not None:
             await asyncio.to_thread(self.process.stop, 15.0)
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current owner process."""
+        if self.process is None or self.process.process is None:
+            return None
+        return self.process.process.pid
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,328 @@
+"""The storage owner killed mid-stream: every command is still applied exactly once.
+
+The owner commits a command's offset only after the write committed and the reply was published
+(services/kit/delivery.py), so a SIGKILL can only make it apply a command *again* — never skip
+one — and the store turns that second application into an exact retry. Clients whose commands
+went unanswered resend them, identical, as `KafkaStore` does after a reply timeout.
+
+The test fires 300 writes for 20 sessions (create, start, 12 appends, terminal each) at a real owner
+process, SIGKILLs it part-way, resends what was unanswered in half of the sessions (the other half
+must be recovered by redelivery alone), starts a new owner, waits until every command has an
+answer, and reads back: each run holds exactly its 14 records with gapless ids 1..14
+in order, no duplicate and none missing, and the database holds nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.commands import AppendRunRecord, CreateSession, RecordRunTerminal, StartRootRun, StoreOperation
+from contracts.store import Record, RunStart
+from contracts.topics import Topic
+from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from services.kit.store.client import KafkaStore
+from tests.conformance.builders import (
+    all_run_records,
+    all_session_records,
+    ms,
+    ordinary,
+    root_start,
+    terminal,
+)
+from tests.owner_support import Owner, RawPublisher, ReplyReader, mongo_client, wait_until_serving
+
+pytestmark = pytest.mark.slow
+
+SESSIONS = 20
+APPENDS = 12
+COMMANDS_PER_SESSION = APPENDS + 3  # create, start, appends, terminal
+KILL_AFTER_REPLIES = 100
+RECOVERY_BUDGET_S = 20.0
+"""From the restart to the last answer: ~1.5 s to start, ~2-3 s to join (the dead member must time
+out first), ~2 s for what is left. A stalled partition takes a minute (see the last test)."""
+
+
+@dataclass
+class SessionPlan:
+    """One session's commands, in the order a worker sends them, and the records they must leave."""
+
+    session_id: str
+    run: RunStart
+    commands: list[StoreOperation] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+
+
+def plan(prefix: str) -> list[SessionPlan]:
+    """SESSIONS sessions of COMMANDS_PER_SESSION writes each."""
+    plans = []
+    for number in range(SESSIONS):
+        session_id = f"{prefix}s{number:02d}"
+        start = root_start(session_id, run_id=f"{session_id}-run", started_at=ms(0))
+        session = SessionPlan(session_id, start.run)
+        steps = [
+            ordinary(
+                start.run,
+                f"step-{step:02d}",
+                record_type="tool_start",
+                payload=json.dumps({"session": number, "step": step}).encode(),
+                timestamp=ms(1 + step),
+            )
+            for step in range(APPENDS)
+        ]
+        closing = terminal(start.run, timestamp=ms(100))
+        session.commands = [
+            CreateSession(session_id=session_id, created_at=ms(0)),
+            StartRootRun(run=start.run, started=start.started, stopped=start.stopped),
+            *(AppendRunRecord(record=step) for step in steps),
+            RecordRunTerminal(record=closing),
+        ]
+        session.commands = [
+            command.model_copy(update={"correlation_id": f"{session_id}-c{index:02d}"})
+            for index, command in enumerate(session.commands)
+        ]
+        session.records = [start.started, *steps, closing]
+        plans.append(session)
+    return plans
+
+
+@dataclass
+class Crashable:
+    """An owner process that can be killed and started again, on a prefix and database of its own."""
+
+    stack: EmbeddedStack
+    prefix: str
+    database: str
+    owner: Owner
+
+    def topic(self, name: str) -> str:
+        return self.prefix + name
+
+
+@pytest.fixture
+async def crashable(stack: EmbeddedStack, tmp_path: Path) -> AsyncIterator[Crashable]:
+    name = f"ocr{uuid.uuid4().hex[:8]}"
+    prefix = f"{name}."
+    await create_topics(stack.bootstrap, prefix)
+    owner = Owner(stack, prefix, name, tmp_path / "owner.log", mongo_app_name=f"owner-{name}")
+    try:
+        yield Crashable(stack, prefix, name, owner)
+    finally:
+        await owner.stop()
+        with contextlib.suppress(Exception):
+            await delete_topics(stack.bootstrap, prefix)
+
+
+async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: Crashable) -> None:
+    stack, settings = crashable.stack, crashable.stack.kafka_settings(topic_prefix=crashable.prefix)
+    commands_topic = crashable.topic(Topic.STORAGE_COMMANDS.value)
+    replies_topic = crashable.topic(Topic.STORAGE_REPLIES.value)
+    plans = plan(f"{crashable.database}-")
+    # Sessions interleaved, as many workers would send them; each session's own order kept.
+    stream = [session.commands[step] for step in range(COMMANDS_PER_SESSION) for session in plans]
+    ids = [command.correlation_id for command in stream]
+    assert len(stream) == SESSIONS * COMMANDS_PER_SESSION == 300
+
+    began = time.monotonic()
+    crashable.owner.start()
+    async with (
+        KafkaStore(settings, reply_timeout_s=10.0) as store,
+        ReplyReader(stack.bootstrap, replies_topic) as replies,
+        RawPublisher(stack.bootstrap) as publisher,
+    ):
+        await wait_until_serving(store, crashable.owner)
+        first_pid = crashable.owner.pid
+
+        async def fire() -> None:
+            for command in stream:
+                await publisher.send_command(commands_topic, command, replies_topic)
+
+        firing = asyncio.create_task(fire())
+        await replies.wait_for(lambda _: _answered(replies, ids) >= KILL_AFTER_REPLIES, within=30.0)
+        await crashable.owner.kill()
+        answered_at_kill = _answered(replies, ids)
+        await firing
+        assert 0 < answered_at_kill < len(stream), f"the kill was not mid-stream ({answered_at_kill})"
+
+        # The clients of half the sessions time out and resend what went unanswered, byte for byte
+        # (duplicates the store must absorb); the other half's commands must come back by
+        # redelivery alone (nothing consumed may be lost).
+        await asyncio.sleep(0.2)  # replies the owner published just before dying
+        resending = {session.session_id for session in plans[::2]}
+        unanswered = [
+            command
+            for command in stream
+            if command.correlation_id not in replies.replies() and command.partition_key() in resending
+        ]
+        for command in unanswered:
+            await publisher.send_command(commands_topic, command, replies_topic)
+
+        crashable.owner.start()
+        assert crashable.owner.pid != first_pid
+        resent_ids = {command.correlation_id for command in unanswered}
+        wanted = {cid: 2 if cid in resent_ids else 1 for cid in ids}  # a copy, an answer
+
+        def all_answered(_: object) -> bool:
+            received = replies.replies()
+            return all(len(received.get(cid, ())) >= count for cid, count in wanted.items())
+
+        try:
+            await replies.wait_for(all_answered, within=RECOVERY_BUDGET_S)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{_diagnosis(crashable.owner)}") from None
+        elapsed = time.monotonic() - began
+
+        answers = replies.replies()
+        _every_answer_is_a_success_and_agrees(stream, answers)
+        resent = sum(len(answers[cid]) for cid in ids) - len(ids)
+        await _each_session_holds_exactly_its_records(store, plans)
+
+    client = mongo_client(stack)
+    try:
+        database = client[crashable.database]
+        assert await database["sessions"].count_documents({}) == SESSIONS
+        assert await database["runs"].count_documents({}) == SESSIONS
+        assert await database["records"].count_documents({}) == SESSIONS * (APPENDS + 2)
+    finally:
+        await client.close()
+    print(
+        f"\n{len(stream)} commands, killed after {answered_at_kill} answers, {len(unanswered)} resent, "
+        f"{resent} extra answers, {elapsed:.1f} s"
+    )
+
+
+def _answered(replies: ReplyReader, ids: list[str]) -> int:
+    received = replies.replies()
+    return sum(1 for cid in ids if cid in received)
+
+
+def _every_answer_is_a_success_and_agrees(
+    stream: list[StoreOperation], answers: dict[str, list[dict[str, Any]]]
+) -> None:
+    """No command failed; every answer to one command names the same records; one insert at most."""
+    problems = []
+    for command in stream:
+        replies = answers[command.correlation_id]
+        errors = [reply["error"] for reply in replies if reply["error"] is not None]
+        if errors:
+            problems.append(f"{command.correlation_id} {command.op}: {errors}")
+            continue
+        if isinstance(command, CreateSession):
+            if len({json.dumps(reply["result"], sort_keys=True) for reply in replies}) != 1:
+                problems.append(f"{command.correlation_id}: different sessions {replies}")
+            continue
+        appends = [
+            reply["result"]["started"] if isinstance(command, StartRootRun) else reply["result"]
+            for reply in replies
+        ]
+        if len({append["record_id"] for append in appends}) != 1:
+            problems.append(f"{command.correlation_id}: different record ids {appends}")
+        if sum(append["inserted"] for append in appends) > 1:
+            problems.append(f"{command.correlation_id}: inserted more than once {appends}")
+    assert not problems, f"{len(problems)} commands misapplied:\n" + "\n".join(problems[:20])
+
+
+async def _each_session_holds_exactly_its_records(store: KafkaStore, plans: list[SessionPlan]) -> None:
+    problems = []
+    for session in plans:
+        records = await all_run_records(store, session.run.run_id)
+        expected_ids = [str(number) for number in range(1, len(session.records) + 1)]
+        if [record.id for record in records] != expected_ids:
+            problems.append(f"{session.run.run_id}: ids {[record.id for record in records]}")
+        if [record.event_key for record in records] != [record.event_key for record in session.records]:
+            problems.append(f"{session.run.run_id}: keys {[record.event_key for record in records]}")
+        elif not all(
+            stored.same_content(sent) for stored, sent in zip(records, session.records, strict=True)
+        ):
+            problems.append(f"{session.run.run_id}: a record differs from the one sent")
+        listed = await all_session_records(store, session.session_id)
+        if [record.event_key for record in listed] != [record.event_key for record in session.records]:
+            problems.append(
+                f"{session.session_id}: session listing {[record.event_key for record in listed]}"
+            )
+        if (await store.load_run(session.run.run_id)).status.value != "completed":
+            problems.append(f"{session.run.run_id}: not completed")
+    assert not problems, f"{len(problems)} sessions wrong:\n" + "\n".join(problems)
+
+
+def _diagnosis(owner: Owner) -> str:
+    """Why the restarted owner did not catch up, from its log."""
+    log = owner.log_tail(20_000)
+    if "WriteConflict" in log and "retries exhausted" in log:
+        return (
+            "the restarted owner keeps meeting WriteConflict: a transaction the killed owner left open "
+            "still holds its documents (the server reaps it only after its 60 s lifetime), and the "
+            "partition is stalled behind it. Owner log (end):\n" + log[-3000:]
+        )
+    return "owner log (end):\n" + log[-3000:]
+
+
+async def test_a_transaction_left_open_by_the_kill_does_not_stall_the_next_owner(
+    crashable: Crashable,
+) -> None:
+    """A SIGKILL inside a transaction: the next owner must not wait for the server to reap it.
+
+    MongoDB (transactionLifetimeLimitSeconds) and SecantusDB keep a transaction whose client died
+    open for 60 s, and a closed connection does not abort it. A failpoint holds the owner's insert
+    of the record (the transaction's last statement) long enough to kill the owner inside it.
+    """
+    stack, settings = crashable.stack, crashable.stack.kafka_settings(topic_prefix=crashable.prefix)
+    commands_topic = crashable.topic(Topic.STORAGE_COMMANDS.value)
+    replies_topic = crashable.topic(Topic.STORAGE_REPLIES.value)
+    app_name = f"owner-{crashable.database}"
+    crashable.owner.start()
+    client = mongo_client(stack)
+    try:
+        async with (
+            KafkaStore(settings, reply_timeout_s=10.0) as store,
+            ReplyReader(stack.bootstrap, replies_topic) as replies,
+            RawPublisher(stack.bootstrap) as publisher,
+        ):
+            await wait_until_serving(store, crashable.owner)
+            session_id = f"{crashable.database}-held"
+            await store.create_session(session_id, ms(0))
+            run = root_start(session_id, run_id=f"{session_id}-run")
+            await store.start_root_run(*run)
+            append = AppendRunRecord(record=ordinary(run.run, "held"), correlation_id=f"{session_id}-append")
+
+            await client.admin.command(
+                {
+                    "configureFailPoint": "failCommand",
+                    "mode": {"times": 1},
+                    "data": {
+                        "failCommands": ["insert"],
+                        "blockConnection": True,
+                        "blockTimeMS": 1500,
+                        "appName": app_name,
+                    },
+                }
+            )
+            await publisher.send_command(commands_topic, append, replies_topic)
+            await asyncio.sleep(0.7)  # the owner is inside the transaction, its insert held
+            await crashable.owner.kill()
+            await asyncio.sleep(1.2)  # the held insert runs: the transaction is open, its client gone
+
+            restarted = time.monotonic()
+            crashable.owner.start()
+            try:
+                await replies.wait_for_replies([append.correlation_id], within=RECOVERY_BUDGET_S)
+            except AssertionError as error:
+                raise AssertionError(f"{error}\n{_diagnosis(crashable.owner)}") from None
+            recovered = time.monotonic() - restarted
+            [answer] = replies.replies()[append.correlation_id]
+            assert answer["error"] is None and answer["result"]["record_id"] == "2", answer
+            records = await all_run_records(store, run.run.run_id)
+            assert [(record.id, record.event_key) for record in records] == [("1", "started"), ("2", "held")]
+            print(f"\nrecovered {recovered:.1f} s after the restart")
+    finally:
+        await client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+        await client.close()
