@@ -124,7 +124,7 @@ async def test_a_streamed_answer_keeps_the_parts_in_order_and_streams_only_answe
         )
     )
     collected = Collector()
-    response = await model.complete(ask(tools=[CALCULATOR], thinking_budget=2048), collected)
+    response = await model.complete(ask(tools=[CALCULATOR], max_tokens=4096, thinking_budget=2048), collected)
 
     assert response.parts == [
         ThinkingPart(text="First I multiply.", signature="sig-abc", index=0, final=False),
@@ -211,7 +211,11 @@ async def test_the_request_on_the_wire(server: MessagesApiServer, model: Anthrop
         user(ToolResultPart(tool_use_id="call/1", content={"result": 42})),
     ]
     request = ModelRequest(
-        system="You are Quipu.", messages=transcript, tools=[CALCULATOR], max_tokens=500, thinking_budget=1024
+        system="You are Quipu.",
+        messages=transcript,
+        tools=[CALCULATOR],
+        max_tokens=4000,
+        thinking_budget=1024,
     )
     await model.complete(request)
 
@@ -222,7 +226,7 @@ async def test_the_request_on_the_wire(server: MessagesApiServer, model: Anthrop
     body = sent.body
     assert body["model"] == "claude-test"
     assert body["stream"] is True
-    assert body["max_tokens"] == 500 + 1024  # the thinking budget comes on top of the answer's
+    assert body["max_tokens"] == 4000  # as in the API, thinking included
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
     assert body["system"] == [
         {"type": "text", "text": "You are Quipu."},
@@ -289,7 +293,7 @@ async def test_adaptive_thinking_mode(server: MessagesApiServer) -> None:
         await adaptive.aclose()
     body = server.message_requests[0].body
     assert body["thinking"] == {"type": "adaptive"}
-    assert body["max_tokens"] == 1024 + 4096
+    assert body["max_tokens"] == 1024  # adaptive thinking has no budget to fit under max_tokens
 
 
 async def test_a_transcript_the_api_cannot_carry_fails_before_sending(
@@ -302,9 +306,18 @@ async def test_a_transcript_the_api_cannot_carry_fails_before_sending(
     assert server.requests == []
 
 
+async def test_a_thinking_budget_must_fit_under_max_tokens(
+    server: MessagesApiServer, model: AnthropicModel
+) -> None:
+    with pytest.raises(ModelError) as caught:
+        await model.complete(ask(max_tokens=1024, thinking_budget=1024))
+    assert (caught.value.kind, caught.value.retryable) == ("invalid_request", False)
+    assert server.requests == []
+
+
 async def test_count_tokens_asks_the_api(server: MessagesApiServer, model: AnthropicModel) -> None:
     server.count_tokens_result = 321
-    assert await model.count_tokens(ask(tools=[CALCULATOR], thinking_budget=1024)) == 321
+    assert await model.count_tokens(ask(tools=[CALCULATOR], max_tokens=2048, thinking_budget=1024)) == 321
     (sent,) = server.requests_to("/v1/messages/count_tokens")
     assert set(sent.body) == {"model", "messages", "system", "tools", "thinking"}
     assert server.message_requests == []

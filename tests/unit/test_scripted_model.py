@@ -193,12 +193,19 @@ def run_tools(text: str, results: dict[str, Any], *, error: str = "") -> list[Me
 
 
 def test_tool_results_end_the_turn_with_a_summary() -> None:
+    clock = {
+        "timezone": "UTC",
+        "iso": "2030-01-02T03:04:05+00:00",
+        "time": "03:04:05",
+        "weekday": "Wednesday",
+    }
+    calculator = {"expression": "6*7", "result": 42}
     transcript = run_tools(
-        "calculate 6*7; what time is it", {"calculator": {"result": 42}, "current_time": "noon"}
+        "calculate 6*7; what time is it", {"calculator": calculator, "current_time": clock}
     )
     validate_planner_transcript(transcript)
     response = ScriptedModel().respond(request(*transcript, call_key="run-1:2"))
-    assert texts(response) == ["The calculator says 42. The current_time says noon."]
+    assert texts(response) == ["The calculator says 42. The current_time says 2030-01-02T03:04:05+00:00."]
     assert response.stop_reason is StopReason.END_TURN
     validate_planner_transcript([*transcript, assistant(*response.parts)])
 

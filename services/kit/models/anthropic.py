@@ -15,8 +15,9 @@ What is sent:
 - `tools`: `request.tools` as `{name, description, input_schema}`.
 - `thinking` when `request.thinking_budget > 0`: `{"type": "enabled", "budget_tokens": N}` in
   the default `"enabled"` mode, or `{"type": "adaptive"}` in `"adaptive"` mode (Claude Opus 4.7
-  and later reject the enabled form with a 400). The API counts thinking inside `max_tokens`,
-  so the budget is added to `request.max_tokens`: the answer keeps its own allowance.
+  and later reject the enabled form with a 400). `max_tokens` is `request.max_tokens` as is:
+  as in the API it includes the thinking, so an enabled budget must be below it (else the call
+  fails with `invalid_request` before anything is sent).
 - `output_config: {"format": {"type": "json_schema", "schema": ...}}` when
   `request.output_schema` is set; the JSON answer comes back as a text part.
 
@@ -189,13 +190,17 @@ class AnthropicModel:
                 {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}
                 for tool in request.tools
             ]
-        if request.thinking_budget > 0:
-            params["max_tokens"] = request.max_tokens + request.thinking_budget
-            params["thinking"] = (
-                {"type": "enabled", "budget_tokens": request.thinking_budget}
-                if self.thinking_mode == "enabled"
-                else {"type": "adaptive"}
-            )
+        if request.thinking_budget > 0 and self.thinking_mode == "adaptive":
+            params["thinking"] = {"type": "adaptive"}
+        elif request.thinking_budget > 0:
+            if request.thinking_budget >= request.max_tokens:
+                raise ModelError(
+                    f"thinking_budget {request.thinking_budget} must be below "
+                    f"max_tokens {request.max_tokens}",
+                    kind="invalid_request",
+                    retryable=False,
+                )
+            params["thinking"] = {"type": "enabled", "budget_tokens": request.thinking_budget}
         if request.output_schema is not None:
             params["output_config"] = {"format": {"type": "json_schema", "schema": request.output_schema}}
         return params

@@ -32,8 +32,9 @@ class ModelRequest:
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     max_tokens: int = 1024
+    """Most output tokens of the answer, thinking included (as the Messages API counts them)."""
     thinking_budget: int = 0
-    """0 disables extended thinking; otherwise the thinking token budget."""
+    """0 disables extended thinking; otherwise the thinking token budget (below `max_tokens`)."""
     output_schema: dict[str, Any] | None = None
     """When set, the answer must be one JSON object of this schema (structured output)."""
     call_key: str = ""

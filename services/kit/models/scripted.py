@@ -18,7 +18,7 @@ Rules, first match wins:
    sentence per result in their order: an `ask_user` result → `You answered: "<answer>".`;
    a failed tool → `The <tool> failed: <error>.`; any other → `The <tool> says <content>.`
    (e.g. "The calculator says 42."). Content: a string as is; an object's `answer`, `result`,
-   `text`, `value` or `output` member, or its only member; else compact JSON.
+   `text`, `value`, `output` or `iso` member, or its only member; else compact JSON.
 5. **Commands** in the last user message's text. The text is split on `;` into clauses; each
    clause gives at most one tool use (first matching pattern, case-insensitive), in order:
 
@@ -290,7 +290,7 @@ def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
-_ANSWER_MEMBERS = ("answer", "result", "text", "value", "output")
+_ANSWER_MEMBERS = ("answer", "result", "text", "value", "output", "iso")
 
 
 def result_text(content: Any) -> str:
