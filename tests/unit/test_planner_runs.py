@@ -1,0 +1,736 @@
+"""The agent loop on the in-memory store, with a fake model and a recording bus.
+
+Each test drives `Planner` through its triggers (RunRequested, ToolCallCompleted, CancelRun) the
+way the topics would, and asserts what a user would see: the run's records and transcript, the
+messages published, how often the model was asked. Redelivery tests replay every trigger of a
+finished run and show that nothing changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from contracts.events import RunEvent, StreamEventType
+from contracts.lifecycle import decode_run_completed
+from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
+from contracts.store import Record, RunStatus
+from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
+from contracts.wire import utc_now_ms
+from services.kit.agents import AgentRegistry, AgentSpec
+from services.kit.delivery import RetryableError
+from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
+from services.kit.store.memory import InMemoryStore
+from services.kit.tool_catalog import default_catalog
+from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
+from services.planner.adapters import Planner, ReadyDeps, SessionHistoryContext, load_records
+from services.planner.logic import Output, SuspensionCheckpoint, child_run_id
+from services.planner.settings import PlannerSettings
+
+# --- a fake model -------------------------------------------------------------------------------
+
+Answer = Callable[[ModelRequest], ModelResponse]
+
+
+def use_id(request: ModelRequest, position: int) -> str:
+    return "tu_" + hashlib.sha256(f"{request.call_key}#{position}".encode()).hexdigest()[:16]
+
+
+def says(text: str, output_tokens: int = 5) -> ModelResponse:
+    return ModelResponse(
+        parts=[TextPart(text=text)],
+        stop_reason=StopReason.END_TURN,
+        usage=Usage(input_tokens=10, output_tokens=output_tokens),
+        model="fake",
+    )
+
+
+def calls(request: ModelRequest, *uses: tuple[str, dict[str, Any]], output_tokens: int = 5) -> ModelResponse:
+    return ModelResponse(
+        parts=[
+            TextPart(text="Let me check."),
+            *(
+                ToolUsePart(id=use_id(request, i), name=name, input=args)
+                for i, (name, args) in enumerate(uses)
+            ),
+        ],
+        stop_reason=StopReason.TOOL_USE,
+        usage=Usage(input_tokens=10, output_tokens=output_tokens),
+        model="fake",
+    )
+
+
+def last_results(request: ModelRequest) -> list[ToolResultPart]:
+    last = request.messages[-1]
+    return [part for part in last.parts if isinstance(part, ToolResultPart)]
+
+
+def tool_then_answer(*uses: tuple[str, dict[str, Any]]) -> Answer:
+    """Asks for `uses` on a user's text; answers with the results' contents after them."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        results = last_results(request)
+        if results:
+            return says("Results: " + ", ".join(json.dumps(part.content) for part in results))
+        return calls(request, *uses)
+
+    return answer
+
+
+class FakeModel:
+    """A `ModelClient` answering by a function of the request; counts its calls."""
+
+    name = "fake-provider"
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.requests: list[ModelRequest] = []
+
+    async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
+        self.requests.append(request)
+        response = self.answer(request)
+        if on_text is not None:
+            for part in response.parts:
+                if isinstance(part, TextPart):
+                    for piece in (part.text[: len(part.text) // 2], part.text[len(part.text) // 2 :]):
+                        await on_text(piece)
+        return response
+
+    async def count_tokens(self, request: ModelRequest) -> int:
+        return 0
+
+
+def failing(error: ModelError) -> Answer:
+    def answer(request: ModelRequest) -> ModelResponse:
+        raise error
+
+    return answer
+
+
+# --- the harness --------------------------------------------------------------------------------
+
+
+@dataclass
+class Bus:
+    """The planner's publisher: remembers every message in order."""
+
+    messages: list[Output] = field(default_factory=list)
+
+    async def publish(self, message: Output) -> None:
+        self.messages.append(message)
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [message for message in self.messages if isinstance(message, kind)]
+
+    def events(self, type_: StreamEventType) -> list[RunEvent]:
+        return [event for event in self.of(RunEvent) if event.type is type_]
+
+
+AGENTS = AgentRegistry(
+    [
+        AgentSpec(
+            agent_id="assistant",
+            description="General assistant.",
+            system_prompt="Be brief.",
+            tools=("calculator", "current_time", "ask_user", "math_agent"),
+        ),
+        AgentSpec(
+            agent_id="math_agent",
+            description="Does maths.",
+            system_prompt="Compute.",
+            tools=("calculator",),
+            max_steps=3,
+        ),
+    ]
+)
+
+
+@dataclass
+class Harness:
+    store: InMemoryStore
+    model: FakeModel
+    bus: Bus
+    planner: Planner
+
+    async def session(self) -> str:
+        session_id = (
+            "s-" + hashlib.sha256(str(id(self)).encode() + utc_now_ms().isoformat().encode()).hexdigest()[:8]
+        )
+        await self.store.create_session(session_id, utc_now_ms())
+        return session_id
+
+    async def deliver(self, message: Output) -> None:
+        if isinstance(message, RunRequested):
+            await self.planner.on_run_requested(message)
+        elif isinstance(message, ToolCallCompleted):
+            await self.planner.on_tool_result(message)
+        elif isinstance(message, CancelRun):
+            await self.planner.on_cancel(message)
+        else:
+            raise AssertionError(f"nobody consumes {type(message).__name__} here")
+
+    async def records(self, run_id: str) -> list[Record]:
+        return await load_records(self.store, run_id)
+
+    async def keys(self, run_id: str) -> list[str]:
+        return [record.event_key for record in await self.records(run_id)]
+
+    async def status(self, run_id: str) -> RunStatus:
+        return (await self.store.load_run(run_id)).status
+
+    async def terminal(self, run_id: str) -> Any:
+        records = [r for r in await self.records(run_id) if r.type == "run_completed"]
+        assert len(records) == 1
+        return decode_run_completed(records[0].payload)
+
+
+def make_harness(answer: Answer, settings: PlannerSettings | None = None) -> Harness:
+    store = InMemoryStore()
+    model = FakeModel(answer)
+    bus = Bus()
+    deps = ReadyDeps(
+        store=store,
+        model=model,
+        catalog=default_catalog(),
+        agents=AGENTS,
+        context=SessionHistoryContext(store, 12),
+    )
+    return Harness(store, model, bus, Planner(deps, bus, settings or PlannerSettings()))
+
+
+def turn(text: str, session_id: str = "", **fields: Any) -> RunRequested:
+    run = "run-" + hashlib.sha256(f"{text}{session_id}{utc_now_ms()}{fields}".encode()).hexdigest()[:10]
+    return RunRequested(run_id=run, session_id=session_id, agent_id="assistant", text=text, **fields)
+
+
+def result_for(call: ToolCallRequested, content: Any, **fields: Any) -> ToolCallCompleted:
+    return ToolCallCompleted(
+        run_id=call.run_id,
+        session_id=call.session_id,
+        agent_id=call.agent_id,
+        tool_use_id=call.tool_use_id,
+        tool_name=call.tool_name,
+        content=content,
+        **fields,
+    )
+
+
+# --- the paths ----------------------------------------------------------------------------------
+
+
+async def test_plain_answer_completes_the_turn_and_streams_the_reply() -> None:
+    h = make_harness(lambda request: says("Hello there."))
+    session = await h.session()
+    request = turn("hi", session)
+
+    await h.deliver(request)
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert await h.keys(request.run_id) == [
+        "started",
+        "context",
+        "input",
+        "phase/1/planning",
+        "step/1/assistant",
+        "step/1/usage",
+        "completed",
+    ]
+    assert len(h.model.requests) == 1
+    assert h.model.requests[0].call_key == f"{request.run_id}/step/1"
+    assert h.model.requests[0].system == "Be brief."
+    deltas = h.bus.events(StreamEventType.ASSISTANT_REPLY)
+    assert "".join(event.payload["text"] for event in deltas) == "Hello there."
+    assert [event.event_key for event in deltas] == ["step/1/delta/0", "step/1/delta/1"]
+    [finished] = h.bus.of(TurnCompleted)
+    assert (finished.user_text, finished.assistant_text, finished.session_id) == (
+        "hi",
+        "Hello there.",
+        session,
+    )
+    # Every record written for the request carries the request's time: retries are exact.
+    for record in await h.records(request.run_id):
+        assert record.timestamp == request.occurred_at
+
+
+async def test_tool_round_trip_records_the_results_and_answers() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
+    session = await h.session()
+    request = turn("calculate 6*7", session)
+
+    await h.deliver(request)
+
+    [call] = h.bus.of(ToolCallRequested)
+    assert (call.tool_name, call.input, call.run_id) == ("calculator", {"expression": "6*7"}, request.run_id)
+    assert call.timeout_s == default_catalog().get("calculator").timeout_s
+    assert await h.status(request.run_id) is RunStatus.RUNNING
+    assert (await h.keys(request.run_id))[-1] == "phase/1/executing_tools"
+
+    await h.deliver(result_for(call, 42))
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert len(h.model.requests) == 2
+    assert h.model.requests[1].call_key == f"{request.run_id}/step/2"
+    messages = await build_messages_from_run_log(h.store, request.run_id)
+    validate_planner_transcript(messages)
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[2].parts == (ToolResultPart(tool_use_id=call.tool_use_id, content=42),)
+    keys = await h.keys(request.run_id)
+    assert keys[-6:] == [
+        f"tool-result/{call.tool_use_id}",
+        "step/1/tool-results",
+        "phase/2/synthesizing",
+        "step/2/assistant",
+        "step/2/usage",
+        "completed",
+    ]
+    [finished] = h.bus.of(TurnCompleted)
+    assert finished.assistant_text == "Results: 42"
+
+
+async def test_parallel_tool_uses_answer_in_tool_use_order_whatever_the_arrival_order() -> None:
+    uses = [("calculator", {"expression": f"{n}+{n}"}) for n in (1, 2, 3)]
+    h = make_harness(tool_then_answer(*uses))
+    session = await h.session()
+    request = turn("three sums", session)
+    await h.deliver(request)
+    sent = h.bus.of(ToolCallRequested)
+    assert [call.input["expression"] for call in sent] == ["1+1", "2+2", "3+3"]
+
+    for call in reversed(sent):
+        await h.deliver(result_for(call, int(call.input["expression"][0]) * 2))
+
+    assert len(h.model.requests) == 2
+    assert len(h.bus.of(ToolCallRequested)) == 3  # no result re-dispatched the calls still pending
+    results = last_results(h.model.requests[1])
+    assert [part.tool_use_id for part in results] == [call.tool_use_id for call in sent]
+    assert [part.content for part in results] == [2, 4, 6]
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+
+
+async def test_step_budget_exhausted_fails_the_run_without_another_model_call() -> None:
+    h = make_harness(lambda request: calls(request, ("current_time", {})))
+    session = await h.session()
+    request = turn("loop forever", session, max_steps=2)
+    await h.deliver(request)
+    await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "12:00"))
+    await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "12:01"))
+
+    assert len(h.model.requests) == 2
+    assert await h.status(request.run_id) is RunStatus.FAILED
+    terminal = await h.terminal(request.run_id)
+    assert terminal.failure.kind == "budget_exhausted"
+    assert "step budget" in terminal.failure.message
+    assert not h.bus.of(TurnCompleted)
+
+
+async def test_output_token_budget_exhausted_fails_the_run() -> None:
+    h = make_harness(lambda request: calls(request, ("current_time", {}), output_tokens=600))
+    session = await h.session()
+    request = turn("spend", session, max_tokens=1000)
+    await h.deliver(request)
+    assert h.model.requests[0].max_tokens == 1000  # the run's budget bounds the call
+    await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "now"))
+    assert h.model.requests[1].max_tokens == 400
+    await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "now"))
+
+    assert len(h.model.requests) == 2
+    terminal = await h.terminal(request.run_id)
+    assert terminal.failure.kind == "budget_exhausted"
+    assert "1200 of 1000" in terminal.failure.message
+
+
+async def test_permanent_model_error_fails_the_run_with_provider_details() -> None:
+    error = ModelError(
+        "invalid request: bad schema", kind="invalid_request", retryable=False, http_status=400
+    )
+    h = make_harness(failing(error))
+    session = await h.session()
+    request = turn("hi", session)
+
+    await h.deliver(request)
+
+    terminal = await h.terminal(request.run_id)
+    assert terminal.status == "failed"
+    assert terminal.failure.kind == "model_error"
+    assert (terminal.failure.provider, terminal.failure.code, terminal.failure.http_status) == (
+        "fake-provider",
+        "invalid_request",
+        400,
+    )
+    assert terminal.failure.message == "invalid request: bad schema"
+    assert terminal.failure.retryable is False
+
+
+async def test_retryable_model_error_is_retried_by_delivery_and_leaves_no_step() -> None:
+    error = ModelError("overloaded", kind="overloaded", retryable=True, http_status=529)
+    h = make_harness(failing(error))
+    session = await h.session()
+    request = turn("hi", session)
+
+    with pytest.raises(RetryableError):
+        await h.deliver(request)
+    assert await h.status(request.run_id) is RunStatus.RUNNING
+    assert "step/1/assistant" not in await h.keys(request.run_id)
+
+    h.model.answer = lambda request: says("Back again.")
+    await h.deliver(request)  # the redelivery
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert (await h.keys(request.run_id)).count("phase/1/planning") == 1
+
+
+async def test_cancel_at_a_boundary_ends_the_run_with_the_requested_reason() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
+    session = await h.session()
+    request = turn("calculate 1+1", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+
+    await h.deliver(CancelRun(run_id=request.run_id, session_id=session))
+
+    meta = await h.store.load_run(request.run_id)
+    assert meta.status is RunStatus.CANCELED
+    assert meta.cancellation_reason == "user_requested"
+    terminal = await h.terminal(request.run_id)
+    assert terminal.cancellation_reason == "user_requested"
+    keys = await h.keys(request.run_id)
+    assert keys[-2:] == ["cancel", "canceled"]
+
+    await h.deliver(result_for(call, 2))  # the abandoned call answers late: ignored
+    assert await h.keys(request.run_id) == keys
+    assert len(h.model.requests) == 1
+
+
+async def test_engine_reason_is_kept_when_the_session_ends() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    await h.deliver(CancelRun(run_id=request.run_id, session_id=session, reason="session_ended"))
+    await h.deliver(CancelRun(run_id=request.run_id, session_id=session, reason="user_requested"))
+
+    terminal = await h.terminal(request.run_id)
+    assert terminal.cancellation_reason == "session_ended"  # the first reason is permanent
+
+
+async def test_suspension_then_resume_continues_in_the_same_session() -> None:
+    def answer(request: ModelRequest) -> ModelResponse:
+        results = last_results(request)
+        if results:
+            return says(f"You said {results[0].content} and the time is {results[1].content}.")
+        return calls(request, ("ask_user", {"question": "Which colour?"}), ("current_time", {}))
+
+    h = make_harness(answer)
+    session = await h.session()
+    first = turn("ask me a colour", session, principal_id="ana")
+    await h.deliver(first)
+    ask, clock = h.bus.of(ToolCallRequested)
+    awaiting = AwaitInput(kind=AwaitKind.CLARIFICATION, prompt="Which colour?")
+    await h.deliver(result_for(ask, None, awaiting=awaiting))
+    assert await h.status(first.run_id) is RunStatus.RUNNING  # one result still missing
+    await h.deliver(result_for(clock, "09:30"))
+
+    assert await h.status(first.run_id) is RunStatus.SUSPENDED
+    assert (await h.keys(first.run_id))[-1] == f"suspend/{ask.tool_use_id}"
+    checkpoint = SuspensionCheckpoint.decode((await h.store.load_run_suspension(first.run_id)).data)
+    assert checkpoint.step == 1
+    assert [(p.tool_use_id, p.tool_name, p.prompt) for p in checkpoint.pending] == [
+        (ask.tool_use_id, "ask_user", "Which colour?")
+    ]
+    [event] = h.bus.events(StreamEventType.AWAIT_CLARIFICATION)
+    assert (event.run_id, event.payload["prompt"], event.event_key) == (
+        first.run_id,
+        "Which colour?",
+        f"suspend/{ask.tool_use_id}",
+    )
+    assert len(h.model.requests) == 1
+
+    resume = RunRequested(
+        kind=RunKind.RESUME,
+        run_id=first.run_id + "-2",
+        session_id=session,
+        agent_id="assistant",
+        predecessor_run_id=first.run_id,
+        answer="blue",
+    )
+    await h.deliver(resume)
+
+    assert await h.status(resume.run_id) is RunStatus.COMPLETED
+    assert len(h.model.requests) == 2
+    assert len(h.bus.of(ToolCallRequested)) == 2  # current_time was not run again
+    assert [part.content for part in last_results(h.model.requests[1])] == ["blue", "09:30"]
+    keys = await h.keys(resume.run_id)
+    assert keys[:4] == ["started", "context", "seed", "input"]
+    messages = await build_messages_from_run_log(h.store, resume.run_id)
+    validate_planner_transcript(messages)
+    [finished] = h.bus.of(TurnCompleted)
+    assert finished.run_id == resume.run_id
+    assert finished.user_text == "ask me a colour"
+    assert finished.principal_id == "ana"
+    assert (await h.store.load_run(first.run_id)).successor_run_id == resume.run_id
+
+
+async def test_one_shot_run_cannot_wait_for_input_and_fails() -> None:
+    h = make_harness(lambda request: calls(request, ("ask_user", {"question": "?"})))
+    request = turn("ask me", "")
+    await h.deliver(request)
+    [ask] = h.bus.of(ToolCallRequested)
+    await h.deliver(result_for(ask, None, awaiting=AwaitInput(kind=AwaitKind.CONFIRMATION, prompt="?")))
+
+    terminal = await h.terminal(request.run_id)
+    assert terminal.failure.kind == "input_required"
+
+
+async def test_child_run_is_linked_to_its_parent_and_answers_its_tool_use() -> None:
+    def answer(request: ModelRequest) -> ModelResponse:
+        results = last_results(request)
+        if request.system == "Compute.":  # the math agent
+            if results:
+                return says(f"The answer is {results[0].content}.")
+            return calls(request, ("calculator", {"expression": "6*7"}))
+        if results:
+            return says(f"The math agent says: {results[0].content}")
+        return calls(request, ("math_agent", {"task": "what is 6*7?"}))
+
+    h = make_harness(answer)
+    session = await h.session()
+    parent = turn("ask the math_agent", session, principal_id="ana")
+    await h.deliver(parent)
+
+    [child_request] = h.bus.of(RunRequested)
+    assert child_request.kind is RunKind.CHILD
+    assert child_request.text == "what is 6*7?"
+    assert child_request.agent_id == "math_agent"
+    tool_call_id = child_request.parent.tool_call_id if child_request.parent else ""
+    assert child_request.run_id == child_run_id(parent.run_id, tool_call_id)
+    assert not h.bus.of(ToolCallRequested)
+
+    await h.deliver(child_request)
+    parent_records = await h.records(parent.run_id)
+    [link] = [r for r in parent_records if r.type == "child_run_linked"]
+    assert link.event_key == f"child/{tool_call_id}"
+    assert json.loads(link.payload)["child_run_id"] == child_request.run_id
+    assert (await h.store.load_run(child_request.run_id)).parent_run_id == parent.run_id
+
+    [calc] = h.bus.of(ToolCallRequested)
+    assert calc.run_id == child_request.run_id
+    assert calc.principal_id == "ana"
+    await h.deliver(result_for(calc, 42))
+
+    assert await h.status(child_request.run_id) is RunStatus.COMPLETED
+    [to_parent] = h.bus.of(ToolCallCompleted)
+    assert (to_parent.run_id, to_parent.tool_use_id, to_parent.content, to_parent.is_error) == (
+        parent.run_id,
+        tool_call_id,
+        "The answer is 42.",
+        False,
+    )
+    assert not h.bus.of(TurnCompleted)  # a child is not a user's turn
+
+    await h.deliver(to_parent)
+    assert await h.status(parent.run_id) is RunStatus.COMPLETED
+    [finished] = h.bus.of(TurnCompleted)
+    assert finished.assistant_text == "The math agent says: The answer is 42."
+
+
+async def test_canceling_a_parent_cancels_its_running_child_and_the_child_reports_an_error() -> None:
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.system == "Compute.":
+            return calls(request, ("calculator", {"expression": "1/3"}))
+        return calls(request, ("math_agent", {"task": "1/3"}))
+
+    h = make_harness(answer)
+    session = await h.session()
+    parent = turn("delegate", session)
+    await h.deliver(parent)
+    [child_request] = h.bus.of(RunRequested)
+    await h.deliver(child_request)
+
+    await h.deliver(CancelRun(run_id=parent.run_id, session_id=session))
+
+    [cancel_child] = h.bus.of(CancelRun)
+    assert cancel_child.run_id == child_request.run_id
+    await h.deliver(cancel_child)
+    assert await h.status(child_request.run_id) is RunStatus.CANCELED
+    [to_parent] = h.bus.of(ToolCallCompleted)
+    assert to_parent.is_error
+    await h.deliver(to_parent)  # the parent is closed: ignored
+    assert await h.status(parent.run_id) is RunStatus.CANCELED
+
+
+async def test_start_in_an_ended_session_stops_without_a_model_call() -> None:
+    h = make_harness(lambda request: says("never"))
+    session = await h.session()
+    await h.store.end_session(session, utc_now_ms())
+    request = turn("hello?", session)
+
+    await h.deliver(request)
+    await h.deliver(request)
+
+    assert h.model.requests == []
+    meta = await h.store.load_run(request.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
+    assert await h.keys(request.run_id) == ["started", "stopped"]
+    assert h.bus.messages == []
+
+
+async def test_unknown_tool_gets_an_error_result_and_the_model_goes_on() -> None:
+    h = make_harness(tool_then_answer(("teleport", {"to": "Mars"})))
+    session = await h.session()
+    request = turn("go", session)
+    await h.deliver(request)
+
+    assert not h.bus.of(ToolCallRequested)
+    assert len(h.model.requests) == 2
+    [result] = last_results(h.model.requests[1])
+    assert result.is_error and "unknown tool" in result.content
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+
+
+async def test_a_new_turn_is_seeded_with_the_sessions_earlier_turns() -> None:
+    h = make_harness(lambda request: says(f"echo {len(request.messages)}"))
+    session = await h.session()
+    for n in range(8):
+        await h.deliver(turn(f"message {n}", session))
+
+    last = h.model.requests[-1]
+    texts = [(m.role, m.parts[0].text) for m in last.messages]  # type: ignore[union-attr]
+    assert len(texts) == 13  # 12 messages of history (six whole turns), then the new one
+    assert texts[0] == ("user", "message 1")
+    assert texts[-2:] == [("assistant", "echo 13"), ("user", "message 7")]  # turn 6 saw 13 too
+
+
+async def test_one_shot_run_has_no_history_and_no_finished_turn() -> None:
+    h = make_harness(lambda request: says("ok"))
+    request = turn("hi", "")
+    await h.deliver(request)
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert "seed" not in await h.keys(request.run_id)
+    assert not h.bus.of(TurnCompleted)
+
+
+# --- redelivery ---------------------------------------------------------------------------------
+
+
+async def test_replaying_every_trigger_of_a_finished_run_changes_nothing() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"}), ("current_time", {})))
+    session = await h.session()
+    request = turn("calculate 6*7 and time", session)
+    await h.deliver(request)
+    first, second = h.bus.of(ToolCallRequested)
+    results = [result_for(first, 42), result_for(second, "10:00")]
+    for result in results:
+        await h.deliver(result)
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    records = await h.records(request.run_id)
+    model_calls = len(h.model.requests)
+    published = list(h.bus.messages)
+
+    cancel = CancelRun(run_id=request.run_id, session_id=session)
+    triggers: list[Output] = [request, *results, request, *reversed(results), cancel]
+    for trigger in triggers:
+        await h.deliver(trigger)
+
+    assert len(h.model.requests) == model_calls == 2
+    assert await h.records(request.run_id) == records
+    replayed = h.bus.messages[len(published) :]
+    assert not [m for m in replayed if isinstance(m, ToolCallRequested)]  # answered uses never again
+    # What the end published is published again, identical (consumers de-duplicate on ids).
+    assert {m.event_id for m in replayed} <= {m.event_id for m in published}
+
+
+async def test_a_tool_result_delivered_twice_is_recorded_once() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"}), ("current_time", {})))
+    session = await h.session()
+    request = turn("two tools", session)
+    await h.deliver(request)
+    first, second = h.bus.of(ToolCallRequested)
+    once = result_for(first, 2)
+    again_later = result_for(first, 3)  # a second execution's different answer: the first one wins
+
+    await h.deliver(once)
+    await h.deliver(once)
+    await h.deliver(again_later)
+    await h.deliver(result_for(second, "noon"))
+
+    keys = await h.keys(request.run_id)
+    assert keys.count(f"tool-result/{first.tool_use_id}") == 1
+    assert len(h.model.requests) == 2
+    assert [part.content for part in last_results(h.model.requests[1])] == [2, "noon"]
+
+
+async def test_replaying_a_run_request_mid_run_republishes_pending_calls_only() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"}), ("current_time", {})))
+    session = await h.session()
+    request = turn("two tools", session)
+    await h.deliver(request)
+    first, second = h.bus.of(ToolCallRequested)
+    await h.deliver(result_for(first, 2))
+
+    await h.deliver(request)  # e.g. the planner crashed before committing the request's offset
+
+    again = h.bus.of(ToolCallRequested)[2:]
+    assert [(call.tool_use_id, call.event_id) for call in again] == [(second.tool_use_id, second.event_id)]
+    assert len(h.model.requests) == 1
+
+
+async def test_replayed_child_request_and_result_change_nothing() -> None:
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.system == "Compute.":
+            return says("7")
+        if last_results(request):
+            return says("done")
+        return calls(request, ("math_agent", {"task": "3+4"}))
+
+    h = make_harness(answer)
+    session = await h.session()
+    parent = turn("delegate 3+4", session)
+    await h.deliver(parent)
+    [child_request] = h.bus.of(RunRequested)
+    await h.deliver(child_request)
+    [to_parent] = h.bus.of(ToolCallCompleted)
+    await h.deliver(to_parent)
+    parent_records, child_records = await h.records(parent.run_id), await h.records(child_request.run_id)
+    model_calls = len(h.model.requests)
+
+    for message in (child_request, to_parent, parent, child_request, to_parent):
+        await h.deliver(message)
+
+    assert len(h.model.requests) == model_calls == 3
+    assert await h.records(parent.run_id) == parent_records
+    assert await h.records(child_request.run_id) == child_records
+
+
+class RacingStore(InMemoryStore):
+    """Another planner writes `step/1/assistant` first, with its own answer, just before ours."""
+
+    async def append_run_record(self, record: Record) -> Any:
+        if record.event_key == "step/1/assistant" and not getattr(self, "raced", False):
+            self.raced = True
+            theirs = Message(role="assistant", parts=(TextPart(text="Their answer."),))
+            await super().append_run_record(
+                record.model_copy(update={"payload": encode_messages([theirs]), "timestamp": utc_now_ms()})
+            )
+        return await super().append_run_record(record)
+
+
+async def test_a_step_another_writer_recorded_first_is_reused() -> None:
+    h = make_harness(lambda request: says("Mine."))
+    store = RacingStore()
+    h.store = store
+    h.planner.deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    session = await h.session()
+    request = turn("hi", session)
+
+    await h.deliver(request)
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    messages = await build_messages_from_run_log(store, request.run_id)
+    assert [m.parts[0].text for m in messages] == ["hi", "Their answer."]  # type: ignore[union-attr]
+    [finished] = h.bus.of(TurnCompleted)
+    assert finished.assistant_text == "Their answer."
