@@ -154,6 +154,15 @@ def test_delegate_picks_the_offered_agent_tool() -> None:
     assert uses(response) == [("research_agent", {"task": "find the capital of Peru"})]
 
 
+def test_only_offered_tools_are_called_when_tools_are_offered() -> None:
+    tools = [ToolSpec("calculator", "math", {"type": "object"})]
+    assert uses(answer("calculate 2*3; what time is it", tools=tools)) == [
+        ("calculator", {"expression": "2*3"})
+    ]
+    assert uses(answer("what time is it", tools=tools)) == []
+    assert texts(answer("what time is it", tools=tools))[0].startswith('You said: "what time is it"')
+
+
 def test_a_clause_without_a_command_is_ignored_when_another_matches() -> None:
     assert uses(answer("hello; calculate 2*2; thanks")) == [("calculator", {"expression": "2*2"})]
 
@@ -260,7 +269,7 @@ async def test_answer_text_is_streamed_in_chunks_that_make_the_text() -> None:
     response = await model.complete(request(said("Hello there, how are you today?")), on_text)
     assert len(chunks) > 1
     assert "".join(chunks) == "".join(texts(response))
-    assert model.requests == [request(said("Hello there, how are you today?"))]
+    assert list(model.requests) == [request(said("Hello there, how are you today?"))]
 
 
 async def test_complete_without_on_text_and_protocol_conformance() -> None:

@@ -35,6 +35,8 @@ Rules, first match wins:
    | `time in <Area/City>` (or `UTC`) | `current_time` with `{"timezone": <zone>}` |
    | the word `time` | `current_time` with `{}` |
 
+   A command whose tool is not among `request.tools` is skipped when the request offers any
+   tools (a model only calls what it is offered); with no tools offered every command counts.
    When at least one clause matched, the answer is the text `Calling <names>.` followed by the
    tool uses (several clauses make one parallel group), stop reason `tool_use`.
 6. **Otherwise** an echo: `You said: "<text>". ...` with a hint of the commands.
@@ -51,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -82,6 +85,9 @@ AGENT_TOOL_SUFFIX = "_agent"
 NOTHING_TO_ANSWER = "I have nothing to answer yet."
 STREAM_CHUNKS = 3
 """Answer text is streamed in at most this many chunks."""
+
+REQUESTS_KEPT = 1000
+"""How many of the latest requests `ScriptedModel.requests` keeps (a long demo must not grow)."""
 
 DIGEST_CHARS = 200
 """Longest transcript digest used for unconstrained strings in structured output."""
@@ -115,8 +121,8 @@ class ScriptedModel:
             (key, entry) for key, entry in (script or {}).items() if isinstance(key, re.Pattern)
         ]
         self._structured_output = structured_output
-        self.requests: list[ModelRequest] = []
-        """Every request `complete` was given, in order (for tests: how often was I called?)."""
+        self.requests: deque[ModelRequest] = deque(maxlen=REQUESTS_KEPT)
+        """The last requests `complete` was given, in order (for tests: how often was I called?)."""
 
     async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
         """Answer `request` and stream its text parts through `on_text`."""
@@ -182,6 +188,9 @@ def _rule_answer(request: ModelRequest) -> tuple[list[Part], StopReason]:
         return [TextPart(text=_results_answer(request.messages, results))], StopReason.END_TURN
     text = "\n".join(part.text for part in last.parts if isinstance(part, TextPart))
     calls = [call for clause in text.split(";") if (call := _command(clause, request.tools)) is not None]
+    offered = {tool.name for tool in request.tools}
+    if offered:
+        calls = [(name, arguments) for name, arguments in calls if name in offered]
     if not calls:
         return [TextPart(text=_echo(text))], StopReason.END_TURN
     names = ", ".join(dict.fromkeys(name for name, _ in calls))
