@@ -171,6 +171,9 @@ class RunEventReader:
         )
         try:
             await self._consumer.start()
+            # aiokafka's group-less coordinator starts a task in start(); a stop() before that task
+            # first ran raises CancelledError from the middle of stop() and leaks the connections.
+            await asyncio.sleep(0)
             partition = TopicPartition(self._topic, partition_for_key(self.key, await self._partitions()))
             if after is not None and after.partition != partition.partition:
                 raise InvalidPositionError(
