@@ -33,6 +33,7 @@ from tests.integration.test_gateway_support import (
     SSEMessage,
     SSEStream,
     StandInPlanner,
+    eventually,
     sse,
     unique_name,
 )
@@ -130,9 +131,10 @@ def neighbour_of(session_id: str) -> str:
 
 
 async def wait_until_no_open_streams(gateway: Gateway, within: float = 10.0) -> None:
-    async with asyncio.timeout(within):
-        while (await gateway.asgi.get("/healthz")).json()["open_streams"]:
-            await asyncio.sleep(0.05)
+    async def none_open() -> bool:
+        return (await gateway.asgi.get("/healthz")).json()["open_streams"] == 0
+
+    await eventually(none_open, within)
 
 
 def keys(messages: list[SSEMessage]) -> list[str]:
@@ -190,7 +192,7 @@ async def test_a_cancel_is_published_on_runs_control_for_the_runs_session(gatewa
     ) as reader:
         response = await gateway.asgi.post(f"/v1/runs/{run.run_id}/cancel")
         assert response.status_code == 202
-        records = await reader.wait_for(lambda records: bool(records))
+        records = await reader.wait_for(bool)
     cancel = CancelRun.model_validate_json(records[-1].value)
     assert (cancel.run_id, cancel.session_id) == (run.run_id, session_id)
     assert records[-1].key == session_id.encode()
@@ -373,9 +375,11 @@ async def test_a_canceled_run_ends_canceled_on_the_stream(gateway: Gateway, plan
             "/v1/runs", json={"agent_id": "assistant", "text": "wait for me", "session_id": session_id}
         )
         run_id = response.json()["run_id"]
-        async with asyncio.timeout(20):
-            while (await gateway.asgi.get(f"/v1/runs/{run_id}")).status_code == 404:
-                await asyncio.sleep(0.05)
+
+        async def started() -> bool:
+            return (await gateway.asgi.get(f"/v1/runs/{run_id}")).status_code == 200
+
+        await eventually(started)
         assert (await gateway.asgi.post(f"/v1/runs/{run_id}/cancel")).status_code == 202
         events = await until_closed(stream, run_id)
     assert events[-2].payload == {

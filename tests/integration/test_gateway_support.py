@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,15 @@ class ServedStack:
         await self.owner.stop()
         with contextlib.suppress(Exception):
             await delete_topics(self.stack.bootstrap, self.prefix)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20.0) -> None:
+    """Wait until `check()` is true; fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {within} s: {check}")
+        await asyncio.sleep(0.05)
 
 
 def unique_name() -> str:
@@ -250,13 +260,6 @@ class StandInPlanner:
         )
         canceled = encode_run_completed(RunStatus.CANCELED, cancellation_reason=cancel.reason.value)
         await store.record_run_terminal(_record(run, "canceled", "run_completed", canceled))
-
-    async def wait_for_requests(self, count: int, within: float = 20.0) -> list[RunRequested]:
-        """Wait until `count` run requests were consumed."""
-        async with asyncio.timeout(within):
-            while len(self.requests) < count:
-                await asyncio.sleep(0.02)
-        return list(self.requests)
 
 
 # --- an SSE client ----------------------------------------------------------------------------------
