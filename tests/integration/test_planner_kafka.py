@@ -1,0 +1,273 @@
+"""The agent loop on the real embedded broker and database, every service in this process.
+
+The storage owner (on SecantusDB), the planner (its store is the Kafka client to that owner) and
+the tool executor run as in-process FastStream apps on one topic prefix; the model is the
+offline `ScriptedModel`. Tests talk only through topics, as a gateway would: publish a
+`RunRequested`, watch `runs.events` until the run's terminal `workflow`, then read the run back.
+
+Redelivery is shown end to end: every message that drove a finished run is published again,
+byte for byte, and the run's records stay identical and the model is not asked again. "Every
+replayed message was handled" is observed, not slept on: a closed run answers each replayed
+trigger by publishing its end again (the finished turn on `history.turns`), so the test waits
+until one more copy per replayed message has arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiokafka import ConsumerRecord
+
+from contracts.events import RunEvent, StreamEventType
+from contracts.runs import RunKind, RunRequested, TurnCompleted
+from contracts.store import Record, RunStatus
+from contracts.tools import ToolCallCompleted
+from contracts.topics import Topic
+from contracts.transcript import ToolResultPart, ToolUsePart
+from contracts.wire import utc_now_ms
+from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from services.kit.models.scripted import ScriptedModel
+from services.kit.settings import KafkaSettings
+from services.kit.store.client import KafkaStore
+from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
+from services.planner.adapters import PlannerDeps, load_records
+from services.planner.app import create_app as create_planner
+from services.storage_owner.app import create_app as create_owner
+from services.tool_executor.app import create_app as create_executor
+from tests.owner_support import RawPublisher, TopicReader
+
+pytestmark = pytest.mark.slow
+
+Records = list[ConsumerRecord[bytes, bytes]]
+
+
+@dataclass
+class System:
+    """The three services on one prefix, a store client, topic readers and a raw publisher."""
+
+    settings: KafkaSettings
+    store: KafkaStore
+    model: ScriptedModel
+    events: TopicReader
+    turns: TopicReader
+    results: TopicReader
+    publisher: RawPublisher
+
+    def topic(self, name: Topic) -> str:
+        return self.settings.topic_prefix + name.value
+
+    async def session(self) -> str:
+        session_id = "s-" + uuid.uuid4().hex[:10]
+        await self.store.create_session(session_id, utc_now_ms())
+        return session_id
+
+    async def publish(self, name: Topic, body: bytes, key: str) -> None:
+        await self.publisher.send(self.topic(name), body, key=key.encode())
+
+    async def request(self, request: RunRequested) -> RunRequested:
+        await self.publish(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), request.partition_key())
+        return request
+
+    def run_events(self, run_id: str) -> list[RunEvent]:
+        parsed = [RunEvent.model_validate_json(r.value or b"") for r in self.events.records]
+        return [event for event in parsed if event.run_id == run_id]
+
+    async def until_closed(self, run_id: str, within: float = 20.0) -> list[RunEvent]:
+        def closed(records: Records) -> bool:
+            return any(event.type is StreamEventType.RUN_STREAM_END for event in self.run_events(run_id))
+
+        await self.events.wait_for(closed, within)
+        return self.run_events(run_id)
+
+    def finished_turns(self, run_id: str) -> list[TurnCompleted]:
+        parsed = [TurnCompleted.model_validate_json(r.value or b"") for r in self.turns.records]
+        return [turn for turn in parsed if turn.run_id == run_id]
+
+
+@pytest.fixture(scope="module")
+async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
+    prefix = f"pl{uuid.uuid4().hex[:8]}."
+    await create_topics(stack.bootstrap, prefix)
+    settings = stack.kafka_settings(topic_prefix=prefix)
+    model = ScriptedModel()
+    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    planner = create_planner(settings, deps=PlannerDeps(model=model))
+    executor = create_executor(settings)
+    started = time.monotonic()
+    await owner.start()
+    store = KafkaStore(settings, reply_timeout_s=10.0)
+    await store.start()
+    await asyncio.gather(planner.start(), executor.start())
+    readers = [TopicReader(stack.bootstrap, prefix + name.value) for name in _READ]
+    for reader in readers:
+        await reader.start()
+    print(f"system up in {time.monotonic() - started:.1f} s")
+    try:
+        async with RawPublisher(stack.bootstrap) as publisher:
+            events, turns, results = readers
+            yield System(settings, store, model, events, turns, results, publisher)
+    finally:
+        for reader in readers:
+            await reader.stop()
+        await planner.stop()
+        await executor.stop()
+        await store.stop()
+        await owner.stop()
+        await delete_topics(stack.bootstrap, prefix)
+
+
+_READ = (Topic.RUNS_EVENTS, Topic.HISTORY_TURNS, Topic.TOOLS_RESULTS)
+
+
+def workflow_phases(events: list[RunEvent]) -> list[str]:
+    return [event.payload["phase"] for event in events if event.type is StreamEventType.WORKFLOW]
+
+
+async def test_calculate_runs_the_tool_round_trip_and_completes(system: System) -> None:
+    session = await system.session()
+    started = time.monotonic()
+    request = await system.request(
+        RunRequested(
+            run_id="r-" + uuid.uuid4().hex, session_id=session, agent_id="assistant", text="calculate 6*7"
+        )
+    )
+
+    events = await system.until_closed(request.run_id)
+    elapsed = time.monotonic() - started
+
+    assert workflow_phases(events) == ["planning", "executing_tools", "synthesizing", "completed"]
+    replies = "".join(e.payload["text"] for e in events if e.type is StreamEventType.ASSISTANT_REPLY)
+    assert "42" in replies
+    assert (await system.store.load_run(request.run_id)).status is RunStatus.COMPLETED
+    messages = await build_messages_from_run_log(system.store, request.run_id)
+    validate_planner_transcript(messages)
+    [use] = [part for part in messages[1].parts if isinstance(part, ToolUsePart)]
+    assert (use.name, use.input) == ("calculator", {"expression": "6*7"})
+    [result] = messages[2].parts
+    assert isinstance(result, ToolResultPart) and result.tool_use_id == use.id and not result.is_error
+    assert "42" in str(result.content)
+    await system.turns.wait_for(lambda _: bool(system.finished_turns(request.run_id)))
+    [turn] = system.finished_turns(request.run_id)
+    assert turn.user_text == "calculate 6*7" and "42" in turn.assistant_text
+    print(f"calculate 6*7: terminal workflow after {elapsed * 1000:.0f} ms")
+
+
+async def test_republishing_every_message_of_a_finished_run_changes_nothing(system: System) -> None:
+    session = await system.session()
+    request = await system.request(
+        RunRequested(
+            run_id="r-" + uuid.uuid4().hex,
+            session_id=session,
+            agent_id="assistant",
+            text="calculate 2*21; what time is it",
+        )
+    )
+    await system.until_closed(request.run_id)
+    await system.turns.wait_for(lambda _: len(system.finished_turns(request.run_id)) == 1)
+    records: list[Record] = await load_records(system.store, request.run_id)
+    calls_before = len(system.model.requests)
+    results = [
+        record
+        for record in system.results.records
+        if ToolCallCompleted.model_validate_json(record.value or b"").run_id == request.run_id
+    ]
+    assert len(results) == 2
+
+    replay = [(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), session)]
+    replay += [(Topic.TOOLS_RESULTS, record.value or b"", session) for record in results]
+    for name, body, key in replay * 2:
+        await system.publish(name, body, key)
+
+    expected = 1 + 2 * len(replay)
+    await system.turns.wait_for(lambda _: len(system.finished_turns(request.run_id)) == expected)
+    assert await load_records(system.store, request.run_id) == records
+    assert len(system.model.requests) == calls_before
+    assert len({turn.event_id for turn in system.finished_turns(request.run_id)}) == 1
+
+
+async def test_ask_user_suspends_and_the_answer_continues_the_turn(system: System) -> None:
+    session = await system.session()
+    first = await system.request(
+        RunRequested(
+            run_id="r-" + uuid.uuid4().hex,
+            session_id=session,
+            agent_id="assistant",
+            text="confirm the booking",
+        )
+    )
+    events = await system.until_closed(first.run_id)
+    assert workflow_phases(events)[-1] == "suspended"
+    # The await event follows the suspension's commit (and so the owner's run_stream_end).
+    await system.events.wait_for(
+        lambda _: any(e.type is StreamEventType.AWAIT_CLARIFICATION for e in system.run_events(first.run_id))
+    )
+    [ask] = [e for e in system.run_events(first.run_id) if e.type is StreamEventType.AWAIT_CLARIFICATION]
+    assert "booking" in ask.payload["prompt"]
+
+    resume = await system.request(
+        RunRequested(
+            kind=RunKind.RESUME,
+            run_id="r-" + uuid.uuid4().hex,
+            session_id=session,
+            agent_id="assistant",
+            predecessor_run_id=first.run_id,
+            answer="yes, book it",
+        )
+    )
+    events = await system.until_closed(resume.run_id)
+    assert workflow_phases(events) == ["synthesizing", "completed"]
+    await system.turns.wait_for(lambda _: bool(system.finished_turns(resume.run_id)))
+    [turn] = system.finished_turns(resume.run_id)
+    assert turn.user_text == "confirm the booking"
+    assert "yes, book it" in turn.assistant_text
+    validate_planner_transcript(await build_messages_from_run_log(system.store, resume.run_id))
+
+
+async def test_agent_tool_runs_a_linked_child_and_answers_with_its_result(system: System) -> None:
+    session = await system.session()
+    request = await system.request(
+        RunRequested(
+            run_id="r-" + uuid.uuid4().hex,
+            session_id=session,
+            agent_id="assistant",
+            text="ask the math_agent to calculate 6*7",
+        )
+    )
+    events = await system.until_closed(request.run_id, within=30.0)
+    assert workflow_phases(events)[-1] == "completed"
+    [link] = [e for e in events if e.type is StreamEventType.CHILD_RUN_LINKED]
+    child = link.payload["child_run_id"]
+    child_meta = await system.store.load_run(child)
+    assert (child_meta.parent_run_id, child_meta.agent_id, child_meta.status) == (
+        request.run_id,
+        "math_agent",
+        RunStatus.COMPLETED,
+    )
+    child_messages = await build_messages_from_run_log(system.store, child)
+    assert any(isinstance(p, ToolUsePart) and p.name == "calculator" for p in child_messages[1].parts)
+    parent_messages = await build_messages_from_run_log(system.store, request.run_id)
+    [result] = parent_messages[2].parts
+    assert isinstance(result, ToolResultPart) and "42" in str(result.content)
+
+
+async def test_invalid_run_request_goes_to_the_dead_letter_topic(system: System) -> None:
+    dlq = TopicReader(system.settings.bootstrap, system.topic(Topic.RUNS_REQUESTED) + ".dlq")
+    await dlq.start()
+    try:
+        marker = uuid.uuid4().hex
+        await system.publish(Topic.RUNS_REQUESTED, f'{{"not": "{marker}"}}'.encode(), marker)
+
+        def arrived(records: Records) -> bool:
+            return any(marker.encode() in (record.value or b"") for record in records)
+
+        [letter] = [r for r in await dlq.wait_for(arrived) if marker.encode() in (r.value or b"")]
+        headers: dict[str, Any] = {key: value.decode() for key, value in letter.headers}
+        assert headers["x-dlq-reason"] == "invalid_payload"
+    finally:
+        await dlq.stop()
