@@ -23,7 +23,15 @@ from faststream.kafka import KafkaBroker
 from contracts.errors import ErrorCode, StoreError
 from contracts.lifecycle import Failure, encode_cancellation_intent
 from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
-from contracts.store import LifecycleType, Record, RunStatus, StartOutcome, StartResult
+from contracts.store import (
+    AppendResult,
+    LifecycleType,
+    Record,
+    RunStatus,
+    SessionStatus,
+    StartOutcome,
+    StartResult,
+)
 from contracts.tools import ToolCallCompleted, ToolCallRequested
 from contracts.topics import Topic
 from contracts.transcript import (
@@ -57,6 +65,7 @@ from services.planner.logic import (
     ContextSource,
     Dispatch,
     Finish,
+    Intend,
     Output,
     RunView,
     StartPlan,
@@ -492,6 +501,8 @@ class Planner:
                 return
             if isinstance(action, Append):
                 view = await self._write(view, action.record)
+            elif isinstance(action, Intend):
+                view = await self._write(view, action.record, self.deps.store.record_run_cancellation)
             elif isinstance(action, Finish):
                 view = await self._write(view, action.record, self.deps.store.record_run_terminal)
             elif isinstance(action, Suspend):
@@ -551,7 +562,7 @@ class Planner:
         """Write a record and fold it into the view; reload instead when another writer came first."""
         write = operation or self.deps.store.append_run_record
         try:
-            await write(record)
+            result = await write(record)
         except StoreError as error:
             if error.retryable:
                 raise
@@ -568,6 +579,8 @@ class Planner:
                 raise _permanent(f"run {view.run_id!r} vanished", error) from error
             return reloaded
         view.add(record)
+        if isinstance(result, AppendResult) and result.session_status == SessionStatus.ENDED.value:
+            view.session_ended = True
         return view
 
     async def _write_once(

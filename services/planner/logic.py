@@ -47,6 +47,7 @@ from contracts.lifecycle import (
     decode_child_run_linked,
     decode_run_completed,
     decode_run_started,
+    encode_cancellation_intent,
     encode_child_run_linked,
     encode_run_completed,
     encode_run_started,
@@ -322,6 +323,8 @@ class RunView:
     terminal_time: datetime | None = None
     suspended_time: datetime | None = None
     output_tokens: int = 0
+    session_ended: bool = False
+    """Observed, not recorded: a store reply said the session has ended (workers stop planning)."""
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> RunView | None:
@@ -651,6 +654,13 @@ class Append:
 
 
 @dataclass(frozen=True)
+class Intend:
+    """Record a cancellation intent (the session ended under a running run), then look again."""
+
+    record: Record
+
+
+@dataclass(frozen=True)
 class Dispatch:
     """Send the tool uses of call `step` that have no result yet."""
 
@@ -683,7 +693,7 @@ class Finish:
 Output = ToolCallRequested | RunRequested | ToolCallCompleted | TurnCompleted | CancelRun | RunEvent
 """A message the planner publishes."""
 
-Action = Wait | Closed | Append | Dispatch | Suspend | CallModel | Finish
+Action = Wait | Closed | Append | Intend | Dispatch | Suspend | CallModel | Finish
 """The next step of a run."""
 
 
@@ -698,6 +708,16 @@ def decide(view: RunView, trigger: Trigger, dispatched_step: int = 0) -> Action:
         return Closed(closed_outputs(view))
     if view.cancel_reason:
         return _finish(view, trigger, canceled=view.cancel_reason)
+    if view.session_ended:
+        reason = CancellationReason.SESSION_ENDED
+        return Intend(
+            view.record(
+                CANCEL_KEY,
+                LifecycleType.CANCELLATION_INTENT.value,
+                encode_cancellation_intent(reason),
+                trigger.at,
+            )
+        )
     if view.context is None or not view.has_input or not view.messages:
         return Wait("the run's input is not recorded yet")
     last = view.messages[-1]

@@ -24,7 +24,7 @@ from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRe
 from contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
 from contracts.wire import utc_now_ms
 from services.kit.agents import AgentRegistry, AgentSpec
-from services.kit.delivery import RetryableError
+from services.kit.delivery import PermanentError, RetryableError
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
 from services.kit.store.memory import InMemoryStore
 from services.kit.tool_catalog import default_catalog
@@ -734,3 +734,37 @@ async def test_a_step_another_writer_recorded_first_is_reused() -> None:
     assert [m.parts[0].text for m in messages] == ["hi", "Their answer."]  # type: ignore[union-attr]
     [finished] = h.bus.of(TurnCompleted)
     assert finished.assistant_text == "Their answer."
+
+
+async def test_a_session_ended_under_a_running_run_stops_planning_at_the_next_write() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    await h.store.end_session(session, utc_now_ms())
+
+    await h.deliver(result_for(call, 2))
+
+    assert len(h.model.requests) == 1
+    meta = await h.store.load_run(request.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
+    assert (await h.keys(request.run_id))[-3:] == [f"tool-result/{call.tool_use_id}", "cancel", "canceled"]
+    assert not h.bus.of(TurnCompleted)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"agent_id": "nobody", "text": "hi"}, "not registered"),
+        ({"agent_id": "assistant", "text": ""}, "needs the user's text"),
+        ({"agent_id": "math_agent", "kind": RunKind.CHILD, "text": "x"}, "names no parent"),
+        ({"agent_id": "assistant", "kind": RunKind.RESUME, "predecessor_run_id": "ghost"}, "not suspended"),
+    ],
+)
+async def test_requests_that_can_never_run_are_permanent_errors(fields: dict[str, Any], message: str) -> None:
+    h = make_harness(lambda request: says("never"))
+    session = await h.session()
+    with pytest.raises(PermanentError, match=message):
+        await h.deliver(RunRequested(run_id="r-bad", session_id=session, **fields))
+    assert h.model.requests == []
