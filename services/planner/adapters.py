@@ -76,6 +76,7 @@ from services.planner.logic import (
     Trigger,
     Wait,
     answer_message,
+    child_not_started,
     completed_turn,
     decide,
     dispatch_outputs,
@@ -401,7 +402,13 @@ class Planner:
         )
         plan = start_plan(run, (parent, link_key(parent.tool_call_id, run.run_id, continuation=False)))
         view = await self._start(plan, request)
-        if view is None or view.closed:
+        if view is None:
+            # Stopped (the session ended) or refused (the parent closed): the parent must not wait.
+            answer = child_not_started(request, "its session ended or its parent closed")
+            if answer is not None:
+                await self.publisher.publish(answer)
+            return None
+        if view.closed:
             return view
         trigger = self._trigger(request.occurred_at, request.event_id)
         view = await self._write_once(

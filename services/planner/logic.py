@@ -989,6 +989,26 @@ def parent_result(
     )
 
 
+def child_not_started(request: RunRequested, why: str) -> ToolCallCompleted | None:
+    """The parent's tool result when its child could not run (session ended, parent closed)."""
+    parent = request.parent
+    if parent is None:
+        return None
+    return ToolCallCompleted(
+        event_id=derive_id(request.run_id, "parent-result"),
+        occurred_at=request.occurred_at,
+        correlation_id=parent.parent_run_id,
+        causation_id=request.event_id,
+        run_id=parent.parent_run_id,
+        session_id=request.session_id,
+        agent_id=parent.parent_agent_id,
+        tool_use_id=parent.tool_call_id,
+        tool_name=parent.tool_name,
+        content=f"{request.agent_id} did not run: {why}",
+        is_error=True,
+    )
+
+
 # --- tool dispatch ------------------------------------------------------------------------------
 
 

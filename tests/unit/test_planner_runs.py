@@ -768,3 +768,22 @@ async def test_requests_that_can_never_run_are_permanent_errors(fields: dict[str
     with pytest.raises(PermanentError, match=message):
         await h.deliver(RunRequested(run_id="r-bad", session_id=session, **fields))
     assert h.model.requests == []
+
+
+async def test_a_child_that_cannot_start_answers_its_parent_with_an_error() -> None:
+    h = make_harness(lambda request: calls(request, ("math_agent", {"task": "2+2"})))
+    session = await h.session()
+    parent = turn("delegate", session)
+    await h.deliver(parent)
+    [child_request] = h.bus.of(RunRequested)
+    await h.store.end_session(session, utc_now_ms())
+
+    await h.deliver(child_request)  # the child's start takes the stop decision
+
+    assert (await h.store.load_run(child_request.run_id)).status is RunStatus.CANCELED
+    [answer] = h.bus.of(ToolCallCompleted)
+    assert (answer.run_id, answer.is_error) == (parent.run_id, True)
+    await h.deliver(answer)  # the parent is not left waiting: the ended session stops it
+    meta = await h.store.load_run(parent.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
+    assert len(h.model.requests) == 1
