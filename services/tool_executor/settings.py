@@ -41,13 +41,17 @@ class ToolExecutorSettings(BaseSettings):
         ge=0,
         description=(
             "When partitions move to another executor, how long their calls in flight may finish "
-            "and commit first (fewer duplicate results)."
+            "and commit first; a call still running after it is run again by the new owner and "
+            "answered twice (same tool_use id)."
         ),
     )
     remembered_results: int = Field(
-        default=10_000,
+        default=1_000,
         ge=1,
-        description="Results kept in process so a redelivered call is answered again without running twice.",
+        description=(
+            "Results kept in process so a redelivered call is answered again without running twice. "
+            "A result is at most 64 KiB, so the worst case is this many times 64 KiB of memory."
+        ),
     )
     remembered_cancels: int = Field(
         default=10_000,
