@@ -8,6 +8,7 @@ finished run and show that nothing changes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable
@@ -26,10 +27,12 @@ from contracts.wire import utc_now_ms
 from services.kit.agents import AgentRegistry, AgentSpec
 from services.kit.delivery import PermanentError, RetryableError
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
+from services.kit.settings import KafkaSettings
 from services.kit.store.memory import InMemoryStore
 from services.kit.tool_catalog import default_catalog
 from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
 from services.planner.adapters import Planner, ReadyDeps, SessionHistoryContext, load_records
+from services.planner.app import check_timeouts
 from services.planner.logic import Output, SuspensionCheckpoint, child_run_id
 from services.planner.settings import PlannerSettings
 
@@ -787,3 +790,29 @@ async def test_a_child_that_cannot_start_answers_its_parent_with_an_error() -> N
     meta = await h.store.load_run(parent.run_id)
     assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
     assert len(h.model.requests) == 1
+
+
+class SlowModel(FakeModel):
+    async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
+        self.requests.append(request)
+        await asyncio.sleep(5)
+        return says("too late")
+
+
+async def test_a_model_call_that_outlives_its_timeout_is_retried_later() -> None:
+    h = make_harness(lambda request: says("unused"), PlannerSettings(model_timeout_s=0.05))
+    h.planner.deps = ReadyDeps(
+        h.store, SlowModel(h.model.answer), default_catalog(), AGENTS, SessionHistoryContext(h.store)
+    )
+    session = await h.session()
+    request = turn("hi", session)
+    with pytest.raises(RetryableError, match="timed out"):
+        await h.deliver(request)
+    assert await h.status(request.run_id) is RunStatus.RUNNING
+
+
+def test_model_timeout_with_its_retries_must_fit_the_poll_interval() -> None:
+    kafka = KafkaSettings(bootstrap="127.0.0.1:9", max_poll_interval_ms=300_000)
+    check_timeouts(kafka, PlannerSettings(model_timeout_s=200, retry_attempts=1))
+    with pytest.raises(ValueError, match="max_poll_interval"):
+        check_timeouts(kafka, PlannerSettings(model_timeout_s=200, retry_attempts=2))
