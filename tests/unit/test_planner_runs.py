@@ -816,3 +816,64 @@ def test_model_timeout_with_its_retries_must_fit_the_poll_interval() -> None:
     check_timeouts(kafka, PlannerSettings(model_timeout_s=200, retry_attempts=1))
     with pytest.raises(ValueError, match="max_poll_interval"):
         check_timeouts(kafka, PlannerSettings(model_timeout_s=200, retry_attempts=2))
+
+
+class YieldingStore(InMemoryStore):
+    """Gives other tasks a turn around every read and write, as a store across a network would."""
+
+    async def list_run_records(self, run_id: str, cursor: str, limit: int) -> Any:
+        await asyncio.sleep(0)
+        page = await super().list_run_records(run_id, cursor, limit)
+        await asyncio.sleep(0)
+        return page
+
+    async def append_run_record(self, record: Record) -> Any:
+        await asyncio.sleep(0)
+        result = await super().append_run_record(record)
+        await asyncio.sleep(0)
+        return result
+
+
+async def test_results_arriving_together_are_handled_one_at_a_time_per_run() -> None:
+    uses = [("calculator", {"expression": f"{n}*2"}) for n in range(4)]
+    h = make_harness(tool_then_answer(*uses))
+    store = YieldingStore()
+    h.store = store
+    h.planner.deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    session = await h.session()
+    request = turn("four at once", session)
+    await h.deliver(request)
+    sent = h.bus.of(ToolCallRequested)
+
+    await asyncio.gather(*(h.deliver(result_for(call, n)) for n, call in enumerate(sent)))
+
+    assert len(h.model.requests) == 2
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert [part.content for part in last_results(h.model.requests[1])] == [0, 1, 2, 3]
+    assert len(h.planner.locks) == 0  # no lock outlives its users
+
+
+async def test_two_planner_processes_racing_on_one_run_finish_it_once() -> None:
+    """No lock is shared across processes (a rebalance): keys and reloads still give one outcome."""
+    uses = [("calculator", {"expression": f"{n}*2"}) for n in range(4)]
+    h = make_harness(tool_then_answer(*uses))
+    store = YieldingStore()
+    h.store = store
+    deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    h.planner.deps = deps
+    other = Planner(deps, h.bus, PlannerSettings())
+    session = await h.session()
+    request = turn("four at once", session)
+    await h.deliver(request)
+    sent = h.bus.of(ToolCallRequested)
+
+    await asyncio.gather(
+        *((h.planner if n % 2 else other).on_tool_result(result_for(call, n)) for n, call in enumerate(sent))
+    )
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    keys = await h.keys(request.run_id)
+    assert keys.count("step/2/assistant") == 1 and keys.count("completed") == 1
+    messages = await build_messages_from_run_log(store, request.run_id)
+    validate_planner_transcript(messages)
+    assert [part.content for part in messages[2].parts] == [0, 1, 2, 3]  # type: ignore[union-attr]
