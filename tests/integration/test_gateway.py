@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from contracts.events import RunEvent, StreamEventType
 from contracts.runs import CancelRun, RunKind, RunRequested
@@ -25,7 +25,7 @@ from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack
 from services.gateway.app import EmbeddedServer, create_app
 from services.gateway.settings import GatewaySettings
-from services.kit.events import RunEventReader, partition_for_key
+from services.kit.events import RunEventReader, StreamedEvent, partition_for_key
 from tests.conformance.builders import running_root
 from tests.integration.test_gateway_support import (
     QUESTION,
@@ -132,7 +132,8 @@ def neighbour_of(session_id: str) -> str:
 
 async def wait_until_no_open_streams(gateway: Gateway, within: float = 10.0) -> None:
     async def none_open() -> bool:
-        return (await gateway.asgi.get("/healthz")).json()["open_streams"] == 0
+        open_streams: int = (await gateway.asgi.get("/healthz")).json()["open_streams"]
+        return open_streams == 0
 
     await eventually(none_open, within)
 
@@ -172,7 +173,7 @@ async def test_a_turn_is_published_on_runs_requested_keyed_by_its_session(gatewa
         assert response.status_code == 202
         run_id = response.json()["run_id"]
 
-        def published(records: list) -> bool:  # type: ignore[type-arg]
+        def published(records: list[ConsumerRecord[bytes, bytes]]) -> bool:
             return any(json.loads(record.value)["run_id"] == run_id for record in records)
 
         records = await reader.wait_for(published)
@@ -278,7 +279,7 @@ async def test_the_stream_and_the_shared_reader_show_the_same_events(gateway: Ga
     reader = RunEventReader(gateway.served.kafka, session_id=session_id)
     await reader.start()
     try:
-        read: list = []  # type: ignore[type-arg]
+        read: list[StreamedEvent] = []
         async with asyncio.timeout(10):
             while len(read) < 4:
                 read += await reader.read(0.2)

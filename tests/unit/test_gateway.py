@@ -203,7 +203,8 @@ async def test_cancel_publishes_for_the_runs_session(gateway: Gateway) -> None:
 
     engine = await gateway.client.post(f"/v1/runs/{run.run_id}/cancel", json={"reason": "engine_canceled"})
     assert engine.status_code == 202
-    assert gateway.publisher.sent[-1].reason is CancellationReason.ENGINE_CANCELED  # type: ignore[union-attr]
+    last = gateway.publisher.sent[-1]
+    assert isinstance(last, CancelRun) and last.reason is CancellationReason.ENGINE_CANCELED
 
 
 async def test_cancel_refusals(gateway: Gateway) -> None:
