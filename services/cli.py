@@ -211,16 +211,21 @@ class EventPrinter:
     out: Console
     _inline: bool = False
     _streamed: set[str] = field(default_factory=set)  # runs whose reply text arrived as deltas
+    # Phase changes come from the owner, deltas from the planner: one may land mid-sentence.
+    _deferred: list[Text] = field(default_factory=list)
 
     def _line(self, text: Text) -> None:
         self.end_inline()
         self.out.print(text)
 
     def end_inline(self) -> None:
-        """Finish a line of streamed text."""
+        """Finish a line of streamed text, then print the phase changes held back meanwhile."""
         if self._inline:
             self.out.print()
             self._inline = False
+        for text in self._deferred:
+            self.out.print(text)
+        self._deferred.clear()
 
     def show(self, event: RunEvent) -> None:
         """Print one event."""
@@ -279,6 +284,8 @@ class EventPrinter:
             self._line(Text(f"✗ canceled{f' ({reason})' if reason else ''}", style="bold yellow"))
         elif phase == RunPhase.SUSPENDED.value:
             self._line(Text("⏸ waiting for an answer", style="bold yellow"))
+        elif self._inline:
+            self._deferred.append(Text(f"· {phase}", style="dim italic"))
         else:
             self._line(Text(f"· {phase}", style="dim italic"))
 
@@ -699,7 +706,7 @@ def serve(
         raise typer.BadParameter(
             f"unknown service {service!r}; one of: {', '.join((*SERVICES, GATEWAY))}", param_hint="SERVICE"
         )
-    if importlib.util.find_spec(f"services.{name}") is None:
+    if not _installed(name):
         fail(f"service {service!r} is not part of this installation yet")
     runpy.run_module(f"services.{name}", run_name="__main__", alter_sys=True)
 
@@ -716,9 +723,14 @@ def _warn(message: str) -> None:
     errors.print(Text(f"warning: {message}", style="yellow"))
 
 
+def _installed(name: str) -> bool:
+    """Whether the service package exists (services are built in parallel; some may not yet)."""
+    return importlib.util.find_spec(f"services.{name}") is not None
+
+
 def _load_service(name: str) -> Any | None:
     """The service's `create_app`, or None (with a warning) when the package is not there yet."""
-    if importlib.util.find_spec(f"services.{name}") is None:
+    if not _installed(name):
         _warn(f"{name}: not part of this installation yet; skipped")
         return None
     try:
@@ -730,9 +742,8 @@ def _load_service(name: str) -> Any | None:
 
 
 async def _start_in_process(
-    kafka: KafkaSettings, mongo: MongoSettings, gateway_port: int
-) -> tuple[list[Started], str]:
-    started: list[Started] = []
+    kafka: KafkaSettings, mongo: MongoSettings, gateway_port: int, started: list[Started]
+) -> str:
     gateway_url = ""
     for name in SERVICES:
         create_app = _load_service(name)
@@ -753,19 +764,22 @@ async def _start_in_process(
 
         settings = GatewaySettings(port=gateway_port)
         server = EmbeddedServer(create_gateway(kafka, settings=settings), settings.host, settings.port)
-        await server.start()
+        try:
+            await server.start()
+        except Exception as error:
+            _warn(f"gateway: did not start ({error}); skipped")
+            return ""
         started.append(Started(GATEWAY, server.stop))
         gateway_url = server.url
         console.print(Text(f"  ✓ gateway on {gateway_url} (API docs at {gateway_url}/docs)", style="green"))
-    return started, gateway_url
+    return gateway_url
 
 
-async def _start_processes(environment: dict[str, str]) -> list[Started]:
+async def _start_processes(environment: dict[str, str], started: list[Started]) -> None:
     from deploy.local.services import ServiceProcess  # noqa: PLC0415 - only for --processes
 
-    started: list[Started] = []
     for name in (*SERVICES, GATEWAY):
-        if importlib.util.find_spec(f"services.{name}.__main__") is None:
+        if not _installed(name) or importlib.util.find_spec(f"services.{name}.__main__") is None:
             _warn(f"{name}: not part of this installation yet; skipped")
             continue
         process = ServiceProcess(f"services.{name}", environment).start()
@@ -773,7 +787,6 @@ async def _start_processes(environment: dict[str, str]) -> list[Started]:
         console.print(
             Text(f"  ✓ {name} (pid {process.process.pid if process.process else '?'})", style="green")
         )
-    return started
 
 
 async def _up(gateway_port: int, processes: bool) -> None:
@@ -789,17 +802,19 @@ async def _up(gateway_port: int, processes: bool) -> None:
         mongo = MongoSettings(uri=stack.mongo_uri)
         await create_topics(stack.bootstrap, kafka.topic_prefix)
         environment = {**stack.environment(), "QUIPU_KAFKA_TOPIC_PREFIX": kafka.topic_prefix}
-        if processes:
-            environment["QUIPU_GATEWAY_PORT"] = str(gateway_port)
-            started, gateway_url = await _start_processes(environment), f"http://127.0.0.1:{gateway_port}"
-        else:
-            started, gateway_url = await _start_in_process(kafka, mongo, gateway_port)
+        started: list[Started] = []
         path = state_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"pid": os.getpid(), "environment": environment, "gateway_url": gateway_url})
-        )
         try:
+            if processes:
+                environment["QUIPU_GATEWAY_PORT"] = str(gateway_port)
+                await _start_processes(environment, started)
+                gateway_url = f"http://127.0.0.1:{gateway_port}"
+            else:
+                gateway_url = await _start_in_process(kafka, mongo, gateway_port, started)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                json.dumps({"pid": os.getpid(), "environment": environment, "gateway_url": gateway_url})
+            )
             console.print(
                 Panel(
                     Group(

@@ -164,12 +164,20 @@ class EmbeddedServer(uvicorn.Server):
 
     async def start(self) -> None:
         """Serve in a task until `stop()`; raise if start-up fails."""
-        self._task = asyncio.create_task(self.serve(), name="gateway-http")
+        self._task = asyncio.create_task(self._serve_without_exit(), name="gateway-http")
         while not self.started:
             if self._task.done():
                 await self._task  # raises start-up errors
                 raise RuntimeError("the gateway stopped during start-up")
             await asyncio.sleep(0.01)
+
+    async def _serve_without_exit(self) -> None:
+        # uvicorn calls sys.exit when it cannot bind; in a task that would stop the whole loop.
+        try:
+            await self.serve()
+        except SystemExit as error:
+            where = f"{self.config.host}:{self.config.port}"
+            raise RuntimeError(f"the gateway could not listen on {where}") from error
 
     @property
     def port(self) -> int:

@@ -135,6 +135,16 @@ def test_streamed_reply_is_written_inline_and_not_repeated_by_the_turn() -> None
     assert text == "· planning\nHello there.\n✓ completed\n"
 
 
+def test_a_phase_change_in_the_middle_of_a_reply_waits_for_the_line_to_end() -> None:
+    text = shown(
+        event(StreamEventType.ASSISTANT_REPLY, "d0", {"text": "The calculator "}),
+        event(StreamEventType.WORKFLOW, "p", {"phase": "synthesizing"}),
+        event(StreamEventType.ASSISTANT_REPLY, "d1", {"text": "says 42."}),
+        event(StreamEventType.ASSISTANT_TURN, "t", turn({"kind": "text", "text": "The calculator says 42."})),
+    )
+    assert text == "The calculator says 42.\n· synthesizing\n"
+
+
 def test_a_turn_without_deltas_shows_its_text_and_tool_uses() -> None:
     text = shown(
         event(
