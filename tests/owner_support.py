@@ -13,6 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,21 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 from pymongo import AsyncMongoClient
 
-from contracts.commands import StoreOperation
+from contracts.commands import AppendRunRecord, CreateSession, RecordRunTerminal, StartRootRun, StoreOperation
 from contracts.errors import ErrorCode, StoreError
+from contracts.store import Record, RunStart
 from deploy.local.services import ServiceProcess
 from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from services.kit.store.client import REPLY_TO_HEADER, KafkaStore
 from services.storage_owner.adapters import client_options
+from tests.conformance.builders import (
+    all_run_records,
+    all_session_records,
+    ms,
+    ordinary,
+    root_start,
+    terminal,
+)
 
 OWNER_MODULE = "services.storage_owner"
 
@@ -324,3 +334,105 @@ class Served:
             await self.owner.stop()
             with contextlib.suppress(Exception):
                 await delete_topics(self.stack.bootstrap, self.prefix)
+
+
+# --- a workload for crash tests ---------------------------------------------------------------
+
+
+@dataclass
+class SessionPlan:
+    """One session's commands, in the order a worker sends them, and the records they must leave."""
+
+    session_id: str
+    run: RunStart
+    commands: list[StoreOperation] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+
+
+def plan_sessions(prefix: str, sessions: int, appends: int) -> list[SessionPlan]:
+    """`sessions` sessions of `appends + 3` writes each: create, start, the appends, terminal."""
+    plans = []
+    for number in range(sessions):
+        session_id = f"{prefix}s{number:02d}"
+        start = root_start(session_id, run_id=f"{session_id}-run", started_at=ms(0))
+        session = SessionPlan(session_id, start.run)
+        steps = [
+            ordinary(
+                start.run,
+                f"step-{step:02d}",
+                record_type="tool_start",
+                payload=json.dumps({"session": number, "step": step}).encode(),
+                timestamp=ms(1 + step),
+            )
+            for step in range(appends)
+        ]
+        closing = terminal(start.run, timestamp=ms(100))
+        session.commands = [
+            CreateSession(session_id=session_id, created_at=ms(0)),
+            StartRootRun(run=start.run, started=start.started, stopped=start.stopped),
+            *(AppendRunRecord(record=step) for step in steps),
+            RecordRunTerminal(record=closing),
+        ]
+        session.commands = [
+            command.model_copy(update={"correlation_id": f"{session_id}-c{index:02d}"})
+            for index, command in enumerate(session.commands)
+        ]
+        session.records = [start.started, *steps, closing]
+        plans.append(session)
+    return plans
+
+
+def answered(replies: ReplyReader, ids: list[str]) -> int:
+    """How many of `ids` have an answer so far."""
+    received = replies.replies()
+    return sum(1 for cid in ids if cid in received)
+
+
+def assert_every_answer_succeeded_and_agrees(
+    stream: list[StoreOperation], answers: dict[str, list[dict[str, Any]]]
+) -> None:
+    """No command failed; every answer to one command names the same records; one insert at most."""
+    problems = []
+    for command in stream:
+        replies = answers[command.correlation_id]
+        errors = [reply["error"] for reply in replies if reply["error"] is not None]
+        if errors:
+            problems.append(f"{command.correlation_id} {command.op}: {errors}")
+            continue
+        if isinstance(command, CreateSession):
+            if len({json.dumps(reply["result"], sort_keys=True) for reply in replies}) != 1:
+                problems.append(f"{command.correlation_id}: different sessions {replies}")
+            continue
+        appends = [
+            reply["result"]["started"] if isinstance(command, StartRootRun) else reply["result"]
+            for reply in replies
+        ]
+        if len({append["record_id"] for append in appends}) != 1:
+            problems.append(f"{command.correlation_id}: different record ids {appends}")
+        if sum(append["inserted"] for append in appends) > 1:
+            problems.append(f"{command.correlation_id}: inserted more than once {appends}")
+    assert not problems, f"{len(problems)} commands misapplied:\n" + "\n".join(problems[:20])
+
+
+async def assert_sessions_hold_exactly_their_records(store: KafkaStore, plans: list[SessionPlan]) -> None:
+    """Each run: exactly its records, gapless ids 1..n in order, content as sent, closed."""
+    problems = []
+    for session in plans:
+        records = await all_run_records(store, session.run.run_id)
+        expected_ids = [str(number) for number in range(1, len(session.records) + 1)]
+        if [record.id for record in records] != expected_ids:
+            problems.append(f"{session.run.run_id}: ids {[record.id for record in records]}")
+        if [record.event_key for record in records] != [record.event_key for record in session.records]:
+            problems.append(f"{session.run.run_id}: keys {[record.event_key for record in records]}")
+        elif not all(
+            stored.same_content(sent) for stored, sent in zip(records, session.records, strict=True)
+        ):
+            problems.append(f"{session.run.run_id}: a record differs from the one sent")
+        listed = await all_session_records(store, session.session_id)
+        if [record.event_key for record in listed] != [record.event_key for record in session.records]:
+            problems.append(
+                f"{session.session_id}: session listing {[record.event_key for record in listed]}"
+            )
+        if (await store.load_run(session.run.run_id)).status.value != "completed":
+            problems.append(f"{session.run.run_id}: not completed")
+    assert not problems, f"{len(problems)} sessions wrong:\n" + "\n".join(problems)

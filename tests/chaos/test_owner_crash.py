@@ -16,30 +16,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from contracts.commands import AppendRunRecord, CreateSession, RecordRunTerminal, StartRootRun, StoreOperation
-from contracts.store import Record, RunStart
+from contracts.commands import AppendRunRecord
 from contracts.topics import Topic
 from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from services.kit.store.client import KafkaStore
 from tests.conformance.builders import (
     all_run_records,
-    all_session_records,
     ms,
     ordinary,
     root_start,
-    terminal,
 )
-from tests.owner_support import Owner, RawPublisher, ReplyReader, mongo_client, wait_until_serving
+from tests.owner_support import (
+    Owner,
+    RawPublisher,
+    ReplyReader,
+    answered,
+    assert_every_answer_succeeded_and_agrees,
+    assert_sessions_hold_exactly_their_records,
+    mongo_client,
+    plan_sessions,
+    wait_until_serving,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,49 +55,6 @@ KILL_AFTER_REPLIES = 100
 RECOVERY_BUDGET_S = 20.0
 """From the restart to the last answer: ~1.5 s to start, ~2-3 s to join (the dead member must time
 out first), ~2 s for what is left. A stalled partition takes a minute (see the last test)."""
-
-
-@dataclass
-class SessionPlan:
-    """One session's commands, in the order a worker sends them, and the records they must leave."""
-
-    session_id: str
-    run: RunStart
-    commands: list[StoreOperation] = field(default_factory=list)
-    records: list[Record] = field(default_factory=list)
-
-
-def plan(prefix: str) -> list[SessionPlan]:
-    """SESSIONS sessions of COMMANDS_PER_SESSION writes each."""
-    plans = []
-    for number in range(SESSIONS):
-        session_id = f"{prefix}s{number:02d}"
-        start = root_start(session_id, run_id=f"{session_id}-run", started_at=ms(0))
-        session = SessionPlan(session_id, start.run)
-        steps = [
-            ordinary(
-                start.run,
-                f"step-{step:02d}",
-                record_type="tool_start",
-                payload=json.dumps({"session": number, "step": step}).encode(),
-                timestamp=ms(1 + step),
-            )
-            for step in range(APPENDS)
-        ]
-        closing = terminal(start.run, timestamp=ms(100))
-        session.commands = [
-            CreateSession(session_id=session_id, created_at=ms(0)),
-            StartRootRun(run=start.run, started=start.started, stopped=start.stopped),
-            *(AppendRunRecord(record=step) for step in steps),
-            RecordRunTerminal(record=closing),
-        ]
-        session.commands = [
-            command.model_copy(update={"correlation_id": f"{session_id}-c{index:02d}"})
-            for index, command in enumerate(session.commands)
-        ]
-        session.records = [start.started, *steps, closing]
-        plans.append(session)
-    return plans
 
 
 @dataclass
@@ -126,7 +88,7 @@ async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: 
     stack, settings = crashable.stack, crashable.stack.kafka_settings(topic_prefix=crashable.prefix)
     commands_topic = crashable.topic(Topic.STORAGE_COMMANDS.value)
     replies_topic = crashable.topic(Topic.STORAGE_REPLIES.value)
-    plans = plan(f"{crashable.database}-")
+    plans = plan_sessions(f"{crashable.database}-", SESSIONS, APPENDS)
     # Sessions interleaved, as many workers would send them; each session's own order kept.
     stream = [session.commands[step] for step in range(COMMANDS_PER_SESSION) for session in plans]
     ids = [command.correlation_id for command in stream]
@@ -147,9 +109,9 @@ async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: 
                 await publisher.send_command(commands_topic, command, replies_topic)
 
         firing = asyncio.create_task(fire())
-        await replies.wait_for(lambda _: _answered(replies, ids) >= KILL_AFTER_REPLIES, within=30.0)
+        await replies.wait_for(lambda _: answered(replies, ids) >= KILL_AFTER_REPLIES, within=30.0)
         await crashable.owner.kill()
-        answered_at_kill = _answered(replies, ids)
+        answered_at_kill = answered(replies, ids)
         await firing
         assert 0 < answered_at_kill < len(stream), f"the kill was not mid-stream ({answered_at_kill})"
 
@@ -182,9 +144,9 @@ async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: 
         elapsed = time.monotonic() - began
 
         answers = replies.replies()
-        _every_answer_is_a_success_and_agrees(stream, answers)
+        assert_every_answer_succeeded_and_agrees(stream, answers)
         resent = sum(len(answers[cid]) for cid in ids) - len(ids)
-        await _each_session_holds_exactly_its_records(store, plans)
+        await assert_sessions_hold_exactly_their_records(store, plans)
 
     client = mongo_client(stack)
     try:
@@ -198,60 +160,6 @@ async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: 
         f"\n{len(stream)} commands, killed after {answered_at_kill} answers, {len(unanswered)} resent, "
         f"{resent} extra answers, {elapsed:.1f} s"
     )
-
-
-def _answered(replies: ReplyReader, ids: list[str]) -> int:
-    received = replies.replies()
-    return sum(1 for cid in ids if cid in received)
-
-
-def _every_answer_is_a_success_and_agrees(
-    stream: list[StoreOperation], answers: dict[str, list[dict[str, Any]]]
-) -> None:
-    """No command failed; every answer to one command names the same records; one insert at most."""
-    problems = []
-    for command in stream:
-        replies = answers[command.correlation_id]
-        errors = [reply["error"] for reply in replies if reply["error"] is not None]
-        if errors:
-            problems.append(f"{command.correlation_id} {command.op}: {errors}")
-            continue
-        if isinstance(command, CreateSession):
-            if len({json.dumps(reply["result"], sort_keys=True) for reply in replies}) != 1:
-                problems.append(f"{command.correlation_id}: different sessions {replies}")
-            continue
-        appends = [
-            reply["result"]["started"] if isinstance(command, StartRootRun) else reply["result"]
-            for reply in replies
-        ]
-        if len({append["record_id"] for append in appends}) != 1:
-            problems.append(f"{command.correlation_id}: different record ids {appends}")
-        if sum(append["inserted"] for append in appends) > 1:
-            problems.append(f"{command.correlation_id}: inserted more than once {appends}")
-    assert not problems, f"{len(problems)} commands misapplied:\n" + "\n".join(problems[:20])
-
-
-async def _each_session_holds_exactly_its_records(store: KafkaStore, plans: list[SessionPlan]) -> None:
-    problems = []
-    for session in plans:
-        records = await all_run_records(store, session.run.run_id)
-        expected_ids = [str(number) for number in range(1, len(session.records) + 1)]
-        if [record.id for record in records] != expected_ids:
-            problems.append(f"{session.run.run_id}: ids {[record.id for record in records]}")
-        if [record.event_key for record in records] != [record.event_key for record in session.records]:
-            problems.append(f"{session.run.run_id}: keys {[record.event_key for record in records]}")
-        elif not all(
-            stored.same_content(sent) for stored, sent in zip(records, session.records, strict=True)
-        ):
-            problems.append(f"{session.run.run_id}: a record differs from the one sent")
-        listed = await all_session_records(store, session.session_id)
-        if [record.event_key for record in listed] != [record.event_key for record in session.records]:
-            problems.append(
-                f"{session.session_id}: session listing {[record.event_key for record in listed]}"
-            )
-        if (await store.load_run(session.run.run_id)).status.value != "completed":
-            problems.append(f"{session.run.run_id}: not completed")
-    assert not problems, f"{len(problems)} sessions wrong:\n" + "\n".join(problems)
 
 
 def _diagnosis(owner: Owner) -> str:
