@@ -1,261 +1,122 @@
-"""`make demo`: the embedded stack, the storage owner, and a scripted session driven end to end.
+"""`make demo`: a short conversation with an agent, live, on the embedded stack.
 
-Every lifecycle step goes through the Kafka store client to the storage owner, which commits it to
-MongoDB and only then publishes its stream events; the events are printed live as they arrive on
-`runs.events`, beside the steps that caused them.
+Starts the embedded broker and database and the storage owner, planner and tool executor in this
+process (the offline scripted model unless ANTHROPIC_API_KEY is set), then talks to the assistant
+in one session: a tool call, an agent called as a tool (a child run), parallel tools, a question
+back to the user that suspends the run and is answered by a continuation run, and a later turn
+that uses what an earlier one stored. Every phase, tool call and streamed word is shown as it
+happens, read from `runs.events` exactly as `quipu run` and the gateway's SSE stream read it.
+Exits 0 only when every turn completed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import os
+import sys
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
 from rich.console import Console
+from rich.text import Text
 
-from contracts.errors import StoreError
-from contracts.events import RUN_PHASE_CHANGED, RunEvent
-from contracts.lifecycle import (
-    encode_cancellation_intent,
-    encode_child_run_linked,
-    encode_run_completed,
-    encode_run_started,
-    encode_run_suspended,
-)
-from contracts.store import CancellationReason, Checkpoint, Record, RunStart, RunStatus
-from contracts.topics import Topic
-from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
-from contracts.wire import utc_now_ms
+from contracts.runs import RunRequested
 from deploy.local.stack import EmbeddedStack, create_topics
-from services.kit.settings import KafkaSettings
+from services.cli import EventPrinter, RunFollower, connected, ensure_session, pending_inputs
+from services.gateway.logic import RunRequest, resume_request, turn_request
+from services.kit.events import RunEventReader, StartAt
+from services.kit.logging import configure_logging
+from services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
 from services.kit.store.client import KafkaStore
-from services.kit.store.protocol import Store
-from services.storage_owner.app import create_app
+from services.planner.app import create_app as create_planner
+from services.storage_owner.app import create_app as create_owner
+from services.tool_executor.app import create_app as create_tool_executor
 
 console = Console()
 
-
-def _record(run: RunStart, key: str, type_: str, payload: bytes) -> Record:
-    return Record(
-        event_key=key,
-        run_id=run.run_id,
-        agent_id=run.agent_id,
-        session_id=run.session_id,
-        type=type_,
-        payload=payload,
-        timestamp=utc_now_ms(),
-    )
+TURNS: list[tuple[str, Any]] = [
+    ("calculate 6*7", None),
+    ("ask the math_agent to calculate 12*12", None),
+    ("note colour=blue; what time is it", None),
+    ("confirm that you will remember my colour", "yes"),
+    ("recall colour", None),
+]
+"""What the user says, and the answer given if the agent asks back."""
 
 
-def _start_records(run: RunStart) -> tuple[Record, Record]:
-    started = _record(run, f"{run.run_id}/started", "run_started", encode_run_started(run))
-    stopped = _record(
-        run,
-        f"{run.run_id}/stopped",
-        "run_completed",
-        encode_run_completed(RunStatus.CANCELED, run.labels, cancellation_reason="session_ended"),
-    )
-    stamped = {"timestamp": run.started_at}
-    return started.model_copy(update=stamped), stopped.model_copy(update=stamped)
-
-
-def _phase(run: RunStart, phase: str) -> Record:
-    return _record(
-        run, f"{run.run_id}/phase/{phase}", RUN_PHASE_CHANGED, json.dumps({"phase": phase}).encode()
-    )
-
-
-def _messages(run: RunStart, key: str, *messages: dict[str, Any]) -> Record:
-    return _record(run, key, TRANSCRIPT_MESSAGES_APPENDED, json.dumps(list(messages)).encode())
-
-
-async def _step(title: str, action: Callable[[], Awaitable[object]]) -> object:
+async def _turn(
+    kafka: KafkaSettings, store: KafkaStore, publish: Any, request: RunRequested, answer: Any
+) -> bool:
+    reader = RunEventReader(kafka, session_id=request.session_id, client_id="demo")
+    await reader.start(start_at=StartAt.NOW)
+    follower = RunFollower(reader, EventPrinter(console))
     try:
-        result = await action()
-    except StoreError as error:
-        console.print(f"[bold yellow]✗ {title}[/] → [yellow]{error.code.value}[/]")
-        return error
-    summary = getattr(result, "model_dump", lambda **_: result)(mode="json")
-    console.print(f"[bold green]✓ {title}[/] → {json.dumps(summary)[:150]}")
-    await asyncio.sleep(0.15)  # let the live events of this step print next to it
-    return result
-
-
-async def scripted_session(store: Store) -> None:
-    """A conversation's lifecycle: a run with a child, a question to the user, its continuation,
-    a cancellation, a start after the session ended, paging, and purge."""
-    session_id = f"demo-{uuid.uuid4().hex[:6]}"
-    await _step(f"create session {session_id}", lambda: store.create_session(session_id, utc_now_ms()))
-
-    root = RunStart(
-        run_id=f"{session_id}-run1", agent_id="assistant", session_id=session_id, started_at=utc_now_ms()
-    )
-    await _step("start root run", lambda: store.start_root_run(root, *_start_records(root)))
-    await _step("phase: planning", lambda: store.append_run_record(_phase(root, "planning")))
-    user_turn = {
-        "role": "user",
-        "parts": [{"kind": "text", "text": "What is 6 x 7, and ask the math agent."}],
-    }
-    tool_use = {
-        "role": "assistant",
-        "parts": [{"kind": "tool_use", "id": "call-1", "name": "math_agent", "input": {"q": "6*7"}}],
-    }
-    await _step(
-        "record the turn so far",
-        lambda: store.append_run_record(_messages(root, "turn-1", user_turn, tool_use)),
-    )
-
-    child = RunStart(
-        run_id=f"{session_id}-child1",
-        agent_id="math_agent",
-        session_id=session_id,
-        parent_run_id=root.run_id,
-        started_at=utc_now_ms(),
-    )
-    link = _record(
-        root,
-        f"{root.run_id}/link/call-1",
-        "child_run_linked",
-        encode_child_run_linked("math_agent", "call-1", child.run_id, child.agent_id),
-    )
-    await _step(
-        "start child run (agent as a tool)",
-        lambda: store.start_child_run(child, link, *_start_records(child)),
-    )
-    await _step(
-        "child completes",
-        lambda: store.record_run_terminal(
-            _record(child, f"{child.run_id}/done", "run_completed", encode_run_completed(RunStatus.COMPLETED))
-        ),
-    )
-
-    checkpoint = Checkpoint(suspension_id="ask-1", data=b"\x00resume-after-question\xff")
-    await _step(
-        "suspend: ask the user to confirm",
-        lambda: store.record_run_suspension(
-            checkpoint,
-            _record(
-                root,
-                f"{root.run_id}/suspend",
-                "run_suspended",
-                encode_run_suspended("ask-1", "1", 1, ["ask_user"]),
-            ),
-        ),
-    )
-    await _step("load the checkpoint", lambda: store.load_run_suspension(root.run_id))
-
-    resumed = RunStart(
-        run_id=f"{session_id}-run2",
-        agent_id="assistant",
-        session_id=session_id,
-        predecessor_run_id=root.run_id,
-        started_at=utc_now_ms(),
-    )
-    await _step(
-        "continuation after the answer", lambda: store.start_root_run(resumed, *_start_records(resumed))
-    )
-    rival = resumed.model_copy(update={"run_id": f"{session_id}-run2b"})
-    await _step(
-        "a second continuation is refused", lambda: store.start_root_run(rival, *_start_records(rival))
-    )
-    await _step("phase: synthesizing", lambda: store.append_run_record(_phase(resumed, "synthesizing")))
-    reply = {"role": "assistant", "parts": [{"kind": "text", "text": "6 x 7 = 42."}]}
-    await _step("the answer", lambda: store.append_run_record(_messages(resumed, "turn-1/answer", reply)))
-    intent = _record(
-        resumed,
-        f"{resumed.run_id}/cancel",
-        "runtime.cancellation_intent",
-        encode_cancellation_intent(CancellationReason.USER_REQUESTED),
-    )
-    await _step("user cancels", lambda: store.record_run_cancellation(intent))
-    await _step(
-        "a success after the cancellation is refused",
-        lambda: store.record_run_terminal(
-            _record(
-                resumed, f"{resumed.run_id}/done", "run_completed", encode_run_completed(RunStatus.COMPLETED)
+        while True:
+            await publish(request)
+            end = await follower.until_closed(request.run_id, timeout_s=60)
+            follower.printer.end_inline()
+            if end.phase != "suspended":
+                return end.phase == "completed"
+            await follower.questions(
+                request.run_id, end.awaiting, await pending_inputs(store, request.run_id)
             )
-        ),
-    )
-    canceled = _record(
-        resumed,
-        f"{resumed.run_id}/canceled",
-        "run_completed",
-        encode_run_completed(RunStatus.CANCELED, cancellation_reason="user_requested"),
-    )
-    await _step("the run ends canceled, reason kept", lambda: store.record_run_terminal(canceled))
-    await _step("exact retry of that terminal", lambda: store.record_run_terminal(canceled))
-
-    await _step("end the session", lambda: store.end_session(session_id, utc_now_ms()))
-    late = RunStart(
-        run_id=f"{session_id}-run3", agent_id="assistant", session_id=session_id, started_at=utc_now_ms()
-    )
-    await _step(
-        "a run after the end stops at once", lambda: store.start_root_run(late, *_start_records(late))
-    )
-
-    page = await store.list_session_run_records(session_id, "", 5)
-    console.print(f"[bold]session records[/], first page: {[r.type for r in page.records]}")
-    while page.next_cursor:
-        page = await store.list_session_run_records(session_id, page.next_cursor, 5)
-        console.print(f"  next page: {[r.type for r in page.records]}")
-    runs = await store.list_runs_by_session(session_id, [])
-    console.print(f"[bold]runs[/]: {[(r.run_id.rsplit('-', 1)[-1], r.status.value) for r in runs]}")
-    await _step("purge the session", lambda: store.purge_session(session_id))
-    await _step("the purged session is gone", lambda: store.load_session_status(session_id))
-
-
-async def _print_events(settings: KafkaSettings, stop: asyncio.Event) -> None:
-    consumer = AIOKafkaConsumer(
-        settings.topic_prefix + Topic.RUNS_EVENTS.value,
-        bootstrap_servers=settings.bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
-    await consumer.start()
-    try:
-        while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=100)
-            for messages in batches.values():
-                for message in messages:
-                    event = RunEvent.model_validate_json(message.value or b"{}")
-                    console.print(
-                        f"    [cyan]⚡ {event.type.value}[/] run={event.run_id.rsplit('-', 1)[-1]} "
-                        f"{json.dumps(event.payload)[:100]}"
-                    )
+            follower.printer.end_inline()
+            console.print(Text(f"  the user answers: {answer!r}", style="bold yellow"))
+            request = resume_request(await store.load_run(request.run_id), answer)
     finally:
-        await consumer.stop()
+        follower.printer.end_inline()
+        await reader.stop()
 
 
-async def run_demo() -> None:
-    """Start everything, drive the session with live events, stop everything."""
-    console.rule("[bold]Quipu demo: embedded Kafka (Tansu) + MongoDB wire (SecantusDB)")
+async def run_demo() -> bool:
+    """Start everything, hold the conversation, stop everything; True when every turn completed."""
+    console.rule("[bold]Quipu demo: an agent conversation on embedded Kafka (Tansu) + MongoDB (SecantusDB)")
+    model = "Anthropic (ANTHROPIC_API_KEY is set)" if os.environ.get("ANTHROPIC_API_KEY") else "scripted"
     async with EmbeddedStack() as stack:
         prefix = f"demo{uuid.uuid4().hex[:6]}."
         await create_topics(stack.bootstrap, prefix)
-        settings = stack.kafka_settings(topic_prefix=prefix)
-        owner = create_app(settings, stack.mongo_settings(database=f"demo_{uuid.uuid4().hex[:6]}"))
-        await owner.start()
-        console.print(f"stack up: kafka {stack.bootstrap}, storage owner consuming {prefix}storage.commands")
-        stop = asyncio.Event()
-        events = asyncio.create_task(_print_events(settings, stop))
+        kafka = stack.kafka_settings(topic_prefix=prefix)
+        mongo = MongoSettings(uri=stack.mongo_uri, database=f"demo_{uuid.uuid4().hex[:6]}")
+        services = [create_owner(kafka, mongo), create_planner(kafka), create_tool_executor(kafka)]
+        for service in services:
+            await service.start()
+        console.print(
+            f"stack up (kafka {stack.bootstrap}); storage owner, planner, tool executor; {model} model"
+        )
         try:
-            async with KafkaStore(settings) as store:
-                await scripted_session(store)
-            await asyncio.sleep(0.5)
+            async with connected(kafka) as (store, publisher):
+                session_id = f"demo-{uuid.uuid4().hex[:6]}"
+                await ensure_session(store, session_id)
+                results = []
+                for text, answer in TURNS:
+                    console.print(Text(f"\n> user: {text}", style="bold"))
+                    request = turn_request(
+                        RunRequest(
+                            agent_id="assistant", text=text, session_id=session_id, principal_id="demo-user"
+                        )
+                    )
+                    results.append(await _turn(kafka, store, publisher.publish, request, answer))
+                runs = await store.list_runs_by_session(session_id, [])
+                console.print(
+                    Text(
+                        f"\nsession {session_id}: {len(runs)} runs "
+                        f"({', '.join(sorted({run.status.value for run in runs}))}), "
+                        f"{sum(1 for run in runs if run.parent_run_id)} child run(s)",
+                        style="dim",
+                    )
+                )
         finally:
-            stop.set()
-            await events
-            await owner.stop()
-    console.rule("[bold green]demo finished")
+            for service in reversed(services):
+                await service.stop()
+    ok = all(results)
+    console.rule("[bold green]demo finished" if ok else "[bold red]a turn did not complete")
+    return ok
 
 
 def main() -> None:
-    """Entry point of `python -m services.demo`."""
-    asyncio.run(run_demo())
+    """Entry point of `python -m services.demo` (`make demo`)."""
+    configure_logging(ServiceSettings(service_name="demo", log_level="WARNING"))
+    sys.exit(0 if asyncio.run(run_demo()) else 1)
 
 
 if __name__ == "__main__":
