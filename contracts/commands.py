@@ -10,8 +10,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from contracts.envelope import Envelope
 from contracts.errors import ErrorBody
+from contracts.memory_commands import MemoryCommand
 from contracts.store import (
     AppendResult,
     Checkpoint,
@@ -23,31 +23,8 @@ from contracts.store import (
     Session,
     StartResult,
 )
+from contracts.store_operation import StoreOperation as StoreOperation  # noqa: PLC0414  re-exported
 from contracts.wire import Timestamp
-
-_ENVELOPE_FIELDS = frozenset(Envelope.model_fields) | {"op"}
-
-
-class StoreOperation(Envelope):
-    """Base of a storage command: the envelope plus the operation's arguments."""
-
-    method: ClassVar[str]
-    result_type: ClassVar[Any]
-    op: str = Field(description="Operation name (STORE_CONTRACT wire name).")
-
-    def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the matching `Store` method."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in _ENVELOPE_FIELDS}
-
-    def partition_key(self) -> str:
-        """Session id when the command has one, else the run id (ordering only, never correctness)."""
-        for name in ("session_id", "run", "record", "run_id"):
-            value = getattr(self, name, None)
-            if isinstance(value, RunStart | Record):
-                return value.session_id or value.run_id
-            if isinstance(value, str) and value:
-                return value
-        return ""
 
 
 class CreateSession(StoreOperation):
@@ -240,10 +217,11 @@ StoreCommand = Annotated[
     | LoadRunSuspension
     | ListRunRecords
     | ListSessionRunRecords
-    | ListRunsBySession,
+    | ListRunsBySession
+    | MemoryCommand,
     Field(discriminator="op"),
 ]
-"""The payload of `storage.commands`: one of the store operations, discriminated on `op`."""
+"""The payload of `storage.commands`: one of the store or memory operations, discriminated on `op`."""
 
 STORE_COMMAND = TypeAdapter[StoreCommand](StoreCommand)
 
