@@ -52,9 +52,12 @@ SESSIONS = 20
 APPENDS = 12
 COMMANDS_PER_SESSION = APPENDS + 3  # create, start, appends, terminal
 KILL_AFTER_REPLIES = 100
-RECOVERY_BUDGET_S = 20.0
+RECOVERY_BUDGET_S = 45.0
 """From the restart to the last answer: ~1.5 s to start, ~2-3 s to join (the dead member must time
-out first), ~2 s for what is left. A stalled partition takes a minute (see the last test)."""
+out first), ~3 s for what is left on an idle machine; several times that on a loaded one. Still
+below the 60 s for which a transaction orphaned by the kill stalls a partition (the last test)."""
+ORPHAN_BUDGET_S = 30.0
+"""From the restart to the answer of the one command whose transaction the kill orphaned."""
 
 
 @dataclass
@@ -222,7 +225,7 @@ async def test_a_transaction_left_open_by_the_kill_does_not_stall_the_next_owner
             restarted = time.monotonic()
             crashable.owner.start()
             try:
-                await replies.wait_for_replies([append.correlation_id], within=RECOVERY_BUDGET_S)
+                await replies.wait_for_replies([append.correlation_id], within=ORPHAN_BUDGET_S)
             except AssertionError as error:
                 raise AssertionError(f"{error}\n{_diagnosis(crashable.owner)}") from None
             recovered = time.monotonic() - restarted

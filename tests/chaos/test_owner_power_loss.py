@@ -52,7 +52,7 @@ APPENDS = 12
 CRASHES_AFTER_REPLIES = (40, 80, 120)
 """Three power losses in one stream: each one loses acknowledged commits on a database that does not
 sync them (measured: about half of single crashes do), so the three together almost always do."""
-RECOVERY_BUDGET_S = 25.0
+RECOVERY_BUDGET_S = 45.0
 
 
 def _free_port() -> int:

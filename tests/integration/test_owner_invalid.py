@@ -194,7 +194,7 @@ async def test_a_malformed_command_is_refused_dead_lettered_and_the_owner_goes_o
     def dead_lettered(records: list) -> bool:  # type: ignore[type-arg]
         return any(_position_of(record) == position for record in records)
 
-    records = await harness.dead_letters.wait_for(dead_lettered, within=5.0)
+    records = await harness.dead_letters.wait_for(dead_lettered, within=8.0)
     letter = next(record for record in records if _position_of(record) == position)
     letter_headers = {name: (value or b"").decode(errors="replace") for name, value in letter.headers}
     assert letter.value == (body or b""), "the dead letter must carry the original bytes"
@@ -285,7 +285,7 @@ async def test_no_owner_means_unavailable_after_identical_resends(
 
 
 async def test_a_command_resent_after_unavailable_returns_the_original_result(
-    stack: EmbeddedStack, topic_prefix: str, unique: str, tmp_path: object
+    stack: EmbeddedStack, topic_prefix: str, unique: str
 ) -> None:
     settings = stack.kafka_settings(topic_prefix=topic_prefix)
     owner = Owner(stack, topic_prefix, unique, None).start()
