@@ -1,0 +1,788 @@
+"""The MongoDB repository behind the memory rules, with every text encrypted at rest (DESIGN §6).
+
+`MongoMemoryStore` is `MemoryRules` (shared with the in-memory store) over
+`MongoMemoryTransactions`: one multi-document transaction per operation, retried whole on a
+transient conflict, like the runtime store's.
+
+Encryption: every principal has a random 256-bit data key, stored in `memory_keys` wrapped
+(AES-GCM) by the owner's master key (`QUIPU_OWNER_MASTER_KEY`, else one generated once and kept
+in `meta`). History texts, summaries, profiles, fact texts (current and audit), the recorded
+changes of an idempotency key and the index terms are sealed with AES-256-GCM under the data key;
+the associated data names the document (collection and id), so a ciphertext moved to another
+document does not open. Identifiers, sequences, versions and times stay in clear: they are what
+the queries and the indexes need. Every write that seals something also bumps the key document,
+so a write racing `forget_principal` meets a write conflict and is retried after it (then under
+a fresh key) instead of committing words under a key that is gone.
+
+`forget_principal` shreds first: one transaction deletes the key (from then on every sealed
+text of the principal is unreadable, whatever copy of it survives), a second deletes the
+documents. A text whose key is gone reads as absent.
+
+Layout (collections prefixed `memory_`; every query path is indexed, see INDEXES):
+
+- `memory_keys`: `_id` = key id of (tenant, principal); wrapped data key.
+- `memory_sessions`: `_id` = session id; the session's owner and last seq.
+- `memory_history`: one row per message; unique `(session_id, seq)`, `(session_id, turn_id)`.
+- `memory_summaries`: `_id` = session id.
+- `memory_facts`: `_id` = fact id; `memory_audit`: `_id` = fact id/version, index `fact_id`.
+- `memory_fact_changes`: `_id` = hash of (tenant, principal, idempotency key).
+- `memory_profiles`: `_id` = hash of the scope.
+- `memory_index`: `_id` = fact id.
+
+All but `memory_keys` carry `(tenant_id, principal_id)`, indexed, for the principal's reads and
+for forgetting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pydantic import TypeAdapter
+from pymongo import ASCENDING, AsyncMongoClient, IndexModel, ReturnDocument
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DocumentTooLarge, DuplicateKeyError, PyMongoError
+from pymongo.write_concern import WriteConcern
+
+from contracts.errors import ErrorCode, StoreError
+from contracts.memory import (
+    Fact,
+    FactChanged,
+    HistoryMessage,
+    HistoryRole,
+    IndexEntry,
+    MemoryScope,
+    Profile,
+    Provenance,
+    SessionSummary,
+)
+from contracts.wire import utc_now_ms
+from services.kit.memory.rules import MemoryRules, MemorySession, MemoryTransaction
+from services.storage_owner.adapters import (
+    META,
+    TransactionPolicy,
+    WriteRaceError,
+    _is_transient,
+    _too_large,
+    _unavailable,
+    client_options,
+)
+
+T = TypeVar("T")
+
+Document = dict[str, Any]
+
+KEYS = "memory_keys"
+SESSIONS = "memory_sessions"
+HISTORY = "memory_history"
+SUMMARIES = "memory_summaries"
+FACTS = "memory_facts"
+AUDIT = "memory_audit"
+FACT_CHANGES = "memory_fact_changes"
+PROFILES = "memory_profiles"
+INDEX = "memory_index"
+COLLECTIONS = (KEYS, SESSIONS, HISTORY, SUMMARIES, FACTS, AUDIT, FACT_CHANGES, PROFILES, INDEX)
+
+MASTER_KEY_ID = "memory_master_key"
+_NONCE = 12
+
+_PRINCIPAL = [("tenant_id", ASCENDING), ("principal_id", ASCENDING)]
+INDEXES: Mapping[str, list[IndexModel]] = {
+    SESSIONS: [IndexModel(_PRINCIPAL, name="principal")],
+    HISTORY: [
+        IndexModel([("session_id", ASCENDING), ("seq", ASCENDING)], name="session_seq", unique=True),
+        IndexModel([("session_id", ASCENDING), ("turn_id", ASCENDING)], name="session_turn"),
+        IndexModel(_PRINCIPAL, name="principal"),
+    ],
+    SUMMARIES: [IndexModel(_PRINCIPAL, name="principal")],
+    FACTS: [IndexModel(_PRINCIPAL, name="principal")],
+    AUDIT: [IndexModel([("fact_id", ASCENDING)], name="fact"), IndexModel(_PRINCIPAL, name="principal")],
+    FACT_CHANGES: [IndexModel(_PRINCIPAL, name="principal")],
+    PROFILES: [IndexModel(_PRINCIPAL, name="principal")],
+    INDEX: [IndexModel(_PRINCIPAL, name="principal")],
+}
+"""Secondary indexes by collection; `memory_keys` is only read by `_id`."""
+
+_CHANGES = TypeAdapter(list[FactChanged])
+
+
+# --- keys and sealing ---------------------------------------------------------------------------
+
+
+def parse_master_key(value: str) -> bytes:
+    """A master key from settings: standard or URL-safe base64 of exactly 32 bytes."""
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            key = decode(value.strip().encode("ascii"))
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            continue
+        if len(key) == 32:
+            return key
+    raise ValueError("the master key must be base64 of 32 random bytes (openssl rand -base64 32)")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def key_id(tenant_id: str, principal_id: str) -> str:
+    """The `_id` of a principal's key document (a hash: the id itself is not kept in clear there)."""
+    return _digest("key", tenant_id, principal_id)
+
+
+def _seal(key: bytes, plaintext: bytes, context: str) -> bytes:
+    nonce = os.urandom(_NONCE)
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, context.encode())
+
+
+def _open(key: bytes, sealed: bytes, context: str) -> bytes:
+    try:
+        return AESGCM(key).decrypt(sealed[:_NONCE], sealed[_NONCE:], context.encode())
+    except InvalidTag as error:
+        raise StoreError(ErrorCode.UNAVAILABLE, f"a sealed value does not open ({context})") from error
+
+
+class _Keyring:
+    """Wraps and unwraps data keys with the master key; unwrapped keys are cached by their wrapping."""
+
+    def __init__(self, master_key: bytes) -> None:
+        self._master = master_key
+        self._unwrapped: dict[bytes, bytes] = {}
+
+    def new_wrapped(self, identifier: str) -> bytes:
+        return _seal(self._master, secrets.token_bytes(32), f"{KEYS}/{identifier}")
+
+    def unwrap(self, identifier: str, wrapped: bytes) -> bytes:
+        if wrapped not in self._unwrapped:
+            self._unwrapped[wrapped] = _open(self._master, wrapped, f"{KEYS}/{identifier}")
+        return self._unwrapped[wrapped]
+
+
+# --- one transaction ----------------------------------------------------------------------------
+
+
+class _Collections:
+    def __init__(self, database: AsyncDatabase[Document]) -> None:
+        self.keys: AsyncCollection[Document] = database[KEYS]
+        self.sessions: AsyncCollection[Document] = database[SESSIONS]
+        self.history: AsyncCollection[Document] = database[HISTORY]
+        self.summaries: AsyncCollection[Document] = database[SUMMARIES]
+        self.facts: AsyncCollection[Document] = database[FACTS]
+        self.audit: AsyncCollection[Document] = database[AUDIT]
+        self.fact_changes: AsyncCollection[Document] = database[FACT_CHANGES]
+        self.profiles: AsyncCollection[Document] = database[PROFILES]
+        self.index: AsyncCollection[Document] = database[INDEX]
+
+
+def _principal_of(document: Document) -> tuple[str, str]:
+    return (document["tenant_id"], document["principal_id"])
+
+
+def _who(tenant_id: str, principal_id: str) -> Document:
+    return {"tenant_id": tenant_id, "principal_id": principal_id}
+
+
+def _scope_fields(scope: MemoryScope) -> Document:
+    return {"tenant_id": scope.tenant_id, "principal_id": scope.principal_id, "agent_id": scope.agent_id}
+
+
+def _scope(document: Document) -> MemoryScope:
+    return MemoryScope(
+        tenant_id=document["tenant_id"], principal_id=document["principal_id"], agent_id=document["agent_id"]
+    )
+
+
+def _profile_id(scope: MemoryScope) -> str:
+    return _digest("profile", scope.tenant_id, scope.principal_id, scope.agent_id)
+
+
+def _changes_id(scope: MemoryScope, idempotency_key: str) -> str:
+    return _digest("changes", scope.tenant_id, scope.principal_id, idempotency_key)
+
+
+class MongoMemoryTransaction:
+    """The `MemoryTransaction` port inside one MongoDB transaction; seals and opens texts."""
+
+    def __init__(self, collections: _Collections, session: AsyncClientSession, keyring: _Keyring) -> None:
+        self._c = collections
+        self._session = session
+        self._keyring = keyring
+        self._keys: dict[tuple[str, str], bytes | None] = {}
+        self._touched: set[tuple[str, str]] = set()
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    async def _writing_key(self, tenant_id: str, principal_id: str) -> bytes:
+        """The principal's data key, created if missing; bumps the key document (see module docs)."""
+        who = (tenant_id, principal_id)
+        if who in self._touched:
+            key = self._keys[who]
+            assert key is not None
+            return key
+        identifier = key_id(tenant_id, principal_id)
+        document = await self._c.keys.find_one_and_update(
+            {"_id": identifier},
+            {
+                "$setOnInsert": {
+                    "wrapped": self._keyring.new_wrapped(identifier),
+                    "created_at": utc_now_ms(),
+                },
+                "$inc": {"writes": 1},
+            },
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+            session=self._session,
+        )
+        assert document is not None
+        key = self._keyring.unwrap(identifier, bytes(document["wrapped"]))
+        self._keys[who] = key
+        self._touched.add(who)
+        return key
+
+    async def _reading_key(self, tenant_id: str, principal_id: str) -> bytes | None:
+        """The principal's data key, or None when it is gone (forgotten: their texts are unreadable)."""
+        who = (tenant_id, principal_id)
+        if who not in self._keys:
+            identifier = key_id(tenant_id, principal_id)
+            document = await self._c.keys.find_one({"_id": identifier}, session=self._session)
+            self._keys[who] = (
+                None if document is None else self._keyring.unwrap(identifier, bytes(document["wrapped"]))
+            )
+        return self._keys[who]
+
+    async def _seal_text(self, tenant_id: str, principal_id: str, text: str, context: str) -> bytes:
+        return _seal(await self._writing_key(tenant_id, principal_id), text.encode(), context)
+
+    async def _open_text(self, document: Document, field: str, context: str) -> str | None:
+        key = await self._reading_key(*_principal_of(document))
+        if key is None:
+            return None
+        return _open(key, bytes(document[field]), context).decode()
+
+    # -- history -------------------------------------------------------------------------------
+
+    async def load_session(self, session_id: str) -> MemorySession | None:
+        document = await self._c.sessions.find_one({"_id": session_id}, session=self._session)
+        if document is None:
+            return None
+        return MemorySession(session_id=session_id, scope=_scope(document), last_seq=document["last_seq"])
+
+    async def save_session(self, session: MemorySession) -> None:
+        await self._c.sessions.replace_one(
+            {"_id": session.session_id},
+            {"_id": session.session_id, **_scope_fields(session.scope), "last_seq": session.last_seq},
+            upsert=True,
+            session=self._session,
+        )
+
+    async def _history_rows(self, query: Document, limit: int) -> list[HistoryMessage]:
+        cursor = self._c.history.find(query, sort=[("seq", ASCENDING)], limit=limit, session=self._session)
+        rows = []
+        async for document in cursor:
+            context = f"{HISTORY}/{document['session_id']}/{document['seq']}"
+            text = await self._open_text(document, "text", context)
+            if text is None:
+                continue
+            rows.append(
+                HistoryMessage(
+                    session_id=document["session_id"],
+                    seq=document["seq"],
+                    turn_id=document["turn_id"],
+                    role=HistoryRole(document["role"]),
+                    text=text,
+                    principal_id=document["principal_id"],
+                    agent_id=document["agent_id"],
+                    created_at=document["created_at"],
+                )
+            )
+        return rows
+
+    async def find_turn(self, session_id: str, turn_id: str) -> list[HistoryMessage]:
+        return await self._history_rows({"session_id": session_id, "turn_id": turn_id}, 0)
+
+    async def insert_history(self, session: MemorySession, rows: list[HistoryMessage]) -> None:
+        scope = session.scope
+        documents = [
+            {
+                "session_id": row.session_id,
+                "seq": row.seq,
+                "turn_id": row.turn_id,
+                "role": row.role.value,
+                "text": await self._seal_text(
+                    scope.tenant_id, scope.principal_id, row.text, f"{HISTORY}/{row.session_id}/{row.seq}"
+                ),
+                "tenant_id": scope.tenant_id,
+                "principal_id": row.principal_id,
+                "agent_id": row.agent_id,
+                "created_at": row.created_at,
+            }
+            for row in rows
+        ]
+        try:
+            await self._c.history.insert_many(documents, session=self._session)
+        except DuplicateKeyError as error:
+            raise WriteRaceError(f"history seq of {session.session_id!r} was taken") from error
+
+    async def list_history(self, session_id: str, after_seq: int, limit: int) -> list[HistoryMessage]:
+        # Seqs are gapless: the closed window (after, after + limit] is the page, and a closed
+        # range keeps SecantusDB from reading the rest of the session (PLATFORM_NOTES).
+        window = {"$gt": after_seq, "$lte": after_seq + limit}
+        return await self._history_rows({"session_id": session_id, "seq": window}, limit)
+
+    async def history_tail(self, session_id: str, count: int) -> list[HistoryMessage]:
+        session = await self.load_session(session_id)
+        if session is None:
+            return []
+        window = {"$gt": session.last_seq - count, "$lte": session.last_seq}
+        return await self._history_rows({"session_id": session_id, "seq": window}, count)
+
+    # -- summaries -----------------------------------------------------------------------------
+
+    async def load_summary(self, session_id: str) -> SessionSummary | None:
+        document = await self._c.summaries.find_one({"_id": session_id}, session=self._session)
+        if document is None:
+            return None
+        text = await self._open_text(document, "text", f"{SUMMARIES}/{session_id}/{document['version']}")
+        if text is None:
+            return None
+        return SessionSummary(
+            session_id=session_id,
+            text=text,
+            cursor=document["cursor"],
+            version=document["version"],
+            model=document["model"],
+            updated_at=document["updated_at"],
+        )
+
+    async def save_summary(self, session: MemorySession, summary: SessionSummary) -> None:
+        scope = session.scope
+        context = f"{SUMMARIES}/{summary.session_id}/{summary.version}"
+        document = {
+            "_id": summary.session_id,
+            "tenant_id": scope.tenant_id,
+            "principal_id": scope.principal_id,
+            "text": await self._seal_text(scope.tenant_id, scope.principal_id, summary.text, context),
+            "cursor": summary.cursor,
+            "version": summary.version,
+            "model": summary.model,
+            "updated_at": summary.updated_at,
+        }
+        # Conditional on the version read in this snapshot: a racing save makes this one retry.
+        if summary.version == 1:
+            try:
+                await self._c.summaries.insert_one(document, session=self._session)
+            except DuplicateKeyError as error:
+                raise WriteRaceError(f"summary of {summary.session_id!r} was inserted meanwhile") from error
+            return
+        result = await self._c.summaries.replace_one(
+            {"_id": summary.session_id, "version": summary.version - 1}, document, session=self._session
+        )
+        if result.matched_count != 1:
+            raise WriteRaceError(f"summary of {summary.session_id!r} changed meanwhile")
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    async def load_fact_changes(self, scope: MemoryScope, idempotency_key: str) -> list[FactChanged] | None:
+        identifier = _changes_id(scope, idempotency_key)
+        document = await self._c.fact_changes.find_one({"_id": identifier}, session=self._session)
+        if document is None:
+            return None
+        text = await self._open_text(document, "changes", f"{FACT_CHANGES}/{identifier}")
+        return None if text is None else _CHANGES.validate_json(text)
+
+    async def save_fact_changes(
+        self, scope: MemoryScope, idempotency_key: str, changes: list[FactChanged]
+    ) -> None:
+        identifier = _changes_id(scope, idempotency_key)
+        sealed = await self._seal_text(
+            scope.tenant_id,
+            scope.principal_id,
+            _CHANGES.dump_json(changes).decode(),
+            f"{FACT_CHANGES}/{identifier}",
+        )
+        try:
+            await self._c.fact_changes.insert_one(
+                {"_id": identifier, **_who(scope.tenant_id, scope.principal_id), "changes": sealed},
+                session=self._session,
+            )
+        except DuplicateKeyError as error:
+            raise WriteRaceError(f"idempotency key {idempotency_key!r} was used meanwhile") from error
+
+    async def _fact_document(self, fact: Fact, identifier: str, context: str) -> Document:
+        scope = fact.scope
+        return {
+            "_id": identifier,
+            "fact_id": fact.fact_id,
+            **_scope_fields(scope),
+            "text": await self._seal_text(scope.tenant_id, scope.principal_id, fact.text, context),
+            "created_at": fact.created_at,
+            "updated_at": fact.updated_at,
+            "provenance": fact.provenance.model_dump(mode="python"),
+            "version": fact.version,
+        }
+
+    async def _fact(self, document: Document, context: str) -> Fact | None:
+        text = await self._open_text(document, "text", context)
+        if text is None:
+            return None
+        return Fact(
+            fact_id=document["fact_id"],
+            scope=_scope(document),
+            text=text,
+            created_at=document["created_at"],
+            updated_at=document["updated_at"],
+            provenance=Provenance.model_validate(document["provenance"]),
+            version=document["version"],
+        )
+
+    async def load_fact(self, fact_id: str) -> Fact | None:
+        document = await self._c.facts.find_one({"_id": fact_id}, session=self._session)
+        return (
+            None
+            if document is None
+            else await self._fact(document, f"{FACTS}/{fact_id}/{document['version']}")
+        )
+
+    async def fact_id_used(self, fact_id: str) -> bool:
+        if await self._c.facts.find_one({"_id": fact_id}, {"_id": True}, session=self._session) is not None:
+            return True
+        return (
+            await self._c.audit.find_one({"fact_id": fact_id}, {"_id": True}, session=self._session)
+            is not None
+        )
+
+    async def save_fact(self, fact: Fact) -> None:
+        document = await self._fact_document(fact, fact.fact_id, f"{FACTS}/{fact.fact_id}/{fact.version}")
+        if fact.version == 1:
+            try:
+                await self._c.facts.insert_one(document, session=self._session)
+            except DuplicateKeyError as error:
+                raise WriteRaceError(f"fact {fact.fact_id!r} was inserted meanwhile") from error
+            return
+        result = await self._c.facts.replace_one(
+            {"_id": fact.fact_id, "version": fact.version - 1}, document, session=self._session
+        )
+        if result.matched_count != 1:
+            raise WriteRaceError(f"fact {fact.fact_id!r} changed meanwhile")
+
+    async def remove_fact(self, fact_id: str) -> None:
+        await self._c.facts.delete_one({"_id": fact_id}, session=self._session)
+
+    async def archive_fact(self, fact: Fact) -> None:
+        identifier = f"{fact.fact_id}/{fact.version}"
+        document = await self._fact_document(fact, identifier, f"{AUDIT}/{identifier}")
+        try:
+            await self._c.audit.insert_one(document, session=self._session)
+        except DuplicateKeyError as error:
+            raise WriteRaceError(f"version {identifier!r} was archived meanwhile") from error
+
+    async def principal_facts(self, tenant_id: str, principal_id: str) -> list[Fact]:
+        facts = []
+        async for document in self._c.facts.find(_who(tenant_id, principal_id), session=self._session):
+            fact = await self._fact(document, f"{FACTS}/{document['_id']}/{document['version']}")
+            if fact is not None:
+                facts.append(fact)
+        return facts
+
+    async def principal_audit(self, tenant_id: str, principal_id: str) -> list[Fact]:
+        facts = []
+        async for document in self._c.audit.find(_who(tenant_id, principal_id), session=self._session):
+            fact = await self._fact(document, f"{AUDIT}/{document['_id']}")
+            if fact is not None:
+                facts.append(fact)
+        return facts
+
+    # -- profiles ------------------------------------------------------------------------------
+
+    async def save_profile(self, profile: Profile) -> None:
+        scope = profile.scope
+        identifier = _profile_id(scope)
+        document = {
+            "_id": identifier,
+            **_scope_fields(scope),
+            "text": await self._seal_text(
+                scope.tenant_id, scope.principal_id, profile.text, f"{PROFILES}/{identifier}"
+            ),
+            "source_turns": profile.source_turns,
+            "updated_at": profile.updated_at,
+        }
+        await self._c.profiles.replace_one({"_id": identifier}, document, upsert=True, session=self._session)
+
+    async def load_profile(self, scope: MemoryScope) -> Profile | None:
+        identifier = _profile_id(scope)
+        document = await self._c.profiles.find_one({"_id": identifier}, session=self._session)
+        if document is None:
+            return None
+        text = await self._open_text(document, "text", f"{PROFILES}/{identifier}")
+        if text is None:
+            return None
+        return Profile(
+            scope=scope, text=text, source_turns=document["source_turns"], updated_at=document["updated_at"]
+        )
+
+    # -- the derived index ---------------------------------------------------------------------
+
+    async def _entry(self, document: Document) -> IndexEntry | None:
+        terms = await self._open_text(
+            document, "terms", f"{INDEX}/{document['_id']}/{document['fact_version']}"
+        )
+        if terms is None:
+            return None
+        return IndexEntry(
+            fact_id=document["_id"],
+            scope=_scope(document),
+            fact_version=document["fact_version"],
+            terms=json.loads(terms),
+            length=document["length"],
+            indexed_at=document["indexed_at"],
+        )
+
+    async def load_index_entry(self, fact_id: str) -> IndexEntry | None:
+        document = await self._c.index.find_one({"_id": fact_id}, session=self._session)
+        return None if document is None else await self._entry(document)
+
+    async def save_index_entry(self, entry: IndexEntry) -> None:
+        scope = entry.scope
+        context = f"{INDEX}/{entry.fact_id}/{entry.fact_version}"
+        document = {
+            "_id": entry.fact_id,
+            **_scope_fields(scope),
+            "fact_version": entry.fact_version,
+            "terms": await self._seal_text(
+                scope.tenant_id, scope.principal_id, json.dumps(entry.terms), context
+            ),
+            "length": entry.length,
+            "indexed_at": entry.indexed_at,
+        }
+        await self._c.index.replace_one({"_id": entry.fact_id}, document, upsert=True, session=self._session)
+
+    async def delete_index_entries(self, scope: MemoryScope, fact_ids: list[str]) -> None:
+        await self._c.index.delete_many(
+            {"_id": {"$in": fact_ids}, **_who(scope.tenant_id, scope.principal_id)}, session=self._session
+        )
+
+    async def principal_index(self, tenant_id: str, principal_id: str) -> list[IndexEntry]:
+        entries = []
+        async for document in self._c.index.find(_who(tenant_id, principal_id), session=self._session):
+            entry = await self._entry(document)
+            if entry is not None:
+                entries.append(entry)
+        return entries
+
+    # -- forgetting ----------------------------------------------------------------------------
+
+    async def shred_key(self, tenant_id: str, principal_id: str) -> None:
+        """Delete the principal's data key: every sealed text of theirs becomes unreadable."""
+        await self._c.keys.delete_one({"_id": key_id(tenant_id, principal_id)}, session=self._session)
+
+    async def forget(self, tenant_id: str, principal_id: str) -> int:
+        who = _who(tenant_id, principal_id)
+        await self.shred_key(tenant_id, principal_id)
+        erased = 0
+        for collection in (
+            self._c.history,
+            self._c.summaries,
+            self._c.facts,
+            self._c.audit,
+            self._c.profiles,
+        ):
+            erased += (await collection.delete_many(who, session=self._session)).deleted_count
+        erased += (await self._c.index.delete_many(who, session=self._session)).deleted_count
+        await self._c.sessions.delete_many(who, session=self._session)
+        await self._c.fact_changes.delete_many(who, session=self._session)
+        return erased
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+class MongoMemoryTransactions:
+    """The `MemoryTransactionRunner` over MongoDB: one transaction per operation, retried whole."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Document],
+        database: AsyncDatabase[Document],
+        keyring: _Keyring,
+        policy: TransactionPolicy | None = None,
+    ) -> None:
+        self._client = client
+        self._collections = _Collections(database)
+        self._keyring = keyring
+        self._policy = policy or TransactionPolicy()
+        self.attempts = 0
+        """Transactions started, conflicts included (an operational figure)."""
+
+    async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
+        return await self.run_mongo(operation)
+
+    async def run_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
+        """`run` with the MongoDB transaction itself (for what only this backend does: shredding)."""
+        policy = self._policy
+        last: BaseException | None = None
+        for attempt in range(1, policy.max_attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(policy.backoff(attempt - 1))
+            self.attempts += 1
+            try:
+                return await self._attempt(operation)
+            except StoreError:
+                raise
+            except (PyMongoError, DocumentTooLarge, WriteRaceError) as error:
+                if _too_large(error):
+                    raise StoreError(ErrorCode.INVALID_ARGUMENT, f"document too large: {error}") from error
+                if not _is_transient(error):
+                    raise _unavailable(error) from error
+                last = error
+        assert last is not None
+        raise StoreError(
+            ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
+        ) from last
+
+    async def _attempt(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
+        policy = self._policy
+        async with self._client.start_session() as session:
+            await session.start_transaction(
+                read_concern=policy.read_concern, write_concern=policy.write_concern
+            )
+            transaction = MongoMemoryTransaction(self._collections, session, self._keyring)
+            try:
+                result = await operation(transaction)
+            except BaseException:
+                await session.abort_transaction()
+                raise
+            await self._commit(session)
+            return result
+
+    async def _commit(self, session: AsyncClientSession) -> None:
+        for attempt in range(1, self._policy.commit_attempts + 1):
+            try:
+                await session.commit_transaction()
+                return
+            except PyMongoError as error:
+                unknown = error.has_error_label("UnknownTransactionCommitResult")
+                if not unknown or attempt == self._policy.commit_attempts:
+                    raise
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+async def ensure_memory_schema(database: AsyncDatabase[Document]) -> None:
+    """Create every memory collection's secondary indexes; idempotent."""
+    for name, indexes in INDEXES.items():
+        await database[name].create_indexes(indexes)
+
+
+async def load_master_key(database: AsyncDatabase[Document], write_concern: WriteConcern) -> bytes:
+    """The generated master key kept in `meta` (used only when settings name none)."""
+    meta = database.get_collection(META, write_concern=write_concern)
+    for _ in range(2):
+        try:
+            document = await meta.find_one_and_update(
+                {"_id": MASTER_KEY_ID},
+                {"$setOnInsert": {"secret": secrets.token_bytes(32), "created_at": datetime.now(UTC)}},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        except DuplicateKeyError:
+            continue  # another owner inserted it at the same moment: read theirs
+        if document is not None:
+            return bytes(document["secret"])
+    raise StoreError(ErrorCode.UNAVAILABLE, "could not read the memory master key")
+
+
+class MongoMemoryStore(MemoryRules):
+    """The `MemoryStore` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Document],
+        database: AsyncDatabase[Document],
+        master_key: bytes,
+        *,
+        policy: TransactionPolicy | None = None,
+        owns_client: bool = False,
+        clock: Callable[[], datetime] = utc_now_ms,
+    ) -> None:
+        self.transactions = MongoMemoryTransactions(client, database, _Keyring(master_key), policy)
+        super().__init__(self.transactions, clock)
+        self.client = client
+        self.database = database
+        self._owns_client = owns_client
+
+    @classmethod
+    async def open(
+        cls,
+        client: AsyncMongoClient[Document],
+        database: str,
+        *,
+        master_key: bytes | None = None,
+        policy: TransactionPolicy | None = None,
+        owns_client: bool = False,
+        clock: Callable[[], datetime] = utc_now_ms,
+    ) -> MongoMemoryStore:
+        """A store on `database` through an existing (tz-aware) client; creates indexes and the key."""
+        policy = policy or TransactionPolicy()
+        db = client.get_database(database, write_concern=policy.write_concern)
+        try:
+            await ensure_memory_schema(db)
+            key = master_key or await load_master_key(db, policy.write_concern)
+        except PyMongoError as error:
+            raise _unavailable(error) from error
+        return cls(client, db, key, policy=policy, owns_client=owns_client, clock=clock)
+
+    @classmethod
+    async def connect(
+        cls,
+        uri: str,
+        database: str,
+        *,
+        master_key: bytes | None = None,
+        policy: TransactionPolicy | None = None,
+        server_selection_timeout_ms: int = 5_000,
+        clock: Callable[[], datetime] = utc_now_ms,
+    ) -> MongoMemoryStore:
+        """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
+        client: AsyncMongoClient[Document] = AsyncMongoClient(
+            uri, **client_options(uri, server_selection_timeout_ms)
+        )
+        try:
+            return await cls.open(
+                client, database, master_key=master_key, policy=policy, owns_client=True, clock=clock
+            )
+        except BaseException:
+            await client.close()
+            raise
+
+    async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
+        """Shred the principal's key in its own transaction, then erase their documents."""
+        if principal_id:
+            await self.transactions.run_mongo(lambda tx: tx.shred_key(tenant_id, principal_id))
+        return await super().forget_principal(tenant_id, principal_id)
+
+    async def drop_collections(self) -> None:
+        """Delete every memory collection (tests that share a database with the runtime store)."""
+        for name in COLLECTIONS:
+            await self.database.drop_collection(name)
+
+    async def drop_database(self) -> None:
+        """Delete the whole database (tests)."""
+        await self.client.drop_database(self.database.name)
+
+    async def close(self) -> None:
+        """Close the client if this store opened it."""
+        if self._owns_client:
+            await self.client.close()
