@@ -209,7 +209,7 @@ class TopicReader:
         for record in self.records:
             try:
                 decoded.append(json.loads(record.value or b""))
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
         return decoded
 
