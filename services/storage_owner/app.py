@@ -6,10 +6,13 @@ from faststream import FastStream
 
 from services.kit.broker import make_broker
 from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.memory.memory_store import InMemoryMemoryStore
+from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings, MongoSettings
 from services.kit.store.protocol import Store
 from services.storage_owner import handlers
 from services.storage_owner.adapters import MongoStore
+from services.storage_owner.memory_adapters import MongoMemoryStore, parse_master_key
 from services.storage_owner.settings import OwnerSettings
 
 SERVICE = "storage-owner"
@@ -20,13 +23,25 @@ async def _open_mongo_store(mongo: MongoSettings, owner: OwnerSettings) -> Store
     return await MongoStore.connect(mongo.uri.get_secret_value(), mongo.database, cursor_secret=secret)
 
 
+async def _open_mongo_memory(mongo: MongoSettings, owner: OwnerSettings, store: Store | None) -> MemoryStore:
+    """The memory store on the runtime store's client when it has one, else on a client of its own."""
+    master_key = parse_master_key(owner.master_key.get_secret_value()) if owner.master_key else None
+    if isinstance(store, MongoStore):
+        return await MongoMemoryStore.open(store.client, mongo.database, master_key=master_key)
+    return await MongoMemoryStore.connect(mongo.uri.get_secret_value(), mongo.database, master_key=master_key)
+
+
 def create_app(
     kafka: KafkaSettings,
     mongo: MongoSettings | None = None,
     owner: OwnerSettings | None = None,
     store: Store | None = None,
+    memory: MemoryStore | None = None,
 ) -> FastStream:
-    """The owner application; pass `store` to serve another backend (tests use the in-memory one)."""
+    """The owner application; pass `store` (and `memory`) to serve other backends.
+
+    Without `memory`, the memory store is MongoDB's when `mongo` is given, else in memory.
+    """
     owner = owner or OwnerSettings()
     broker = make_broker(kafka, client_id=SERVICE)
 
@@ -35,12 +50,12 @@ def create_app(
 
     delivery = Delivery(dead_letter, RetryPolicy(attempts=owner.retry_attempts))
 
-    deps = handlers.OwnerDeps(store=store)
+    deps = handlers.OwnerDeps(store=store, memory=memory)
     handlers.register(
         broker, kafka, deps, delivery, group=owner.group, partition_workers=owner.partition_workers
     )
 
-    opened: list[Store] = []
+    opened: list[object] = []
 
     async def open_store() -> None:
         # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
@@ -49,6 +64,12 @@ def create_app(
                 raise ValueError("the storage owner needs MongoSettings or a store")
             deps.store = await _open_mongo_store(mongo, owner)
             opened.append(deps.store)
+        if deps.memory is None:
+            if mongo is None:
+                deps.memory = InMemoryMemoryStore()
+            else:
+                deps.memory = await _open_mongo_memory(mongo, owner, deps.store)
+                opened.insert(0, deps.memory)  # closed before the client it may share
 
     async def close_store() -> None:
         for store_opened in opened:
@@ -57,5 +78,6 @@ def create_app(
                 await close()
         opened.clear()
         deps.store = store
+        deps.memory = memory
 
     return FastStream(broker, on_startup=[open_store], after_shutdown=[close_store])

@@ -14,6 +14,7 @@ from contracts.errors import ErrorCode, StoreError
 from contracts.topics import Topic
 from services.kit.broker import subscriber_options, topic
 from services.kit.delivery import Delivery, describe
+from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings
 from services.kit.store.client import REPLY_TO_HEADER
 from services.kit.store.protocol import Store
@@ -22,9 +23,10 @@ from services.storage_owner.logic import apply_command, correlation_of
 
 @dataclass
 class OwnerDeps:
-    """What the handler needs; the store is opened in the app's lifespan."""
+    """What the handler needs; the stores are opened in the app's lifespan."""
 
     store: Store | None = None
+    memory: MemoryStore | None = None
 
     def opened_store(self) -> Store:
         """The store, once the lifespan has opened it."""
@@ -43,7 +45,6 @@ def register(
 ) -> None:
     """Subscribe the owner to `storage.commands`."""
     replies_default = topic(settings, Topic.STORAGE_REPLIES)
-    events_topic = topic(settings, Topic.RUNS_EVENTS)
 
     @broker.subscriber(
         topic(settings, Topic.STORAGE_COMMANDS),
@@ -58,13 +59,13 @@ def register(
             await broker.publish(reply.model_dump_json().encode(), topic=str(reply_to))
 
         async def apply(command: StoreOperation) -> None:
-            reply, events = await apply_command(deps.opened_store(), command)
+            reply, publications = await apply_command(deps.opened_store(), command, deps.memory)
             await publish_reply(reply)
-            for event in events:
+            for publication in publications:
                 await broker.publish(
-                    event.model_dump_json().encode(),
-                    topic=events_topic,
-                    key=event.session_id.encode() or event.run_id.encode(),
+                    publication.payload.model_dump_json().encode(),
+                    topic=topic(settings, publication.topic),
+                    key=publication.key.encode(),
                 )
 
         async def refuse(body: bytes, error: ValidationError) -> None:

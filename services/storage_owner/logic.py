@@ -1,13 +1,17 @@
-"""Pure logic of the storage owner: which stream events follow a committed store command.
+"""Pure logic of the storage owner: which messages follow a committed store or memory command.
 
 Events are derived from the command and its result, so an exact retry (inserted=false) yields the
-same events with the same keys again; consumers de-duplicate on (run_id, type, event_key).
+same events with the same keys again; consumers de-duplicate on (run_id, type, event_key), and
+memory events on their `event_id` (derived from the turn, or recorded with the fact changes).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel
 
 from contracts.commands import (
     AppendRunRecord,
@@ -21,12 +25,27 @@ from contracts.commands import (
     StoreReply,
     encode_result,
 )
-from contracts.errors import StoreError
+from contracts.envelope import derive_id
+from contracts.errors import ErrorCode, StoreError
 from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType
 from contracts.lifecycle import decode_run_completed
+from contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
+from contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations, DeleteFact
 from contracts.store import CancellationReason, Record, StartOutcome, StartResult
+from contracts.store_operation import Backend
+from contracts.topics import Topic
 from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
+from services.kit.memory.protocol import MemoryStore
 from services.kit.store.protocol import Store
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A message to publish once the command's effect is committed."""
+
+    topic: Topic
+    key: str
+    payload: BaseModel
 
 
 def _event(record: Record, type_: StreamEventType, payload: dict[str, Any], key: str = "") -> RunEvent:
@@ -121,16 +140,60 @@ def events_after_commit(command: StoreOperation, result: object) -> list[RunEven
     return []
 
 
-async def apply_command(store: Store, command: StoreOperation) -> tuple[StoreReply, list[RunEvent]]:
-    """Apply one command; a contract error becomes the reply, UNAVAILABLE propagates for a retry."""
+def memory_events_after_commit(command: StoreOperation, result: object) -> list[Publication]:
+    """What a committed memory command (or its exact retry) announces.
+
+    A recorded turn: `HistoryRecorded` on history.recorded, keyed by session, with an id derived
+    from the turn (memory_opt_out stays false: the recorder, which knows the agent, decides it).
+    Fact changes: each `FactChanged` on memory.changes, keyed by principal; a retry returns the
+    recorded changes, so their ids repeat.
+    """
+    if isinstance(command, AppendHistoryTurn):
+        assert isinstance(result, HistoryAppendResult)
+        turn = command.turn
+        recorded = HistoryRecorded(
+            event_id=derive_id(f"{turn.session_id}/{turn.turn_id}", "history-recorded"),
+            tenant_id=turn.scope.tenant_id,
+            correlation_id=command.correlation_id,
+            causation_id=command.event_id,
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            scope=turn.scope,
+            first_seq=result.first_seq,
+            last_seq=result.last_seq,
+        )
+        return [Publication(Topic.HISTORY_RECORDED, turn.session_id, recorded)]
+    changes: list[FactChanged] = []
+    if isinstance(command, ApplyFactOperations):
+        assert isinstance(result, list)
+        changes = result
+    elif isinstance(command, DeleteFact):
+        assert isinstance(result, FactChanged)
+        changes = [result]
+    return [Publication(Topic.MEMORY_CHANGES, change.scope.principal_id, change) for change in changes]
+
+
+async def apply_command(
+    store: Store, command: StoreOperation, memory: MemoryStore | None = None
+) -> tuple[StoreReply, list[Publication]]:
+    """Apply one command to its backend; a contract error becomes the reply, UNAVAILABLE propagates."""
+    memory_command = command.backend is Backend.MEMORY
     try:
-        result = await getattr(store, command.method)(**command.arguments())
+        if memory_command and memory is None:
+            raise StoreError(ErrorCode.UNAVAILABLE, "this storage owner serves no memory store")
+        backend: object = memory if memory_command else store
+        result = await getattr(backend, command.method)(**command.arguments())
     except StoreError as error:
         if error.retryable:
             raise
         return StoreReply(correlation_id=command.correlation_id, op=command.op, error=error.to_body()), []
     reply = StoreReply(correlation_id=command.correlation_id, op=command.op, result=encode_result(result))
-    return reply, events_after_commit(command, result)
+    if memory_command:
+        return reply, memory_events_after_commit(command, result)
+    events = events_after_commit(command, result)
+    return reply, [
+        Publication(Topic.RUNS_EVENTS, event.session_id or event.run_id, event) for event in events
+    ]
 
 
 def correlation_of(body: bytes) -> str:

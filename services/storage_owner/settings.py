@@ -16,6 +16,14 @@ class OwnerSettings(BaseSettings):
         default=None,
         description="HMAC key of listing cursors; unset: a key generated once and kept in MongoDB.",
     )
+    master_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Master key wrapping each principal's memory data key: base64 of 32 random bytes "
+            "(openssl rand -base64 32). Unset: one generated once and kept in MongoDB's `meta`, "
+            "which protects nothing against whoever reads the database."
+        ),
+    )
     partition_workers: int = Field(
         default=1,
         ge=1,

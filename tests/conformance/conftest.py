@@ -1,4 +1,5 @@
-"""The `store` fixture: every conformance test runs once per registered implementation.
+"""The `store` and `memory_store` fixtures: every conformance test runs once per registered
+implementation (`implementations.py`, `memory_implementations.py`).
 
 Implementations live in `tests.conformance.implementations.IMPLEMENTATIONS`; see that module for
 how to add one. Select a subset with `-k`, e.g. `pytest tests/conformance -k memory`.
@@ -10,9 +11,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.kit.memory.protocol import MemoryStore
 from services.kit.store.protocol import Store
 from tests.conformance.implementations import IMPLEMENTATIONS
 from tests.conformance.kafka_backend import kafka_store_client  # noqa: F401  registers "kafka"
+from tests.conformance.memory_implementations import MEMORY_IMPLEMENTATIONS
 from tests.conformance.mongo_backend import mongo_client  # noqa: F401  registers "mongo"
 
 
@@ -21,11 +24,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "store" in metafunc.fixturenames:
         names = list(IMPLEMENTATIONS)
         metafunc.parametrize("store", names, indirect=True, ids=names)
+    if "memory_store" in metafunc.fixturenames:
+        names = list(MEMORY_IMPLEMENTATIONS)
+        metafunc.parametrize("memory_store", names, indirect=True, ids=names)
 
 
 @pytest.fixture
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     """A fresh, isolated store of the implementation named by the parameter."""
     factory = IMPLEMENTATIONS[request.param]
+    async with factory(request) as instance:
+        yield instance
+
+
+@pytest.fixture
+async def memory_store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
+    """A fresh, isolated memory store of the implementation named by the parameter."""
+    factory = MEMORY_IMPLEMENTATIONS[request.param]
     async with factory(request) as instance:
         yield instance
