@@ -1,0 +1,88 @@
+"""The fact extractor as a FastStream application: curated memory proposed by a model, decided by code."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from faststream import FastStream
+
+from services.fact_extractor import handlers
+from services.fact_extractor.adapters import FactExtractor, open_memory_store, open_model
+from services.fact_extractor.settings import FactExtractorSettings
+from services.kit.agents import AgentSpec, default_agents
+from services.kit.broker import make_broker
+from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.protocol import MemoryStore
+from services.kit.models.port import ModelClient
+from services.kit.settings import KafkaSettings
+
+SERVICE = "fact-extractor"
+
+MODEL_CALLS_PER_TURN = 2
+"""The extraction call, and the profile call on every N-th turn."""
+
+
+@dataclass
+class FactExtractorDeps:
+    """What the extractor talks to; anything left None is built from the environment at startup."""
+
+    memory: MemoryStore | None = None
+    model: ModelClient | None = None
+    agents: Mapping[str, AgentSpec] | None = None
+
+
+def check_timeouts(kafka: KafkaSettings, settings: FactExtractorSettings) -> None:
+    """Refuse model timeouts that, with retries, could outlive the consumer's poll interval."""
+    worst_s = settings.model_timeout_s * settings.retry_attempts * MODEL_CALLS_PER_TURN
+    if worst_s * 1000 >= kafka.max_poll_interval_ms:
+        raise ValueError(
+            f"model_timeout_s x retry_attempts x {MODEL_CALLS_PER_TURN} = {worst_s:g} s must stay below "
+            f"the consumer's max_poll_interval_ms={kafka.max_poll_interval_ms}"
+        )
+
+
+def create_app(
+    kafka: KafkaSettings,
+    settings: FactExtractorSettings | None = None,
+    deps: FactExtractorDeps | None = None,
+) -> FastStream:
+    """The extractor application; `deps` replaces the memory store, the model or the agent registry."""
+    settings = settings or FactExtractorSettings()
+    check_timeouts(kafka, settings)
+    # The pid in the client id tells the copies apart in the broker's view of the group.
+    broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        await broker.publish(body, topic=topic, key=key, headers=headers)
+
+    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    holder = handlers.ExtractorHolder()
+    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    given = deps or FactExtractorDeps()
+    opened: list[KafkaMemoryStore] = []
+
+    async def build() -> None:
+        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
+        memory = given.memory
+        if memory is None:
+            client = open_memory_store(kafka, settings)
+            await client.start()
+            opened.append(client)
+            memory = client
+        holder.extractor = FactExtractor(
+            memory,
+            given.model or open_model(kafka, settings),
+            settings,
+            agents=given.agents if given.agents is not None else default_agents(),
+        )
+
+    async def close() -> None:
+        for client in opened:
+            await client.stop()
+        opened.clear()
+        holder.extractor = None
+
+    return FastStream(broker, on_startup=[build], after_shutdown=[close])
