@@ -314,7 +314,8 @@ class EmbeddedStack:
         create_registry_topics: bool = True,
         mongo_storage_path: Path | None = None,
         enable_test_commands: bool = False,
-        sync_on_commit: bool = False,
+        sync_on_commit: bool = True,
+        transaction_lifetime_s: float = 10.0,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -325,8 +326,11 @@ class EmbeddedStack:
         temporary directory removed by `stop()`). `enable_test_commands`
         allows `configureFailPoint` (fault tests); never expose it further
         than loopback. `sync_on_commit` fsyncs every commit: SecantusDB ignores
-        `j` on commitTransaction, so a test that SIGKILLs the database and
-        expects committed transactions to survive needs it (NOTES.md).
+        `j` on commitTransaction, so without it an acknowledged commit can be lost
+        when the database is killed (NOTES.md); on by default (+~0.5 ms a commit).
+        `transaction_lifetime_s` is how long a transaction whose client died keeps its
+        documents (mongod's transactionLifetimeLimitSeconds, 60 s by default): short, so a
+        storage owner restarted after a crash is not held up for a minute.
         """
         env = os.environ if environ is None else environ
         self._external_bootstrap = env.get(BOOTSTRAP_ENV) or None
@@ -336,6 +340,7 @@ class EmbeddedStack:
         self._mongo_storage_path = mongo_storage_path
         self._enable_test_commands = enable_test_commands
         self._sync_on_commit = sync_on_commit
+        self._transaction_lifetime_s = transaction_lifetime_s
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._children: list[_Child] = []
@@ -522,7 +527,9 @@ class EmbeddedStack:
         argv = [
             sys.executable,
             "-m",
-            "secantus",
+            "deploy.local.secantus_daemon",
+            "--transaction-lifetime-s",
+            str(self._transaction_lifetime_s),
             "--config",
             str(config),
             "--host",
