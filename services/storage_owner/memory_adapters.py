@@ -569,9 +569,11 @@ class MongoMemoryTransaction:
         await self._c.index.replace_one({"_id": entry.fact_id}, document, upsert=True, session=self._session)
 
     async def delete_index_entries(self, scope: MemoryScope, fact_ids: list[str]) -> None:
-        await self._c.index.delete_many(
-            {"_id": {"$in": fact_ids}, **_who(scope.tenant_id, scope.principal_id)}, session=self._session
-        )
+        # One `_id` lookup each: SecantusDB answers `_id $in` plus other fields with a full scan.
+        for fact_id in dict.fromkeys(fact_ids):
+            await self._c.index.delete_one(
+                {"_id": fact_id, **_who(scope.tenant_id, scope.principal_id)}, session=self._session
+            )
 
     async def principal_index(self, tenant_id: str, principal_id: str) -> list[IndexEntry]:
         entries = []

@@ -1,0 +1,345 @@
+"""The memory store on MongoDB: encryption at rest, crypto-shredding, indexes, and the owner's events.
+
+- Every text (history, summaries, facts and their audit, profiles, recorded changes, index terms)
+  is sealed: scanning every collection's raw BSON finds none of them.
+- `forget_principal` leaves nothing of the person in any collection (their id and their words),
+  and shreds their key: their old ciphertexts, put back, no longer open.
+- A ciphertext moved to another document, or read with another master key, does not open.
+- Every query the store sends is answered from an index.
+- The owner process publishes `HistoryRecorded` (history.recorded, keyed by session) and
+  `FactChanged` (memory.changes, keyed by principal) after commit, again on an exact retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import bson
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+
+from contracts.errors import ErrorCode, StoreError
+from contracts.memory import FactChanged, HistoryRecorded, Profile
+from contracts.topics import Topic
+from deploy.local.stack import EmbeddedStack
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.rules import build_index_entry
+from services.storage_owner.adapters import client_options
+from services.storage_owner.memory_adapters import (
+    HISTORY,
+    INDEXES,
+    KEYS,
+    MongoMemoryStore,
+    parse_master_key,
+)
+from tests.conformance.memory_builders import (
+    ms,
+    new,
+    other_agent,
+    record_turns,
+    refused,
+    remember,
+    scope,
+    summary,
+    turn,
+    uid,
+    update,
+)
+from tests.owner_support import Served, TopicReader
+
+Document = dict[str, Any]
+Client = AsyncMongoClient[Document]
+
+
+class CommandLog(monitoring.CommandListener):
+    """Every command a client sent, for explaining the store's queries afterwards."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, Document]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.commands.append((event.command_name, dict(event.command)))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def _client(uri: str, **options: Any) -> Client:
+    return AsyncMongoClient(uri, **client_options(uri, 2_000), **options)
+
+
+@pytest.fixture
+async def database(stack: EmbeddedStack, unique: str) -> AsyncIterator[str]:
+    """A database name of this test's own, dropped afterwards."""
+    yield unique
+    client = _client(stack.mongo_uri)
+    await client.drop_database(unique)
+    await client.close()
+
+
+@pytest.fixture
+async def store(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoMemoryStore]:
+    """A MongoMemoryStore with its own client on this test's database."""
+    opened = await MongoMemoryStore.connect(stack.mongo_uri, database)
+    yield opened
+    await opened.close()
+
+
+async def _raw_dump(store: MongoMemoryStore) -> bytes:
+    """Every document of every collection, as raw BSON, concatenated."""
+    dump = b""
+    for name in sorted(await store.database.list_collection_names()):
+        async for document in store.database[name].find({}):
+            dump += bson.encode(document)
+    return dump
+
+
+async def _fill(store: MongoMemoryStore, marker: str) -> tuple[Any, str, list[str]]:
+    """Write every kind of memory for one person; every text carries `marker`. Returns the texts."""
+    who = scope()
+    session_id = uid("session")
+    texts = [f"{marker} user", f"{marker} assistant", f"{marker} summary", f"{marker} profile"]
+    first = turn(session_id, who, 0).model_copy(update={"user_text": texts[0], "assistant_text": texts[1]})
+    await store.append_history_turn(first)
+    await store.append_history_turn(turn(session_id, who, 1))
+    await store.save_summary(summary(session_id, 2, 1, texts[2]))
+    await store.save_profile(Profile(scope=who, text=texts[3], source_turns=1, updated_at=ms()))
+    fact_texts = [f"{marker} fact one", f"{marker} fact two", f"{marker} fact agentb"]
+    one, _ = await remember(store, who, *fact_texts[:2])
+    await remember(store, other_agent(who, "agent-b"), fact_texts[2])
+    await store.apply_fact_operations(who, [update(one.fact_id, f"{marker} fact reworded")], uid("key"))
+    for fact in await store.list_facts(other_agent(who, "")):
+        await store.upsert_index_entry(build_index_entry(fact, ms(1)))
+    return who, session_id, [*texts, *fact_texts, f"{marker} fact reworded"]
+
+
+async def test_every_text_is_sealed_at_rest(store: MongoMemoryStore) -> None:
+    marker = f"zebra{uuid.uuid4().hex[:8]}"
+    who, session_id, texts = await _fill(store, marker)
+
+    dump = await _raw_dump(store)
+    assert marker.encode() not in dump
+    # Index terms are words of the facts: sealed too.
+    assert b"reworded" not in dump and b"agentb" not in dump
+
+    rows = await store.list_history(session_id, 0, 10)
+    assert [row.text for row in rows[:2]] == texts[:2]
+    assert (await store.load_summary(session_id)) is not None
+    assert {f.text for f in await store.list_facts(other_agent(who, ""))} == {
+        f"{marker} fact reworded",
+        f"{marker} fact two",
+        f"{marker} fact agentb",
+    }
+    assert [hit.fact.text for hit in await store.search_index(who, "reworded", 3)] == [
+        f"{marker} fact reworded"
+    ]
+
+
+async def test_forget_leaves_nothing_of_the_person_and_shreds_their_key(store: MongoMemoryStore) -> None:
+    marker = f"okapi{uuid.uuid4().hex[:8]}"
+    who, session_id, _ = await _fill(store, marker)
+    bystander, bystander_session, _ = await _fill(store, f"heron{uuid.uuid4().hex[:8]}")
+    rows_before = [document async for document in store.database[HISTORY].find({"session_id": session_id})]
+    assert rows_before
+
+    # 4 history rows, 1 summary, 3 facts, 1 audit entry, 1 profile, 3 index entries.
+    assert await store.forget_principal(who.tenant_id, who.principal_id) == 13
+
+    dump = await _raw_dump(store)
+    for trace in (who.principal_id, session_id, marker):
+        assert trace.encode() not in dump, trace
+    assert await store.database[KEYS].count_documents({}) == 1  # the bystander's key only
+    assert bystander.principal_id.encode() in dump
+    assert len(await store.list_history(bystander_session, 0, 10)) == 4
+
+    # Their old ciphertexts, restored from a copy, no longer open: the key that sealed them is gone.
+    await store.database[HISTORY].insert_many(rows_before)
+    assert await store.list_history(session_id, 0, 10) == []
+    assert await store.history_tail(session_id, 10) == []
+
+
+async def test_a_ciphertext_opens_only_in_its_own_document(store: MongoMemoryStore) -> None:
+    who, session_id = scope(), uid("session")
+    await record_turns(store, session_id, who, 1)
+    history = store.database[HISTORY]
+    user = await history.find_one({"session_id": session_id, "seq": 1})
+    assistant = await history.find_one({"session_id": session_id, "seq": 2})
+    assert user is not None and assistant is not None
+    await history.update_one({"_id": user["_id"]}, {"$set": {"text": assistant["text"]}})
+    await refused(store.list_history(session_id, 0, 10), ErrorCode.UNAVAILABLE)
+
+
+async def test_the_master_key_is_needed_and_kept(stack: EmbeddedStack, database: str) -> None:
+    configured = base64.b64encode(secrets.token_bytes(32)).decode()
+    key = parse_master_key(configured)
+    who, session_id = scope(), uid("session")
+    first = await MongoMemoryStore.connect(stack.mongo_uri, database, master_key=key)
+    await record_turns(first, session_id, who, 1)
+    await first.close()
+
+    again = await MongoMemoryStore.connect(stack.mongo_uri, database, master_key=key)
+    assert len(await again.list_history(session_id, 0, 10)) == 2
+    await again.close()
+
+    wrong = await MongoMemoryStore.connect(stack.mongo_uri, database, master_key=secrets.token_bytes(32))
+    with pytest.raises(StoreError) as caught:
+        await wrong.list_history(session_id, 0, 10)
+    assert caught.value.code is ErrorCode.UNAVAILABLE
+    await wrong.close()
+
+    # Without a configured key, one is generated once and kept: a restart still reads.
+    generated_db = f"{database}_generated"
+    try:
+        first = await MongoMemoryStore.connect(stack.mongo_uri, generated_db)
+        await record_turns(first, session_id, who, 1)
+        await first.close()
+        again = await MongoMemoryStore.connect(stack.mongo_uri, generated_db)
+        assert len(await again.list_history(session_id, 0, 10)) == 2
+        await again.drop_database()
+        await again.close()
+    finally:
+        client = _client(stack.mongo_uri)
+        await client.drop_database(generated_db)
+        await client.close()
+
+    for bad in ("short", base64.b64encode(b"x" * 16).decode()):
+        with pytest.raises(ValueError, match="32"):
+            parse_master_key(bad)
+
+
+async def test_a_write_racing_forget_never_survives_without_its_key(store: MongoMemoryStore) -> None:
+    who, session_id = scope(), uid("session")
+    await record_turns(store, session_id, who, 1)
+    writes = [store.append_history_turn(turn(uid("session"), who, index)) for index in range(6)]
+    await asyncio.gather(*writes, store.forget_principal(who.tenant_id, who.principal_id))
+    # Whatever committed after the forget is readable under a live key; nothing is orphaned.
+    keys = await store.database[KEYS].count_documents({})
+    rows = await store.database[HISTORY].count_documents({"principal_id": who.principal_id})
+    assert (keys == 0 and rows == 0) or (keys == 1 and rows > 0)
+    for document in [d async for d in store.database[HISTORY].find({"principal_id": who.principal_id})]:
+        assert len(await store.list_history(document["session_id"], 0, 10)) == 2
+
+
+# --- indexes ------------------------------------------------------------------------------------
+
+
+def _stages(plan: Any) -> list[str]:
+    if isinstance(plan, dict):
+        found = [plan["stage"]] if "stage" in plan else []
+        for value in plan.values():
+            found += _stages(value)
+        return found
+    if isinstance(plan, list):
+        return [stage for item in plan for stage in _stages(item)]
+    return []
+
+
+def _as_find(name: str, command: Document) -> list[Document]:
+    """The reads a command makes, as finds to explain (SecantusDB explains writes as COLLSCAN)."""
+    finds: list[Document]
+    if name == "find":
+        finds = [{key: command[key] for key in ("find", "filter", "sort", "limit") if key in command}]
+    elif name == "delete":
+        finds = [{"find": command["delete"], "filter": item["q"]} for item in command["deletes"]]
+    elif name == "update":
+        finds = [{"find": command["update"], "filter": item["q"]} for item in command["updates"]]
+    elif name == "findAndModify":
+        finds = [{"find": command["findAndModify"], "filter": command["query"]}]
+    else:
+        return []
+    for find in finds:
+        if isinstance(find.get("filter", {}).get("_id"), str):
+            find["filter"] = {"_id": find["filter"]["_id"]}
+    return finds
+
+
+async def test_every_query_the_memory_store_sends_uses_an_index(stack: EmbeddedStack, database: str) -> None:
+    log = CommandLog()
+    client = _client(stack.mongo_uri, event_listeners=[log])
+    try:
+        store = await MongoMemoryStore.open(client, database)
+        who, session_id, _ = await _fill(store, "idx")
+        await store.append_history_turn(turn(session_id, who, 0))  # an exact retry
+        await store.list_history(session_id, 1, 2)
+        await store.history_tail(session_id, 2)
+        await store.load_summary(session_id)
+        await store.fact_audit(who)
+        await store.load_profile(who)
+        await store.search_index(who, "idx", 5)
+        await store.search_authority(who, "idx", 5)
+        [fact, *_] = await store.list_facts(who)
+        await store.delete_fact(who, fact.fact_id)
+        await store.delete_fact(who, fact.fact_id)
+        await store.delete_index_entries(who, [fact.fact_id])
+        await store.export_principal(who)
+        await store.forget_principal(who.tenant_id, who.principal_id)
+
+        explained = 0
+        for name, command in list(log.commands):
+            for find in _as_find(name, command):
+                if not str(find["find"]).startswith("memory_"):
+                    continue
+                plan = await client[database].command({"explain": find, "verbosity": "queryPlanner"})
+                stages = _stages(plan["queryPlanner"]["winningPlan"])
+                assert "COLLSCAN" not in stages, (find, stages)
+                explained += 1
+        assert explained > 40
+        for collection, indexes in INDEXES.items():
+            names = {index["name"] async for index in await store.database[collection].list_indexes()}
+            assert {index.document["name"] for index in indexes} <= names
+    finally:
+        await client.close()
+
+
+# --- the owner's events ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_the_owner_announces_recorded_turns_and_fact_changes_also_on_retries(
+    stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    name = f"omem{uuid.uuid4().hex[:8]}"
+    log_path = tmp_path_factory.mktemp("owner") / "owner.log"
+    async with (
+        Served(stack, f"{name}.", name, log_path) as served,
+        TopicReader(stack.bootstrap, served.topic(Topic.HISTORY_RECORDED.value)) as recorded,
+        TopicReader(stack.bootstrap, served.topic(Topic.MEMORY_CHANGES.value)) as changes,
+    ):
+        memory = KafkaMemoryStore(served.store)
+        who, session_id = scope(), uid("session")
+        first = turn(session_id, who, 0)
+        await memory.append_history_turn(first)
+        assert not (await memory.append_history_turn(first)).inserted
+
+        records = await recorded.wait_for(lambda records: len(records) >= 2, within=15.0)
+        events = [HistoryRecorded.model_validate_json(record.value or b"") for record in records]
+        assert [(e.session_id, e.turn_id, e.first_seq, e.last_seq) for e in events] == [
+            (session_id, first.turn_id, 1, 2)
+        ] * 2
+        assert events[0].event_id == events[1].event_id and events[0].scope == who
+        assert not events[0].memory_opt_out
+        assert {record.key for record in records} == {session_id.encode()}
+
+        key, operation = uid("key"), new(uid("fact"), "Keeps bees.")
+        created = await memory.apply_fact_operations(who, [operation], key)
+        assert await memory.apply_fact_operations(who, [operation], key) == created
+        deleted = await memory.delete_fact(who, created[0].fact_id)
+        await refused(memory.delete_fact(scope(), created[0].fact_id), ErrorCode.FACT_NOT_FOUND)
+
+        records = await changes.wait_for(lambda records: len(records) >= 3, within=15.0)
+        published = [FactChanged.model_validate_json(record.value or b"") for record in records]
+        assert [change.event_id for change in published] == [
+            created[0].event_id,
+            created[0].event_id,
+            deleted.event_id,
+        ]
+        assert {record.key for record in records} == {who.principal_id.encode()}
+        assert published[0].text == "Keeps bees." and published[2].text == ""
