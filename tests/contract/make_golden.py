@@ -13,6 +13,8 @@ from contracts.commands import AppendRunRecord, CreateSession, RecordRunSuspensi
 from contracts.errors import ErrorBody, ErrorCode
 from contracts.events import RunEvent, StreamEventType
 from contracts.lifecycle import encode_child_run_linked, encode_run_completed, encode_run_started
+from contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
+from contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations
 from contracts.store import CancellationReason, Checkpoint, Record, RunStart, RunStatus
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -63,6 +65,35 @@ def _samples() -> dict[str, str]:
                 "run_suspended",
                 b'{"suspension_id":"q-1","version":"1","pending_count":1,"required_tools":["ask_user"]}',
             ),
+            **META,
+        ).model_dump_json(),
+        "append_history_turn.v1.json": AppendHistoryTurn(
+            turn=HistoryTurn(
+                session_id="s-1",
+                turn_id="r-1",
+                scope=MemoryScope(tenant_id="t-1", principal_id="p-1", agent_id="assistant"),
+                user_text="¿Qué base de datos uso?",
+                assistant_text="PostgreSQL 16.",
+                created_at=AT,
+            ),
+            **META,
+        ).model_dump_json(),
+        "apply_fact_operations.v1.json": ApplyFactOperations(
+            scope=MemoryScope(tenant_id="t-1", principal_id="p-1", agent_id="assistant"),
+            operations=[
+                FactOperation(
+                    kind=FactOperationKind.NEW,
+                    fact_id="f-1",
+                    text="Uses PostgreSQL 16.",
+                    provenance=Provenance(session_id="s-1", turn_id="r-1", message_seq=1),
+                ),
+                FactOperation(
+                    kind=FactOperationKind.DELETE,
+                    fact_id="f-0",
+                    provenance=Provenance(session_id="s-1", turn_id="r-1"),
+                ),
+            ],
+            idempotency_key="extract/r-1",
             **META,
         ).model_dump_json(),
         "store_reply_error.v1.json": StoreReply(

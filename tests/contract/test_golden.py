@@ -26,6 +26,8 @@ READERS = {
     "start_child_run": STORE_COMMAND.validate_json,
     "append_run_record": STORE_COMMAND.validate_json,
     "record_run_suspension": STORE_COMMAND.validate_json,
+    "append_history_turn": STORE_COMMAND.validate_json,
+    "apply_fact_operations": STORE_COMMAND.validate_json,
     "store_reply_error": StoreReply.model_validate_json,
     "run_event_workflow": RunEvent.model_validate_json,
 }
