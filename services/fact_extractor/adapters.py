@@ -225,7 +225,15 @@ class FactExtractor:
                 raise PermanentError(
                     f"fact operations refused: {error.code.value}: {error.message}"
                 ) from error
-            self._log_outcome(len(proposals.items) + len(proposals.malformed), changes, refusals)
+            sent = {(op.fact_id, op.text) for op in validated.operations}
+            if {(change.fact_id, change.text) for change in changes} != sent:
+                # A redelivery whose answer differs: the turn's first operations stand, unchanged.
+                logger.info(
+                    "turn already applied under its id; its recorded changes stand", recorded=len(changes)
+                )
+                self._log_outcome(len(proposals.items) + len(proposals.malformed), [], refusals)
+            else:
+                self._log_outcome(len(proposals.items) + len(proposals.malformed), changes, refusals)
             return changes, refusals
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 

@@ -47,9 +47,10 @@ class FactExtractorSettings(BaseSettings):
     profile_every_turns: int = Field(
         default=5,
         ge=0,
+        le=250,
         description=(
             "The profile is rewritten on every N-th turn of a session (turn N, 2N, ...), from that "
-            "session's last N turns; 0 never rewrites it."
+            "session's last N turns (at most 250: one history page); 0 never rewrites it."
         ),
     )
     profile_max_lines: int = Field(default=8, ge=1, description="Most lines a profile keeps.")

@@ -376,7 +376,9 @@ async def test_a_redelivered_turn_with_a_different_answer_still_changes_nothing(
     recorded, first = await f.say("I live in Lisbon and I like jazz", new("Lives in Lisbon"))
     before = await f.store.list_facts(ALICE)
     f.propose(recorded.turn_id, new("Likes jazz"))  # a real model need not answer the same twice
-    again = await f.extractor.process(recorded)
+    with structlog.testing.capture_logs() as logs:
+        again = await f.extractor.process(recorded)
+    assert any(entry["event"].startswith("turn already applied") for entry in logs)
     assert again.changes == first.changes  # the turn's recorded changes, not new ones
     assert await f.store.list_facts(ALICE) == before
 
