@@ -214,16 +214,45 @@ class TopicReader:
         return decoded
 
 
+async def wait_while_progressing(
+    reader: TopicReader, done: Callable[[], bool], progress: Callable[[], int], *, stall_s: float
+) -> None:
+    """Wait until `done()`, failing only when `progress()` stops growing for `stall_s` seconds.
+
+    A crash test asks "does the restarted owner catch up?", not "how fast is this machine?": on a
+    loaded machine catching up takes longer, but a stalled partition makes no progress at all.
+    """
+    while not done():
+        seen = progress()
+        try:
+            await reader.wait_for(lambda _, seen=seen: done() or progress() > seen, within=stall_s)
+        except AssertionError:
+            raise AssertionError(f"no progress for {stall_s} s (stuck at {seen})") from None
+
+
 class ReplyReader(TopicReader):
     """A `TopicReader` of a reply topic that groups the raw replies by correlation id."""
 
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(bootstrap, topic)
+        self._grouped: dict[str, list[dict[str, Any]]] = {}
+        self._parsed = 0
+
     def replies(self) -> dict[str, list[dict[str, Any]]]:
-        """Correlation id -> every reply received for it, in arrival order (parsed JSON)."""
-        grouped: dict[str, list[dict[str, Any]]] = {}
-        for value in self.values():
+        """Correlation id -> every reply received for it, in arrival order (parsed JSON).
+
+        Each record is parsed once: waits re-evaluate this on every arrival, and a crash test
+        reads hundreds of replies. The mapping is the reader's own: read it, do not change it.
+        """
+        for record in self.records[self._parsed :]:
+            try:
+                value = json.loads(record.value or b"")
+            except (ValueError, RecursionError):
+                continue
             if isinstance(value, dict) and isinstance(value.get("correlation_id"), str):
-                grouped.setdefault(value["correlation_id"], []).append(value)
-        return grouped
+                self._grouped.setdefault(value["correlation_id"], []).append(value)
+        self._parsed = len(self.records)
+        return self._grouped
 
     async def wait_for_replies(self, correlation_ids: Iterable[str], within: float = 20.0) -> None:
         """Wait until every correlation id has at least one reply."""

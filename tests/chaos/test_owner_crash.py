@@ -44,18 +44,19 @@ from tests.owner_support import (
     mongo_client,
     plan_sessions,
     wait_until_serving,
+    wait_while_progressing,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SESSIONS = 20
 APPENDS = 12
 COMMANDS_PER_SESSION = APPENDS + 3  # create, start, appends, terminal
 KILL_AFTER_REPLIES = 100
-RECOVERY_BUDGET_S = 45.0
-"""From the restart to the last answer: ~1.5 s to start, ~2-3 s to join (the dead member must time
-out first), ~3 s for what is left on an idle machine; several times that on a loaded one. Still
-below the 60 s for which a transaction orphaned by the kill stalls a partition (the last test)."""
+STALL_S = 20.0
+"""The restarted owner must answer something new at least this often until it has caught up (the
+join alone takes 2-3 s; a transaction the kill orphaned holds a partition for the server's
+transaction lifetime: 60 s on mongod and SecantusDB by default, see the last test)."""
 ORPHAN_BUDGET_S = 30.0
 """From the restart to the answer of the one command whose transaction the kill orphaned."""
 
@@ -140,8 +141,11 @@ async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: 
             received = replies.replies()
             return all(len(received.get(cid, ())) >= count for cid, count in wanted.items())
 
+        def answers_so_far() -> int:
+            return sum(len(answers) for answers in replies.replies().values())
+
         try:
-            await replies.wait_for(all_answered, within=RECOVERY_BUDGET_S)
+            await wait_while_progressing(replies, lambda: all_answered(None), answers_so_far, stall_s=STALL_S)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{_diagnosis(crashable.owner)}") from None
         elapsed = time.monotonic() - began
