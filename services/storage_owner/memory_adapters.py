@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import os
@@ -142,14 +143,20 @@ def key_id(tenant_id: str, principal_id: str) -> str:
     return _digest("key", tenant_id, principal_id)
 
 
+@functools.lru_cache(maxsize=4096)
+def _cipher(key: bytes) -> AESGCM:
+    # Building the cipher costs more than sealing a short text; keys repeat across documents.
+    return AESGCM(key)
+
+
 def _seal(key: bytes, plaintext: bytes, context: str) -> bytes:
     nonce = os.urandom(_NONCE)
-    return nonce + AESGCM(key).encrypt(nonce, plaintext, context.encode())
+    return nonce + _cipher(key).encrypt(nonce, plaintext, context.encode())
 
 
 def _open(key: bytes, sealed: bytes, context: str) -> bytes:
     try:
-        return AESGCM(key).decrypt(sealed[:_NONCE], sealed[_NONCE:], context.encode())
+        return _cipher(key).decrypt(sealed[:_NONCE], sealed[_NONCE:], context.encode())
     except InvalidTag as error:
         raise StoreError(ErrorCode.UNAVAILABLE, f"a sealed value does not open ({context})") from error
 

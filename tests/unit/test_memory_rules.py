@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+import random
+from datetime import UTC, datetime, timedelta
 
-from contracts.memory import IndexEntry, MemoryScope
-from services.kit.memory.rules import bm25_scores, keyword_overlap, scope_covers, term_frequencies, tokenize
+from contracts.memory import Fact, IndexEntry, MemoryScope, Provenance
+from services.kit.memory.rules import (
+    bm25_scores,
+    index_ranking,
+    keyword_overlap,
+    rehydrated_ranking,
+    scope_covers,
+    term_frequencies,
+    tokenize,
+)
 
 WHEN = datetime(2025, 1, 1, tzinfo=UTC)
 WHO = MemoryScope(tenant_id="t", principal_id="p", agent_id="a")
@@ -44,3 +53,32 @@ def test_keyword_overlap_and_scope() -> None:
     assert not scope_covers(WHO, WHO.model_copy(update={"agent_id": "b"}))
     assert scope_covers(WHO.model_copy(update={"agent_id": ""}), WHO.model_copy(update={"agent_id": "b"}))
     assert not scope_covers(WHO, WHO.model_copy(update={"tenant_id": "other"}))
+
+
+async def test_lazy_rehydration_ranks_exactly_like_the_full_one() -> None:
+    rng = random.Random(7)
+    words = ["tea", "coffee", "milk", "lima", "cusco", "jazz"]
+    for _ in range(200):
+        facts: dict[str, Fact] = {}
+        entries = []
+        for index in range(rng.randint(0, 12)):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 3)))
+            fact = Fact(
+                fact_id=f"f{index}", scope=WHO, text=text, created_at=WHEN,
+                updated_at=WHEN + timedelta(milliseconds=rng.randint(0, 3)),
+                provenance=Provenance(session_id="s", turn_id="t"), version=rng.choice([1, 2]),
+            )  # fmt: skip
+            entry = _entry(fact.fact_id, text).model_copy(update={"fact_version": rng.choice([1, 2])})
+            entries.append(entry)
+            if rng.random() < 0.9:
+                facts[fact.fact_id] = fact
+        loads: list[str] = []
+
+        async def load(fact_id: str, facts: dict[str, Fact] = facts, loads: list[str] = loads) -> Fact | None:
+            loads.append(fact_id)
+            return facts.get(fact_id)
+
+        query, k = " ".join(rng.sample(words, 2)), rng.randint(1, 4)
+        lazy = await rehydrated_ranking(WHO, query, entries, load, k)
+        assert lazy == index_ranking(WHO, query, entries, facts, k)
+        assert len(loads) <= len(entries)

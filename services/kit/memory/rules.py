@@ -75,9 +75,11 @@ _WORD = re.compile(r"[^\W_]+")
 
 def tokenize(text: str) -> list[str]:
     """Lower-cased, accent-folded words of two or more characters, stopwords removed, in order."""
-    folded = unicodedata.normalize("NFKD", text.casefold())
-    plain = "".join(ch for ch in folded if not unicodedata.combining(ch))
-    return [word for word in _WORD.findall(plain) if len(word) > 1 and word not in STOPWORDS]
+    folded = text.casefold()
+    if not folded.isascii():
+        decomposed = unicodedata.normalize("NFKD", folded)
+        folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return [word for word in _WORD.findall(folded) if len(word) > 1 and word not in STOPWORDS]
 
 
 def term_frequencies(text: str) -> tuple[dict[str, int], int]:
@@ -174,6 +176,36 @@ def index_ranking(
         hits.append((score, fact))
     hits.sort(key=lambda pair: (-pair[0], -pair[1].updated_at.timestamp(), pair[1].fact_id))
     return [ScoredFact(fact=fact, score=score, source=SOURCE_INDEX) for score, fact in hits[:k]]
+
+
+async def rehydrated_ranking(
+    scope: MemoryScope,
+    query: str,
+    entries: Sequence[IndexEntry],
+    load_fact: Callable[[str], Awaitable[Fact | None]],
+    k: int,
+) -> list[ScoredFact]:
+    """`index_ranking`, loading canonical facts one by one in score order, only as far as needed.
+
+    Candidates are rehydrated best first until k survive and the next candidate scores strictly
+    less than the k-th survivor (so ties at the cut are all seen and recency can break them).
+    """
+    visible = [entry for entry in entries if scope_covers(scope, entry.scope)]
+    scored = sorted(
+        ((score, entry) for score, entry in zip(bm25_scores(tokenize(query), visible), visible, strict=True)),
+        key=lambda pair: (-pair[0], pair[1].fact_id),
+    )
+    found: dict[str, Fact] = {}
+    survivors: list[float] = []
+    for score, entry in scored:
+        if score <= 0 or (len(survivors) >= k and score < survivors[k - 1]):
+            break
+        fact = await load_fact(entry.fact_id)
+        if fact is not None:
+            found[fact.fact_id] = fact
+            if fact.version == entry.fact_version and fact.scope == entry.scope:
+                survivors.append(score)
+    return index_ranking(scope, query, visible, found, k)
 
 
 def audit_order(fact: Fact) -> tuple[datetime, str, int]:
@@ -649,8 +681,7 @@ class MemoryRules:
 
         async def operation(tx: MemoryTransaction) -> list[ScoredFact]:
             entries = await tx.principal_index(scope.tenant_id, scope.principal_id)
-            facts = await tx.principal_facts(scope.tenant_id, scope.principal_id)
-            return index_ranking(scope, query, entries, {fact.fact_id: fact for fact in facts}, k)
+            return await rehydrated_ranking(scope, query, entries, tx.load_fact, k)
 
         return await self._transactions.run(operation)
 
