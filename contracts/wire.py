@@ -27,7 +27,7 @@ def has_sub_millisecond(value: datetime) -> bool:
 def _require_aware(value: Any) -> Any:
     if isinstance(value, datetime) and value.tzinfo is None:
         raise ValueError("timestamps must carry a UTC offset")
-    if isinstance(value, str) and not (value.endswith("Z") or value[-6] in "+-"):
+    if isinstance(value, str) and not (value.endswith("Z") or value[-6:-5] in ("+", "-")):
         raise ValueError("timestamps must be RFC 3339 with a UTC offset")
     return value
 

@@ -30,8 +30,10 @@ Why not FastStream's defaults (PLATFORM_NOTES):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from typing import Literal, TypedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypedDict
 
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
@@ -56,6 +58,28 @@ class ConcurrentStartKafkaBroker(KafkaBroker):
         self.running = True
 
 
+async def tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
+    """FastStream's parser, but a header that is not UTF-8 cannot stop the message.
+
+    FastStream decodes every header strictly before any handler runs; a producer's stray bytes
+    would then fail the message outside the delivery wrapper, where no DLQ catches it.
+    """
+    try:
+        return await original(record)
+    except UnicodeDecodeError:
+        headers = [(key, value.decode("utf-8", "replace").encode()) for key, value in record.headers]
+        readable = dataclasses.replace(record, headers=headers)
+        if hasattr(record, "consumer"):
+            readable.consumer = record.consumer
+        return await original(readable)
+
+
+async def raw_decoder(message: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
+    """The body as bytes: handlers decode it themselves (through `Delivery`), so FastStream's
+    own JSON attempt would only cost time and, on hostile input, fail outside the DLQ path."""
+    return message.body
+
+
 class SubscriberOptions(TypedDict):
     """Keyword arguments for `KafkaBroker.subscriber`, the same for every service."""
 
@@ -66,6 +90,8 @@ class SubscriberOptions(TypedDict):
     heartbeat_interval_ms: int
     max_poll_interval_ms: int
     ack_policy: AckPolicy
+    parser: Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
+    decoder: Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
 def topic(settings: KafkaSettings, name: str) -> str:
@@ -128,4 +154,6 @@ def subscriber_options(
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         ack_policy=ack_policy,
+        parser=tolerant_parser,
+        decoder=raw_decoder,
     )

@@ -200,7 +200,7 @@ def correlation_of(body: bytes) -> str:
     """The correlation id of a command that failed validation, when it can be read at all."""
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     correlation_id = value.get("correlation_id") if isinstance(value, dict) else None
     return correlation_id if isinstance(correlation_id, str) else ""
