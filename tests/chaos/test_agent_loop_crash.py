@@ -21,6 +21,9 @@ nothing happened:
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +34,7 @@ import pytest
 from contracts.events import StreamEventType
 from contracts.lifecycle import decode_run_completed
 from contracts.store import LifecycleType, RunStatus
+from contracts.topics import Topic
 from deploy.local.stack import EmbeddedStack
 from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
 from services.planner.logic import TOOL_RESULT_TYPE, final_text
@@ -41,6 +45,7 @@ from tests.e2e.agent_support import (
     terminal_workflow,
     tool_uses,
 )
+from tests.owner_support import TopicReader
 
 pytestmark = pytest.mark.slow
 
@@ -251,3 +256,80 @@ async def test_a_second_tool_executor_takes_over_the_calls_of_a_killed_one(deplo
     answer = final_text(await build_messages_from_run_log(deployment.store, run_id))
     assert "The calculator says 10." in answer and "The calculator says 12." in answer, answer
     print(f"executor takeover: completed {recovered_s:.1f} s after the kill (no restart)")
+
+
+# --- between the two records of one model step ---------------------------------------------------------
+
+
+class SentCommands:
+    """What was sent to the storage owner (`storage.commands`), read outside any group, parsed once."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.reader = TopicReader(
+            deployment.stack.bootstrap, deployment.prefix + Topic.STORAGE_COMMANDS.value
+        )
+        self._appended: set[tuple[str, str]] = set()
+        self._parsed = 0
+
+    def appended(self, run_id: str, event_key: str) -> bool:
+        """Whether an AppendRunRecord of `run_id`'s `event_key` was sent."""
+        for record in self.reader.records[self._parsed :]:
+            value = json.loads(record.value or b"{}")
+            if isinstance(value, dict) and value.get("op") == "AppendRunRecord":
+                self._appended.add((value["record"]["run_id"], value["record"]["event_key"]))
+        self._parsed = len(self.reader.records)
+        return (run_id, event_key) in self._appended
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG services/planner/logic.py model_records + adapters.Planner._model_step: a model step is "
+        "written as two appends (step/<n>/assistant, then step/<n>/usage); a planner that dies between "
+        "them restarts, reuses the recorded assistant message (no new model call) and never writes the "
+        "usage, so the step's tokens are lost and RunView.output_tokens undercounts the output-token budget"
+    ),
+)
+async def test_a_planner_killed_between_a_model_steps_two_records_keeps_its_usage(
+    deployment: Deployment,
+) -> None:
+    """Freeze the owner once the planning phase committed, so the planner's `step/1/assistant`
+    append waits unapplied; kill the planner then (it never saw the reply, so it never sent the
+    usage); resume the owner, which applies the append; a new planner finishes the run."""
+    owner = deployment.owner.pid
+    assert owner is not None
+    commands = SentCommands(deployment)
+    await commands.reader.start()
+    try:
+        session = await deployment.session()
+        request = await deployment.turn(session, "hello there")
+        run_id = request.run_id
+        await deployment.until_event(
+            run_id, lambda e: e.type is StreamEventType.WORKFLOW and e.payload.get("phase") == "planning"
+        )
+        os.kill(owner, signal.SIGSTOP)  # its reply to the planning append is out; the next waits
+        try:
+            await eventually(lambda: commands.appended(run_id, "step/1/assistant"), 10.0, "assistant sent")
+            killed_at = datetime.now(UTC)
+            await deployment.kill_planner()
+        finally:
+            os.kill(owner, signal.SIGCONT)
+    finally:
+        await commands.reader.stop()
+
+    async def assistant_recorded() -> bool:
+        return "step/1/assistant" in {record.event_key for record in await deployment.records(run_id)}
+
+    await eventually(assistant_recorded, 20.0, "the owner applied the assistant append")
+    deployment.start_planner()
+    events = await deployment.until_closed(run_id, within=RECOVERY_S)
+    assert terminal_workflow(events).payload["phase"] == "completed"
+    meta = await deployment.store.load_run(run_id)
+    assert meta.status is RunStatus.COMPLETED and meta.updated_at > killed_at
+    records = await deployment.records(run_id)
+    keys = [record.event_key for record in records]
+    assert [k for k in keys if k.endswith("/assistant")] == [
+        "step/1/assistant"
+    ]  # the model was not asked again
+    usage = [json.loads(r.payload) for r in records if r.event_key == "step/1/usage"]
+    assert usage and usage[0]["output_tokens"] > 0, f"the usage of step 1 is lost: {keys}"

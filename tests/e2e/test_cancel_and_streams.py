@@ -246,6 +246,9 @@ async def test_a_suspended_turn_is_answered_and_continued_in_the_same_session(
         assert accepted.status_code == 202, accepted.text
         first = accepted.json()["run_id"]
         ask = await stream.until(first, StreamEventType.AWAIT_CLARIFICATION)
+        # The planner publishes the question once the suspension committed; the owner's closing
+        # events may come before or after it (two producers): wait for both.
+        await stream.until(first, StreamEventType.RUN_STREAM_END)
         assert ask.payload["prompt"] == "Do you confirm: deleting the notes?"
         assert ask.payload["details"]["choices"] == ["yes", "no"]
         assert phases(stream.of(first))[-1] == "suspended"
