@@ -5,9 +5,10 @@
     quipu answer RUN_ID "Lima"             # answer a suspended run, then follow its continuation
     quipu runs show RUN_ID                 # a run's state and transcript
     quipu sessions end|purge|show ID       # session administration
+    quipu memory list|export|forget P      # what Quipu remembers about a person; delete P FACT; reindex
     quipu serve planner                    # one service alone, against QUIPU_KAFKA_* / QUIPU_MONGO_*
 
-Client commands (`run`, `answer`, `cancel`, `runs`, `sessions`) talk to Kafka directly: the store
+Client commands (`run`, `answer`, `cancel`, `runs`, `sessions`, `memory`) talk to Kafka directly: the store
 through the storage owner, requests to the planner, events from `runs.events` through the same
 `RunEventReader` as the gateway's SSE endpoint, so they show the same events. They find Kafka in
 `QUIPU_KAFKA_*`, or else in the state file a running `quipu up` writes (`QUIPU_STATE_FILE`,
@@ -45,6 +46,7 @@ from rich.text import Text
 from contracts.errors import ErrorCode, StoreError
 from contracts.events import RunEvent, RunPhase, StreamEventType
 from contracts.lifecycle import decode_run_suspended
+from contracts.memory import MemoryScope
 from contracts.runs import RunRequested
 from contracts.store import CancellationReason, LifecycleType, RunMeta, Session
 from contracts.transcript import Message, TranscriptError, message_to_wire
@@ -60,6 +62,8 @@ from services.gateway.logic import (
 )
 from services.kit.events import EventStreamError, RunEventReader, StartAt
 from services.kit.logging import configure_logging
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.reindex import Principal, principals_from_changes, reindex
 from services.kit.settings import KafkaSettings, LogLevel, MongoSettings, ServiceSettings
 from services.kit.store.client import KafkaStore
 
@@ -74,6 +78,10 @@ sessions_app = typer.Typer(help="Administer sessions.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
 app.add_typer(runs_app, name="runs")
+memory_app = typer.Typer(
+    help="See, export and delete what Quipu remembers about a person.", no_args_is_help=True
+)
+app.add_typer(memory_app, name="memory")
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -685,6 +693,134 @@ def sessions_purge(
         async with KafkaStore(kafka) as store:
             await store.purge_session(session_id)
         console.print(f"session {session_id}: purged")
+
+    run_command(work)
+
+
+# --- memory -----------------------------------------------------------------------------------------
+
+PrincipalArgument = Annotated[str, typer.Argument(help="The person (principal id).")]
+TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant of the principal.")]
+MemoryAgentOption = Annotated[
+    str, typer.Option("--agent", "-a", help="Only this agent's facts and the principal-wide ones.")
+]
+
+
+@memory_app.command("list")
+def memory_list(
+    principal: PrincipalArgument, tenant: TenantOption = "", agent: MemoryAgentOption = ""
+) -> None:
+    """The person's current facts, with the session and turn each came from."""
+    kafka = client_settings()
+    _quiet_logging()
+
+    async def work() -> None:
+        async with KafkaMemoryStore.connect(kafka) as memory:
+            facts = await memory.list_facts(
+                MemoryScope(tenant_id=tenant, principal_id=principal, agent_id=agent)
+            )
+        if not facts:
+            console.print(Text(f"nothing remembered about {principal}", style="dim"))
+        for fact in facts:
+            console.print(Text.assemble((fact.fact_id, "bold"), f"  {fact.text}"))
+            where = f"session {fact.provenance.session_id}, turn {fact.provenance.turn_id}"
+            owner = f"agent {fact.scope.agent_id} · " if fact.scope.agent_id else ""
+            updated = format_timestamp(fact.updated_at)
+            console.print(Text(f"    {owner}v{fact.version} · from {where} · updated {updated}", style="dim"))
+
+    run_command(work)
+
+
+@memory_app.command("delete")
+def memory_delete(
+    principal: PrincipalArgument,
+    fact_id: Annotated[str, typer.Argument(help="The fact.")],
+    tenant: TenantOption = "",
+) -> None:
+    """Delete one fact: it leaves retrieval and future prompts at once (its wording stays in the audit)."""
+    kafka = client_settings()
+    _quiet_logging()
+
+    async def work() -> None:
+        scope = MemoryScope(tenant_id=tenant, principal_id=principal)
+        async with KafkaMemoryStore.connect(kafka) as memory:
+            await memory.delete_fact(scope, fact_id)
+            with contextlib.suppress(StoreError):  # derived: the enricher or a reindex drops it too
+                await memory.delete_index_entries(scope, [fact_id])
+        console.print(f"fact {fact_id}: deleted")
+
+    run_command(work)
+
+
+@memory_app.command("export")
+def memory_export(
+    principal: PrincipalArgument,
+    tenant: TenantOption = "",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
+) -> None:
+    """Everything remembered about the person (facts, previous versions, profile) as JSON."""
+    kafka = client_settings()
+    _quiet_logging()
+
+    async def work() -> None:
+        async with KafkaMemoryStore.connect(kafka) as memory:
+            exported = await memory.export_principal(MemoryScope(tenant_id=tenant, principal_id=principal))
+        text = exported.model_dump_json(indent=2)
+        if output is None:
+            print(text)
+        else:
+            output.write_text(text + "\n")
+            console.print(f"written to {output}")
+
+    run_command(work)
+
+
+@memory_app.command("forget")
+def memory_forget(
+    principal: PrincipalArgument,
+    tenant: TenantOption = "",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Forget the person: facts, audit, profile, history, summaries and index entries, for good."""
+    if not yes and not typer.confirm(f"Erase everything Quipu remembers about {principal}?"):
+        raise typer.Exit(EXIT_FAILED)
+    kafka = client_settings()
+    _quiet_logging()
+
+    async def work() -> None:
+        async with KafkaMemoryStore.connect(kafka) as memory:
+            erased = await memory.forget_principal(tenant, principal)
+        console.print(f"{principal}: forgotten ({erased} documents erased)")
+
+    run_command(work)
+
+
+@memory_app.command("reindex")
+def memory_reindex(
+    principal: Annotated[str | None, typer.Option("--principal", help="Only this person.")] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", help="Tenant (with --principal: default ''; else: every tenant)."),
+    ] = None,
+) -> None:
+    """Rebuild the derived retrieval index from curated memory (the authority)."""
+    kafka = client_settings()
+    _quiet_logging()
+
+    async def work() -> None:
+        if principal is not None:
+            principals = [Principal(tenant_id=tenant or "", principal_id=principal)]
+        else:
+            try:
+                principals = await principals_from_changes(kafka, tenant_id=tenant)
+            except TimeoutError as error:
+                raise CliError(str(error)) from error
+        async with KafkaMemoryStore.connect(kafka) as memory:
+            report = await reindex(memory, principals)
+        console.print(
+            f"reindexed {report.principals} principal(s): {report.indexed} entries written, "
+            f"{report.dropped} dropped"
+        )
 
     run_command(work)
 

@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import StoreError
-from services.gateway import logic
+from services.gateway import logic, memory_routes
 from services.gateway.adapters import EventStreams, KafkaRunPublisher
 from services.gateway.handlers import GatewayDeps, health_router, router
 from services.gateway.logic import GatewayError
@@ -69,10 +69,12 @@ def create_app(
     kafka_settings: KafkaSettings,
     deps: GatewayDeps | None = None,
     settings: GatewaySettings | None = None,
+    memory: memory_routes.MemoryDeps | None = None,
 ) -> FastAPI:
     """The gateway; without `deps` its lifespan starts a Kafka store client and a producer.
 
-    With `deps` (tests: an in-memory store, a recording publisher) the caller owns them.
+    With `deps` (tests: an in-memory store, a recording publisher) the caller owns them, and the
+    memory routes use `memory` (any MemoryStore; without it they answer 503).
     """
     settings = settings or GatewaySettings()
 
@@ -80,11 +82,12 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if deps is not None:
             app.state.deps = deps
+            app.state.memory = memory
             try:
                 yield
             finally:
                 deps.streams.close()
-                app.state.deps = None
+                app.state.deps = app.state.memory = None
             return
         store = KafkaStore(
             kafka_settings,
@@ -99,10 +102,11 @@ def create_app(
             await publisher.start()
             try:
                 app.state.deps = GatewayDeps(store, publisher, streams, tenant_id=settings.tenant_id)
+                app.state.memory = memory or memory_routes.over_kafka(store, kafka_settings)
                 yield
             finally:
                 streams.close()
-                app.state.deps = None
+                app.state.deps = app.state.memory = None
                 await publisher.stop()
         finally:
             await store.stop()
@@ -113,8 +117,9 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
     )
-    app.state.deps = None
+    app.state.deps = app.state.memory = None
     app.include_router(router)
+    app.include_router(memory_routes.router)
     app.include_router(health_router)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StoreError, _store_error)

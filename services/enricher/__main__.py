@@ -1,0 +1,21 @@
+"""`python -m services.enricher`: the enricher alone, against the configured Kafka (and its storage owner)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.enricher.app import SERVICE, create_app
+from services.enricher.settings import EnricherSettings
+from services.kit.logging import configure_logging
+from services.kit.settings import KafkaSettings, ServiceSettings
+
+
+def main() -> None:
+    """Read the settings once, configure logging and serve until interrupted."""
+    configure_logging(ServiceSettings(service_name=SERVICE))
+    app = create_app(KafkaSettings(client_id=SERVICE), EnricherSettings())
+    asyncio.run(app.run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The enricher as a FastStream application."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from faststream import FastStream
+
+from contracts.wire import utc_now_ms
+from services.enricher import handlers
+from services.enricher.adapters import Enricher
+from services.enricher.settings import EnricherSettings
+from services.kit.broker import make_broker
+from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.reindex import IndexMaintenance
+from services.kit.settings import KafkaSettings
+
+SERVICE = "enricher"
+
+
+@dataclass
+class EnricherDeps:
+    """What the enricher uses; without a store it opens a Kafka client to the storage owner."""
+
+    store: IndexMaintenance | None = None
+    clock: Callable[[], datetime] = field(default=utc_now_ms)
+
+
+def check_timeouts(kafka: KafkaSettings, settings: EnricherSettings) -> None:
+    """Refuse tries that, all together, could outlive the consumer's poll interval."""
+    worst_s = settings.attempts * (settings.store_timeout_s + settings.retry_delay_s * 2**settings.attempts)
+    if worst_s * 1000 >= kafka.max_poll_interval_ms:
+        raise ValueError(
+            f"attempts x (store_timeout_s + backoff) = {worst_s:g} s must stay below the consumer's "
+            f"max_poll_interval_ms={kafka.max_poll_interval_ms}"
+        )
+
+
+def create_app(
+    kafka: KafkaSettings, settings: EnricherSettings | None = None, deps: EnricherDeps | None = None
+) -> FastStream:
+    """The enricher application; `deps` replaces the store (tests use the in-memory one)."""
+    settings = settings or EnricherSettings()
+    check_timeouts(kafka, settings)
+    broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        await broker.publish(body, topic=topic, key=key, headers=headers)
+
+    # One try at the delivery level: the enricher bounds its own tries and turns the last failure
+    # into a dead letter, where the shared default would rewind and retry the change forever.
+    delivery = Delivery(dead_letter, RetryPolicy(attempts=1))
+    holder = handlers.EnricherHolder()
+    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    given = deps or EnricherDeps()
+    opened: list[KafkaMemoryStore] = []
+
+    async def build() -> None:
+        # Hooks, not a lifespan: `app.start()` (in-process use, tests) runs hooks only.
+        store = given.store
+        if store is None:
+            client = KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_timeout_s, attempts=1)
+            await client.start()
+            opened.append(client)
+            store = client
+        holder.enricher = Enricher(store, settings, clock=given.clock)
+
+    async def close() -> None:
+        for client in opened:
+            await client.stop()
+        opened.clear()
+        holder.enricher = None
+
+    return FastStream(broker, on_startup=[build], after_shutdown=[close])

@@ -1,0 +1,49 @@
+"""The enricher's one subscriber: `memory.changes` → the derived index.
+
+Each message goes through `Delivery`: an undecodable one, a malformed one and one whose update was
+given up are dead-lettered to `memory.changes.dlq` (original bytes, reason, position) and the
+offset moves on; nothing is retried forever. It is the only topic the enricher reads: fact
+changes carry fact texts, never transcripts.
+"""
+
+from __future__ import annotations
+
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
+from pydantic import TypeAdapter
+
+from contracts.memory import FactChanged
+from contracts.topics import Topic
+from services.enricher.adapters import Enricher
+from services.kit.broker import subscriber_options, topic
+from services.kit.delivery import Delivery
+from services.kit.settings import KafkaSettings
+
+FACT_CHANGED = TypeAdapter(FactChanged)
+
+
+class EnricherHolder:
+    """The enricher, once the app's startup hook has built it."""
+
+    def __init__(self) -> None:
+        self.enricher: Enricher | None = None
+
+    def get(self) -> Enricher:
+        """The running enricher."""
+        if self.enricher is None:
+            raise RuntimeError("the enricher is not started")
+        return self.enricher
+
+
+def register(
+    broker: KafkaBroker, settings: KafkaSettings, holder: EnricherHolder, delivery: Delivery, group: str
+) -> None:
+    """Subscribe the enricher to `memory.changes` with its consumer group."""
+
+    @broker.subscriber(
+        topic(settings, Topic.MEMORY_CHANGES),
+        **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
+    )
+    async def on_fact_changed(message: KafkaMessage) -> None:
+        await delivery.handle(message, FACT_CHANGED, holder.get().on_fact_changed)
