@@ -10,7 +10,7 @@
 - `kafka_settings` / `mongo_settings`: settings pointing at the stack, isolated
   by `topic_prefix` / a database named `unique`.
 - An autouse guard fails any test during which the event loop is blocked for
-  longer than a threshold (1 s; `QUIPU_TEST_BLOCK_THRESHOLD` or the marker
+  longer than a threshold (2.5 s; `QUIPU_TEST_BLOCK_THRESHOLD` or the marker
   `event_loop_block_threshold(seconds)` change it; the marker
   `allow_event_loop_blocking` turns it off for a test).
 """
@@ -34,7 +34,9 @@ from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from services.kit.settings import KafkaSettings, MongoSettings
 
 BLOCK_THRESHOLD_ENV = "QUIPU_TEST_BLOCK_THRESHOLD"
-DEFAULT_BLOCK_THRESHOLD = 1.0
+# 2 s: on a loaded 2-core CI box aiokafka alone was seen holding the loop ~1.8 s decoding
+# metadata; a real blocking call (a sync sleep, a sync client) still shows far above it.
+DEFAULT_BLOCK_THRESHOLD = 2.5
 """Seconds the event loop may spend in one step before a test fails."""
 
 
