@@ -1,0 +1,1 @@
+"""The transcript recorder: two product-history rows per turn, and the rolling summary behind the window."""

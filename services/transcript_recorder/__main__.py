@@ -1,0 +1,21 @@
+"""`python -m services.transcript_recorder`: the recorder alone, against the configured Kafka (and owner)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.kit.logging import configure_logging
+from services.kit.settings import KafkaSettings, ServiceSettings
+from services.transcript_recorder.app import SERVICE, create_app
+from services.transcript_recorder.settings import TranscriptRecorderSettings
+
+
+def main() -> None:
+    """Read the settings once, configure logging and serve until interrupted."""
+    configure_logging(ServiceSettings(service_name=SERVICE))
+    app = create_app(KafkaSettings(), TranscriptRecorderSettings())
+    asyncio.run(app.run())
+
+
+if __name__ == "__main__":
+    main()

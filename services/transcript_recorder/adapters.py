@@ -1,0 +1,26 @@
+"""The recorder's I/O: the memory store client (memory commands to the owner) and the summarizer's model."""
+
+from __future__ import annotations
+
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.summary import Summarizer
+from services.kit.models.factory import ModelSettings, make_model
+from services.kit.models.port import ModelClient
+from services.kit.settings import KafkaSettings
+from services.transcript_recorder.settings import TranscriptRecorderSettings
+
+
+def memory_client(kafka: KafkaSettings, settings: TranscriptRecorderSettings) -> KafkaMemoryStore:
+    """A `MemoryStore` that sends memory commands to the storage owner (start it before use)."""
+    return KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_reply_timeout_s)
+
+
+def summarizer(
+    kafka: KafkaSettings, settings: TranscriptRecorderSettings, model: ModelClient | None = None
+) -> Summarizer:
+    """The summarizer over `model`, else the configured model (Claude with a key, else scripted).
+
+    The model's own deadline must fit inside the consumer's poll interval, like every long call.
+    """
+    chosen = model or make_model(ModelSettings(), max_poll_interval_ms=kafka.max_poll_interval_ms)
+    return Summarizer(chosen, settings.summary_max_tokens)

@@ -1,0 +1,73 @@
+"""The transcript recorder as a FastStream application."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faststream import FastStream
+
+from services.kit.broker import make_broker
+from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.protocol import MemoryStore
+from services.kit.models.port import ModelClient
+from services.kit.settings import KafkaSettings
+from services.transcript_recorder import adapters, handlers
+from services.transcript_recorder.logic import TranscriptRecorder
+from services.transcript_recorder.settings import TranscriptRecorderSettings
+
+SERVICE = "transcript-recorder"
+
+
+@dataclass
+class RecorderDeps:
+    """What the recorder works with; `create_app` builds whatever is left None."""
+
+    memory: MemoryStore | None = None
+    model: ModelClient | None = None
+
+
+def create_app(
+    kafka: KafkaSettings,
+    settings: TranscriptRecorderSettings | None = None,
+    deps: RecorderDeps | None = None,
+) -> FastStream:
+    """The recorder application; `deps` replaces the memory store (tests) or the summarizer's model."""
+    settings = settings or TranscriptRecorderSettings()
+    if settings.model_timeout_s * 1000 >= kafka.max_poll_interval_ms:
+        raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
+    broker = make_broker(kafka, client_id=SERVICE)
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        await broker.publish(body, topic=topic, key=key, headers=headers)
+
+    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    holder = handlers.RecorderHolder()
+    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    given = deps or RecorderDeps()
+    opened: list[KafkaMemoryStore] = []
+
+    async def build() -> None:
+        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
+        memory = given.memory
+        if memory is None:
+            client = adapters.memory_client(kafka, settings)
+            await client.start()
+            opened.append(client)
+            memory = client
+        holder.recorder = TranscriptRecorder(
+            memory,
+            adapters.summarizer(kafka, settings, given.model),
+            window_messages=settings.window_messages,
+            fold_batch_messages=settings.fold_batch_messages,
+            fold_attempts=settings.fold_attempts,
+            model_timeout_s=settings.model_timeout_s,
+        )
+
+    async def close() -> None:
+        for client in opened:
+            await client.stop()
+        opened.clear()
+        holder.recorder = None
+
+    return FastStream(broker, on_startup=[build], after_shutdown=[close])
