@@ -56,6 +56,9 @@ class StreamEventType(StrEnum):
     SESSION_STREAM_STARTED = "session_stream_started"
     SESSION_STREAM_END = "session_stream_end"
     RUN_STREAM_END = "run_stream_end"
+    HISTORY_COMPACTED = "history_compacted"
+    """A model call overflowed its request budget: the oldest history turns were compacted into the
+    request's summary block (payload: step, dropped_turns, tokens_before, tokens_after)."""
 
 
 class RunEvent(Envelope):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -21,7 +22,8 @@ import structlog
 from faststream.kafka import KafkaBroker
 
 from contracts.errors import ErrorCode, StoreError
-from contracts.lifecycle import Failure, encode_cancellation_intent
+from contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
+from contracts.memory import HistoryRole
 from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
 from contracts.store import (
     AppendResult,
@@ -37,6 +39,7 @@ from contracts.topics import Topic
 from contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
+    Message,
     ToolUsePart,
     TranscriptError,
     encode_messages,
@@ -45,7 +48,11 @@ from contracts.wire import utc_now_ms
 from services.kit.agents import AgentRegistry, AgentSpec, UnknownAgentError
 from services.kit.broker import topic
 from services.kit.delivery import PermanentError, RetryableError
-from services.kit.models.port import ModelClient, ModelError
+from services.kit.memory.context import ContextBlocks, ContextSource, SpokenTurn
+from services.kit.memory.protocol import MemoryStore
+from services.kit.memory.summary import Summarizer, SummaryError, Utterance
+from services.kit.models.estimate import estimate_request_tokens
+from services.kit.models.port import ModelClient, ModelError, ModelRequest
 from services.kit.settings import KafkaSettings
 from services.kit.store.protocol import Store
 from services.kit.tool_catalog import ToolCatalog, agent_tool
@@ -56,13 +63,14 @@ from services.planner.logic import (
     CONTEXT_TYPE,
     INPUT_KEY,
     INVALID_TRANSCRIPT,
+    MEMORY_CONTEXT_KEY,
+    MEMORY_CONTEXT_TYPE,
     SEED_KEY,
     TOOL_RESULT_TYPE,
     Append,
     CallModel,
     Closed,
-    ContextBlocks,
-    ContextSource,
+    Compaction,
     Dispatch,
     Finish,
     Intend,
@@ -77,26 +85,37 @@ from services.planner.logic import (
     Wait,
     answer_message,
     child_not_started,
+    compacted_messages,
+    compaction_event,
+    compaction_record,
     completed_turn,
     decide,
     dispatch_outputs,
+    dropped_messages,
     failure_finish,
+    fit_messages,
+    history_turns,
     history_window,
     link_key,
     model_failure,
     model_records,
     model_request,
+    overflow_failure,
     reply_delta,
     run_context,
     run_start,
     seed_messages,
     start_plan,
+    summary_text,
+    text_of,
     tool_result_key,
     user_message,
 )
 from services.planner.settings import PlannerSettings
 
 logger = structlog.get_logger(__name__)
+
+COMPACTION_FAILED = "the history over the request budget could not be compacted"
 
 RELOAD_CODES = frozenset(
     {
@@ -200,7 +219,16 @@ class SessionHistoryContext:
         self._store = store
         self._max_messages = max_messages
 
-    async def context(self, session_id: str, principal_id: str, agent_id: str) -> ContextBlocks:
+    async def context(
+        self,
+        session_id: str,
+        principal_id: str,
+        agent_id: str,
+        *,
+        tenant_id: str = "",
+        query: str = "",
+        memory_opt_out: bool = False,
+    ) -> ContextBlocks:
         wanted = self._max_messages // 2
         if not wanted:
             return ContextBlocks()
@@ -217,6 +245,45 @@ class SessionHistoryContext:
             if turn is not None:
                 turns.append(turn)
         return ContextBlocks(history=history_window(list(reversed(turns)), self._max_messages))
+
+
+class PublishedTurns:
+    """A `Publisher` that remembers the turns it published: the `RecentTurns` of this planner.
+
+    The recorder writes history asynchronously (`history.turns`), so a user who answers at once
+    can start a turn before the previous one is recorded. A session's turns are planned by one
+    planner at a time (its partition), which published that previous turn itself: the last
+    turns of each session are kept here and shown word for word until the history holds them.
+    After a rebalance, a turn finished by another copy moments before is not known here; it
+    appears once the recorder has recorded it. Bounded: `turns_per_session` turns for the
+    `sessions` sessions last served.
+    """
+
+    def __init__(self, publisher: Publisher, *, turns_per_session: int = 6, sessions: int = 2048) -> None:
+        self._publisher = publisher
+        self._turns_per_session = max(1, turns_per_session)
+        self._sessions = max(1, sessions)
+        self._recent: OrderedDict[str, list[SpokenTurn]] = OrderedDict()
+
+    async def publish(self, message: Output) -> None:
+        await self._publisher.publish(message)
+        if isinstance(message, TurnCompleted) and message.session_id:
+            self._remember(message)
+
+    def _remember(self, turn: TurnCompleted) -> None:
+        turns = [known for known in self._recent.pop(turn.session_id, []) if known.turn_id != turn.run_id]
+        turns.append(SpokenTurn(turn.run_id, turn.user_text, turn.assistant_text))
+        self._recent[turn.session_id] = turns[-self._turns_per_session :]
+        while len(self._recent) > self._sessions:
+            self._recent.popitem(last=False)
+
+    async def unrecorded(self, session_id: str, recorded: Collection[str], limit: int) -> list[SpokenTurn]:
+        newer: list[SpokenTurn] = []
+        for turn in reversed(self._recent.get(session_id, [])):
+            if turn.turn_id in recorded or len(newer) >= limit:
+                break
+            newer.append(turn)
+        return list(reversed(newer))
 
 
 def tool_book(agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry) -> dict[str, ToolInfo]:
@@ -250,6 +317,8 @@ class PlannerDeps:
     catalog: ToolCatalog | None = None
     agents: AgentRegistry | None = None
     context: ContextSource | None = None
+    memory: MemoryStore | None = None
+    """Conversation memory: with it, the default context source is `MemoryContextSource`."""
 
 
 @dataclass(frozen=True)
@@ -381,7 +450,23 @@ class Planner:
         )
         if view.session_id and not view.has_input and SEED_KEY not in view.keys:
             principal = view.context.principal_id if view.context is not None else ""
-            blocks = await self.deps.context.context(view.session_id, principal, view.agent_id)
+            blocks = await self.deps.context.context(
+                view.session_id,
+                principal,
+                view.agent_id,
+                tenant_id=request.tenant_id,
+                query=request.text,
+                memory_opt_out=agent.memory_opt_out,
+            )
+            if blocks.memory is not None:
+                # Before the seed: whatever the model is shown, the run says which memory it was.
+                view = await self._write_once(
+                    view,
+                    MEMORY_CONTEXT_KEY,
+                    MEMORY_CONTEXT_TYPE,
+                    canonical_json(blocks.memory.payload()),
+                    trigger,
+                )
             seed = seed_messages(blocks)
             if seed:
                 view = await self._write_once(
@@ -541,9 +626,11 @@ class Planner:
             validate_planner_transcript(request.messages)
         except TranscriptError as error:
             failure = Failure(message=str(error), kind=INVALID_TRANSCRIPT, retryable=False)
-            return await self._write(
-                view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
-            )
+            return await self._fail(view, trigger, failure)
+        fitted = await self._fit(view, agent, tools, step, trigger, request)
+        if isinstance(fitted, RunView):
+            return fitted
+        view, request = fitted
         deltas = 0
 
         async def on_text(text: str) -> None:
@@ -562,12 +649,145 @@ class Planner:
             failure = model_failure(
                 str(error), provider=model.name, code=error.kind, http_status=error.http_status
             )
-            return await self._write(
-                view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
-            )
+            return await self._fail(view, trigger, failure)
         for record in model_records(view, step, response, trigger.at):
             view = await self._write(view, record)
         return view
+
+    # --- the request budget ---------------------------------------------------------------------
+
+    async def _fit(
+        self,
+        view: RunView,
+        agent: AgentSpec,
+        tools: Mapping[str, ToolInfo],
+        step: int,
+        trigger: Trigger,
+        request: ModelRequest,
+    ) -> tuple[RunView, ModelRequest] | RunView:
+        """The request of call `step` within the request budget, or the run closed as overflowing.
+
+        Over budget, the oldest history turns are dropped, whole, and what they said is compacted
+        with the summary block into a new summary block (never dropped silently); the compaction
+        is recorded, so a redelivery and every later call of the run see the same request. When
+        the current turn alone (system, memory blocks, this run's own messages) does not fit,
+        the run fails with `context_overflow` instead of sending what the provider would refuse.
+        """
+        if view.compaction is not None and view.compaction.step == step:
+            # Decided before a redelivery: the record is the decision; the stream hears it again.
+            await self.publisher.publish(compaction_event(view, view.compaction, trigger.at))
+            return view, request
+        budget = self.settings.request_budget_tokens
+        tokens = await self._count(request)
+        if tokens <= budget:
+            return view, request
+        previous = view.compaction.dropped_turns if view.compaction is not None else 0
+        droppable = len(history_turns(view.messages)) - previous
+        existing = summary_text(compacted_messages(view.messages, view.compaction))
+        cap = self.settings.compaction_summary_tokens
+
+        def without(drop: int, summary: str | None) -> ModelRequest:
+            return model_request(
+                view,
+                agent,
+                tools,
+                step,
+                self.settings.max_tokens_per_call,
+                fit_messages(view.messages, previous + drop, summary),
+            )
+
+        floor = await self._count(without(droppable, None))
+        if droppable <= 0 or floor + cap > budget:
+            logger.info("turn over its request budget", run_id=view.run_id, tokens=tokens, floor=floor)
+            return await self._fail(view, trigger, overflow_failure(floor, budget))
+        # The fewest turns whose removal fits, by the local estimate scaled to the real count.
+        scale = tokens / max(1, estimate_request_tokens(request))
+        drop = next(
+            (
+                count
+                for count in range(1, droppable + 1)
+                if estimate_request_tokens(without(count, None)) * scale + cap <= budget
+            ),
+            droppable,
+        )
+        summary, after, summarized = existing, tokens, 0
+        while True:
+            new = dropped_messages(view.messages, previous + summarized, previous + drop)
+            compacted = await self._compact(summary, new, f"{view.run_id}/step/{step}/compact/{drop}")
+            if isinstance(compacted, Failure):
+                return await self._fail(view, trigger, compacted)
+            summary, summarized = compacted, drop
+            after = await self._count(without(drop, summary))
+            if after <= budget or drop == droppable:
+                break
+            drop = droppable  # the estimate fell short: compact the rest too, in one more call
+        if after > budget:
+            return await self._fail(view, trigger, overflow_failure(after, budget))
+        compaction = Compaction(
+            step=step,
+            dropped_turns=previous + drop,
+            summary=summary,
+            tokens_before=tokens,
+            tokens_after=after,
+        )
+        logger.info(
+            "history compacted to fit the request budget",
+            run_id=view.run_id,
+            step=step,
+            dropped_turns=compaction.dropped_turns,
+            tokens_before=tokens,
+            tokens_after=after,
+        )
+        view = await self._write(view, compaction_record(view, compaction, trigger.at))
+        if view.closed or view.compaction is None:
+            return view  # another writer closed the run meanwhile
+        await self.publisher.publish(compaction_event(view, view.compaction, trigger.at))
+        return view, model_request(view, agent, tools, step, self.settings.max_tokens_per_call)
+
+    async def _count(self, request: ModelRequest) -> int:
+        """Input tokens of a request: the local estimate while it is far below the budget, else
+        the provider's counter (the estimate when the counter fails or is slow)."""
+        estimate = estimate_request_tokens(request)
+        if estimate <= self.settings.request_budget_tokens * self.settings.count_tokens_above:
+            return estimate
+        try:
+            return await asyncio.wait_for(
+                self.deps.model.count_tokens(request), self.settings.count_tokens_timeout_s
+            )
+        except (ModelError, TimeoutError) as error:
+            logger.info("token count unavailable; using the local estimate", error=str(error))
+            return estimate
+
+    async def _compact(self, summary: str, dropped: list[Message], call_key: str) -> str | Failure:
+        """`summary` extended with the dropped turns, capped; a Failure when it cannot be written."""
+        summarizer = Summarizer(self.deps.model, self.settings.compaction_summary_tokens)
+        said = [
+            Utterance(HistoryRole.USER if message.role == "user" else HistoryRole.ASSISTANT, text_of(message))
+            for message in dropped
+        ]
+        try:
+            written = await asyncio.wait_for(
+                summarizer.summarize(summary, said, call_key), self.settings.compaction_timeout_s
+            )
+        except TimeoutError as error:
+            raise RetryableError(f"compaction {call_key} timed out") from error
+        except ModelError as error:
+            if error.retryable:
+                raise RetryableError(f"compaction {call_key}: {error.kind}: {error}") from error
+            return overflow_failure(
+                0, 0, f"the history over the request budget could not be compacted: {error}"
+            )
+        except SummaryError as error:
+            return overflow_failure(
+                0, 0, f"the history over the request budget could not be compacted: {error}"
+            )
+        return written.text
+
+    async def _fail(self, view: RunView, trigger: Trigger, failure: Failure) -> RunView:
+        """Close the run as failed."""
+        return await self._write(
+            view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
+        )
 
     # --- writing --------------------------------------------------------------------------------
 

@@ -7,31 +7,67 @@ from faststream import FastStream
 from services.kit.agents import default_agents
 from services.kit.broker import make_broker
 from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.context import ContextSource, MemoryContextSource
+from services.kit.memory.protocol import MemoryStore
 from services.kit.models.factory import ModelSettings, make_model
 from services.kit.settings import KafkaSettings
 from services.kit.store.client import KafkaStore
 from services.kit.tool_catalog import default_catalog
 from services.planner import handlers
-from services.planner.adapters import KafkaPublisher, Planner, PlannerDeps, ReadyDeps, SessionHistoryContext
+from services.planner.adapters import (
+    KafkaPublisher,
+    Planner,
+    PlannerDeps,
+    PublishedTurns,
+    ReadyDeps,
+    SessionHistoryContext,
+)
 from services.planner.settings import PlannerSettings
 
 SERVICE = "planner"
 
 
 def check_timeouts(kafka: KafkaSettings, settings: PlannerSettings) -> None:
-    """Refuse a model timeout that, with its retries, could outlive the consumer's poll interval."""
-    worst_s = settings.model_timeout_s * settings.retry_attempts
+    """Refuse a model timeout that, with its retries, could outlive the consumer's poll interval.
+
+    One message's worst case is a model call, plus, when the request overflows its budget, two
+    compaction calls and four token counts.
+    """
+    per_attempt_s = (
+        settings.model_timeout_s + 2 * settings.compaction_timeout_s + 4 * settings.count_tokens_timeout_s
+    )
+    worst_s = per_attempt_s * settings.retry_attempts
     if worst_s * 1000 >= kafka.max_poll_interval_ms:
         raise ValueError(
-            f"model_timeout_s x retry_attempts = {worst_s:g} s must stay below the consumer's "
+            f"(model_timeout_s + 2 x compaction_timeout_s + 4 x count_tokens_timeout_s) x "
+            f"retry_attempts = {worst_s:g} s must stay below the consumer's "
             f"max_poll_interval_ms={kafka.max_poll_interval_ms}"
         )
+
+
+def memory_context(
+    memory: MemoryStore, published: PublishedTurns, settings: PlannerSettings
+) -> MemoryContextSource:
+    """The memory context source: facts, profile, rolling summary and literal window from `memory`,
+    plus the turns this planner published that the recorder has not recorded yet."""
+    return MemoryContextSource(
+        memory,
+        window_messages=settings.history_messages,
+        facts_k=settings.facts_k,
+        index_timeout_s=settings.memory_index_timeout_s,
+        recent_turns=published,
+    )
 
 
 def create_app(
     kafka: KafkaSettings, settings: PlannerSettings | None = None, deps: PlannerDeps | None = None
 ) -> FastStream:
-    """The planner application; `deps` replaces any of store, model, catalog, agents, context source."""
+    """The planner application; `deps` replaces any of store, model, catalog, agents, context source.
+
+    The context source is `deps.context`, else the memory one over `deps.memory`, else (with
+    `use_memory`) the memory one over the owner's memory commands, else the run-log history.
+    """
     settings = settings or PlannerSettings()
     check_timeouts(kafka, settings)
     broker = make_broker(kafka, client_id=SERVICE)
@@ -53,6 +89,18 @@ def create_app(
             await client.start()
             opened.append(client)
             store = client
+        publisher = PublishedTurns(
+            KafkaPublisher(broker, kafka), turns_per_session=max(1, settings.history_messages // 2)
+        )
+        context: ContextSource
+        if given.context is not None:
+            context = given.context
+        elif given.memory is not None:
+            context = memory_context(given.memory, publisher, settings)
+        elif settings.use_memory and isinstance(store, KafkaStore):
+            context = memory_context(KafkaMemoryStore(store), publisher, settings)
+        else:
+            context = SessionHistoryContext(store, settings.history_messages)
         model = given.model or make_model(
             ModelSettings(), max_poll_interval_ms=int(settings.model_timeout_s * 1000)
         )
@@ -61,9 +109,9 @@ def create_app(
             model=model,
             catalog=given.catalog or default_catalog(),
             agents=given.agents or default_agents(),
-            context=given.context or SessionHistoryContext(store, settings.history_messages),
+            context=context,
         )
-        holder.planner = Planner(ready, KafkaPublisher(broker, kafka), settings)
+        holder.planner = Planner(ready, publisher, settings)
 
     async def close() -> None:
         for client in opened:

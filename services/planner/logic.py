@@ -17,11 +17,13 @@ Record keys (per run; the store makes `(run_id, event_key)` unique):
 | --- | --- | --- |
 | `started`, `stopped` | run_started, run_completed | the start (the store keeps one of them) |
 | `context` | planner_context | after the start: principal, budgets, the parent's tool call |
+| `memory-context` | memory_context | memory a new turn's context used: fact ids and versions, summary |
 | `seed` | transcript_messages_seeded | history before the run (session turns, a predecessor) |
 | `input` | transcript_messages_appended | the user's text, or the answer to a suspended tool use |
 | `phase/<n>/<phase>` | run_phase_changed | planning / synthesizing before call n, executing_tools after |
 | `step/<n>/assistant` | transcript_messages_appended | the model's message of call n, parts in order |
 | `step/<n>/usage` | usage | tokens of call n |
+| `step/<n>/compacted` | history_compacted | call n overflowed its budget: oldest history turns compacted |
 | `tool-result/<tool_use_id>` | tool_result | one tool result as it arrives (first one wins) |
 | `step/<n>/tool-results` | transcript_messages_appended | every result of call n's tool uses, in use order |
 | `child/<tool_call_id>` | child_run_linked | on the parent, by the child's start |
@@ -36,7 +38,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from contracts.envelope import derive_id
 from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType
@@ -71,6 +73,8 @@ from contracts.transcript import (
     encode_messages,
 )
 from services.kit.agents import AgentSpec
+from services.kit.memory.context import ContextBlocks
+from services.kit.memory.summary import summary_block, summary_of_block
 from services.kit.models.port import ModelRequest, ModelResponse, ToolSpec
 
 # --- record types and keys -----------------------------------------------------------------------
@@ -84,10 +88,17 @@ TOOL_RESULT_TYPE = "tool_result"
 USAGE_TYPE = "usage"
 """Ordinary record (key `step/<n>/usage`): tokens of one model call."""
 
+MEMORY_CONTEXT_TYPE = "memory_context"
+"""Ordinary record (key `memory-context`): the memory a turn's context used (facts, summary, window)."""
+
+HISTORY_COMPACTED_TYPE = "history_compacted"
+"""Ordinary record (key `step/<n>/compacted`): history dropped from call n and compacted into its summary."""
+
 STARTED_KEY = "started"
 STOPPED_KEY = "stopped"
 CONTEXT_KEY = "context"
 SEED_KEY = "seed"
+MEMORY_CONTEXT_KEY = "memory-context"
 INPUT_KEY = "input"
 CANCEL_KEY = "cancel"
 COMPLETED_KEY = "completed"
@@ -101,6 +112,7 @@ BUDGET_EXHAUSTED = "budget_exhausted"
 MODEL_ERROR = "model_error"
 INVALID_TRANSCRIPT = "invalid_transcript"
 INPUT_REQUIRED = "input_required"
+CONTEXT_OVERFLOW = "context_overflow"
 """Failure kinds the planner writes."""
 
 
@@ -117,6 +129,11 @@ def usage_key(step: int) -> str:
 def tool_results_key(step: int) -> str:
     """Key of the user message answering the tool uses of call `step`."""
     return f"step/{step}/tool-results"
+
+
+def compacted_key(step: int) -> str:
+    """Key of the compaction that made model call `step` fit its budget."""
+    return f"step/{step}/compacted"
 
 
 def tool_result_key(tool_use_id: str) -> str:
@@ -187,6 +204,45 @@ class RunContext:
             max_steps=int(value["max_steps"]),
             max_output_tokens=int(value["max_output_tokens"]),
             parent=ParentToolCall.model_validate(parent) if parent else None,
+        )
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """History dropped from a request to fit its budget, and the summary it was compacted into.
+
+    `dropped_turns` counts from the start of the run's history (a later compaction of the same
+    run includes the earlier one's turns); `summary` replaces the request's summary block.
+    """
+
+    step: int
+    dropped_turns: int
+    summary: str
+    tokens_before: int
+    tokens_after: int
+
+    def encode(self) -> bytes:
+        """Canonical JSON of the `history_compacted` record."""
+        return canonical_json(
+            {
+                "step": self.step,
+                "dropped_turns": self.dropped_turns,
+                "summary": self.summary,
+                "tokens_before": self.tokens_before,
+                "tokens_after": self.tokens_after,
+            }
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Compaction:
+        """Read a `history_compacted` record's payload."""
+        value = json.loads(payload)
+        return cls(
+            step=int(value["step"]),
+            dropped_turns=int(value["dropped_turns"]),
+            summary=str(value["summary"]),
+            tokens_before=int(value["tokens_before"]),
+            tokens_after=int(value["tokens_after"]),
         )
 
 
@@ -323,6 +379,8 @@ class RunView:
     terminal_time: datetime | None = None
     suspended_time: datetime | None = None
     output_tokens: int = 0
+    compaction: Compaction | None = None
+    """The latest compaction of the run's history (it holds for every later call too)."""
     session_ended: bool = False
     """Observed, not recorded: a store reply said the session has ended (workers stop planning)."""
 
@@ -361,6 +419,10 @@ class RunView:
             self.context = RunContext.decode(record.payload)
         elif kind == USAGE_TYPE:
             self.output_tokens += int(json.loads(record.payload).get("output_tokens", 0))
+        elif kind == HISTORY_COMPACTED_TYPE:
+            compaction = Compaction.decode(record.payload)
+            if self.compaction is None or compaction.step >= self.compaction.step:
+                self.compaction = compaction
         else:
             self._add_lifecycle(record)
 
@@ -454,22 +516,6 @@ def completed_turn(messages: Sequence[Message]) -> tuple[str, str] | None:
 # --- context assembly (the port the memory services implement) ---------------------------------------
 
 
-@dataclass(frozen=True)
-class ContextBlocks:
-    """What a turn starts from besides the user's words: system blocks and earlier history."""
-
-    system_blocks: list[str] = field(default_factory=list)
-    history: list[Message] = field(default_factory=list)
-
-
-class ContextSource(Protocol):
-    """Assembles a new turn's context (literal window, summary, facts) for a session."""
-
-    async def context(self, session_id: str, principal_id: str, agent_id: str) -> ContextBlocks:
-        """Blocks for the system prompt and history messages, oldest first."""
-        ...
-
-
 def history_window(turns: Sequence[tuple[str, str]], max_messages: int) -> list[Message]:
     """The last whole turns, as user/assistant text messages, at most `max_messages` of them."""
     keep = max(0, max_messages // 2)
@@ -479,6 +525,112 @@ def history_window(turns: Sequence[tuple[str, str]], max_messages: int) -> list[
         messages.append(Message(role="user", parts=(TextPart(text=said),)))
         messages.append(Message(role="assistant", parts=(TextPart(text=answered),)))
     return messages
+
+
+def history_turns(messages: Sequence[Message]) -> list[tuple[int, int]]:
+    """Index ranges `[start, end)` of the earlier turns a request may drop, oldest first.
+
+    The history is every non-system message before the current turn's user text (the last
+    user message with text: tool results carry none), cut into turns at each user text.
+    """
+    current = next(
+        (index for index in range(len(messages) - 1, -1, -1) if _is_user_text(messages[index])), -1
+    )
+    starts = [index for index in range(max(current, 0)) if _is_user_text(messages[index])]
+    return [(start, end) for start, end in zip(starts, [*starts[1:], current], strict=True)]
+
+
+def compacted_summary_note(dropped_turns: int) -> str:
+    """What a compacted summary block covers."""
+    plural = "s" if dropped_turns != 1 else ""
+    return (
+        f"the session's summary and the {dropped_turns} oldest turn{plural} of the history, "
+        "compacted to fit this request"
+    )
+
+
+def summary_text(messages: Sequence[Message]) -> str:
+    """The summary in a request's summary block (empty when it has none)."""
+    for message in messages:
+        if message.role == "system":
+            found = summary_of_block(text_of(message))
+            if found is not None:
+                return found
+    return ""
+
+
+def fit_messages(messages: Sequence[Message], drop: int, summary: str | None) -> list[Message]:
+    """`messages` without the `drop` oldest history turns, the summary block replaced by `summary`.
+
+    `summary` None removes the block; a new block goes after the other system blocks, directly
+    above the history.
+    """
+    turns = history_turns(messages)[:drop]
+    dropped = {index for start, end in turns for index in range(start, end)}
+    kept = [
+        message
+        for index, message in enumerate(messages)
+        if index not in dropped
+        and not (message.role == "system" and summary_of_block(text_of(message)) is not None)
+    ]
+    if summary is None or not summary.strip():
+        return kept
+    block = Message(
+        role="system", parts=(TextPart(text=summary_block(summary, compacted_summary_note(drop))),)
+    )
+    position = next((index for index, message in enumerate(kept) if message.role != "system"), len(kept))
+    return [*kept[:position], block, *kept[position:]]
+
+
+def compacted_messages(messages: Sequence[Message], compaction: Compaction | None) -> list[Message]:
+    """The run's messages as its latest compaction lets a request see them."""
+    if compaction is None:
+        return list(messages)
+    return fit_messages(messages, compaction.dropped_turns, compaction.summary)
+
+
+def dropped_messages(messages: Sequence[Message], first: int, last: int) -> list[Message]:
+    """The messages of history turns `first` to `last - 1` (the ones a compaction summarises)."""
+    turns = history_turns(messages)[first:last]
+    return [message for start, end in turns for message in messages[start:end]]
+
+
+def compaction_record(view: RunView, compaction: Compaction, at: datetime) -> Record:
+    """The `history_compacted` record of a compaction."""
+    return view.record(compacted_key(compaction.step), HISTORY_COMPACTED_TYPE, compaction.encode(), at)
+
+
+def compaction_event(view: RunView, compaction: Compaction, at: datetime) -> RunEvent:
+    """The `history_compacted` event: how many turns were compacted, tokens before and after."""
+    key = compacted_key(compaction.step)
+    return RunEvent(
+        event_id=derive_id(view.run_id, key),
+        occurred_at=at,
+        type=StreamEventType.HISTORY_COMPACTED,
+        event_key=key,
+        run_id=view.run_id,
+        session_id=view.session_id,
+        timestamp=at,
+        payload={
+            "step": compaction.step,
+            "dropped_turns": compaction.dropped_turns,
+            "tokens_before": compaction.tokens_before,
+            "tokens_after": compaction.tokens_after,
+        },
+    )
+
+
+def overflow_failure(needed: int, budget: int, why: str = "") -> Failure:
+    """The failure of a turn that cannot fit its request budget even without any history."""
+    return Failure(
+        message=why
+        or (
+            f"the current turn alone needs {needed} input tokens, over the request budget of "
+            f"{budget}: it cannot be sent even with every earlier turn dropped"
+        ),
+        kind=CONTEXT_OVERFLOW,
+        retryable=False,
+    )
 
 
 def seed_messages(blocks: ContextBlocks) -> list[Message]:
@@ -1078,16 +1230,22 @@ def model_request(
     tools: Mapping[str, ToolInfo],
     step: int,
     max_tokens_per_call: int,
+    messages: Sequence[Message] | None = None,
 ) -> ModelRequest:
-    """The request of model call `step`: the agent's prompt plus system blocks, the transcript, tools."""
+    """The request of model call `step`: the agent's prompt plus system blocks, the transcript, tools.
+
+    The transcript is the run's messages as its latest compaction shows them, unless `messages`
+    is given (the planner trying a compaction).
+    """
     assert view.context is not None
-    system = [agent.system_prompt, *(text_of(m) for m in view.messages if m.role == "system")]
+    shown = compacted_messages(view.messages, view.compaction) if messages is None else list(messages)
+    system = [agent.system_prompt, *(text_of(m) for m in shown if m.role == "system")]
     remaining = view.context.max_output_tokens - view.output_tokens
     max_tokens = max(1, min(max_tokens_per_call, remaining))
     thinking = agent.thinking_budget if agent.thinking_budget < max_tokens else 0
     return ModelRequest(
         system="\n\n".join(text for text in system if text),
-        messages=[message for message in view.messages if message.role != "system"],
+        messages=[message for message in shown if message.role != "system"],
         tools=[tools[name].spec for name in agent.tools if name in tools],
         max_tokens=max_tokens,
         thinking_budget=thinking,

@@ -43,7 +43,68 @@ class PlannerSettings(BaseSettings):
     history_messages: int = Field(
         default=12,
         ge=0,
-        description="Earlier-turn messages (whole turns) the default context source seeds a turn with.",
+        le=500,
+        description=(
+            "The literal window: earlier-turn messages (whole turns) a turn is seeded with, word for "
+            "word. Keep it equal to the transcript recorder's `window_messages`."
+        ),
+    )
+    use_memory: bool = Field(
+        default=True,
+        description=(
+            "Build each turn's context from conversation memory (facts and profile, the rolling "
+            "summary, the literal window) through the storage owner's memory commands; false: "
+            "from the session's run logs (the last `history_messages` messages, no summary, no "
+            "facts). Memory needs the transcript recorder running; turns it has not recorded yet "
+            "are shown from what this planner published."
+        ),
+    )
+    facts_k: int = Field(
+        default=5, ge=0, le=100, description="Facts about the person retrieved for a turn (0: none)."
+    )
+    memory_index_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "Wait for the derived memory index; when it errs, is slower or finds nothing, facts "
+            "come from the authority (keyword and recency) instead."
+        ),
+    )
+    request_budget_tokens: int = Field(
+        default=150_000,
+        ge=256,
+        description=(
+            "Input tokens one model request may carry (system, memory blocks, history, this turn, "
+            "tools). Over it, the oldest history turns are compacted into the summary block; a turn "
+            "that does not fit even without history fails with `context_overflow`. Together with "
+            "`max_tokens_per_call` it must fit the model's context window."
+        ),
+    )
+    count_tokens_above: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description=(
+            "Fraction of `request_budget_tokens` above which a request's tokens are counted by the "
+            "provider (one API call per model call); below it the local estimate (4 characters a "
+            "token) is trusted. The estimate can undercount code, JSON and non-Latin scripts "
+            "severalfold, hence the wide margin; 0 counts every request."
+        ),
+    )
+    count_tokens_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Bound on one token count (the provider's counter); past it the local estimate is used.",
+    )
+    compaction_summary_tokens: int = Field(
+        default=500,
+        ge=32,
+        description="Cap of the summary block a compaction writes, in tokens of the local estimate.",
+    )
+    compaction_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Bound on one compaction (summarizer) call; past it the message is tried again later.",
     )
     store_reply_timeout_s: float = Field(
         default=5.0, gt=0, description="Wait for one storage-owner reply before resending the command."
