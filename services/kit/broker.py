@@ -90,8 +90,6 @@ class SubscriberOptions(TypedDict):
     heartbeat_interval_ms: int
     max_poll_interval_ms: int
     ack_policy: AckPolicy
-    parser: Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
-    decoder: Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
 
 def topic(settings: KafkaSettings, name: str) -> str:
@@ -128,6 +126,10 @@ def make_broker(
         graceful_timeout=graceful_timeout,
         logger=logging.getLogger(BROKER_LOGGER_NAME),
         log_level=log_level,
+        # Every subscriber: headers that are not UTF-8 and bodies FastStream cannot decode reach
+        # the handler (and so the delivery wrapper and its DLQ) instead of failing before it.
+        parser=tolerant_parser,
+        decoder=raw_decoder,
     )
 
 
@@ -154,6 +156,4 @@ def subscriber_options(
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         ack_policy=ack_policy,
-        parser=tolerant_parser,
-        decoder=raw_decoder,
     )

@@ -105,17 +105,22 @@ class Delivery:
         message: ConsumedMessage,
         payload_type: TypeAdapter[T],
         effect: Callable[[T], Awaitable[None]],
-        on_invalid: Callable[[bytes, ValidationError], Awaitable[None]] | None = None,
+        on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
     ) -> None:
         """Decode `message` as `payload_type`, apply `effect`, and only then commit."""
         log = logger.bind(**_position(message))
         try:
             payload = payload_type.validate_json(message.body)
-        except ValidationError as error:
-            log.warning("invalid message", error_count=error.error_count())
+        except Exception as error:
+            # A validator that raises something else than ValueError escapes pydantic as itself.
+            if isinstance(error, ValidationError):
+                detail = describe(error)
+            else:
+                detail = f"undecodable: {error!r}"[:500]
+            log.warning("invalid message", error_type=type(error).__name__)
             if on_invalid is not None:
-                await on_invalid(message.body, error)
-            await self.dead_letter(message, "invalid_payload", describe(error), attempts=0)
+                await on_invalid(message.body, detail)
+            await self.dead_letter(message, "invalid_payload", detail, attempts=0)
             await message.ack()
             return
         for attempt in range(1, self._policy.attempts + 1):

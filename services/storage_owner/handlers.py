@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
-from pydantic import ValidationError
 
 from contracts.commands import STORE_COMMAND, StoreOperation, StoreReply
 from contracts.errors import ErrorCode, StoreError
 from contracts.topics import Topic
 from services.kit.broker import subscriber_options, topic
-from services.kit.delivery import Delivery, describe
+from services.kit.delivery import Delivery
 from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings
 from services.kit.store.client import REPLY_TO_HEADER
@@ -68,10 +67,10 @@ def register(
                     key=publication.key.encode(),
                 )
 
-        async def refuse(body: bytes, error: ValidationError) -> None:
+        async def refuse(body: bytes, reason: str) -> None:
             correlation_id = correlation_of(body)
             if correlation_id:
-                invalid = StoreError(ErrorCode.INVALID_ARGUMENT, describe(error))
+                invalid = StoreError(ErrorCode.INVALID_ARGUMENT, reason)
                 await publish_reply(StoreReply(correlation_id=correlation_id, error=invalid.to_body()))
 
         await delivery.handle(message, STORE_COMMAND, apply, on_invalid=refuse)

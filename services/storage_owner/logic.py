@@ -49,9 +49,12 @@ class Publication:
 
 
 def _event(record: Record, type_: StreamEventType, payload: dict[str, Any], key: str = "") -> RunEvent:
+    event_key = key or record.event_key
     return RunEvent(
+        # Derived, so a republished event (an exact retry) carries the same id as the first.
+        event_id=derive_id(record.run_id, f"{type_.value}/{event_key}"),
         type=type_,
-        event_key=key or record.event_key,
+        event_key=event_key,
         run_id=record.run_id,
         session_id=record.session_id,
         timestamp=record.timestamp,
