@@ -108,6 +108,7 @@ from services.planner.logic import (
     start_plan,
     summary_text,
     text_of,
+    to_millisecond,
     tool_result_key,
     user_message,
 )
@@ -271,19 +272,27 @@ class PublishedTurns:
             self._remember(message)
 
     def _remember(self, turn: TurnCompleted) -> None:
-        turns = [known for known in self._recent.pop(turn.session_id, []) if known.turn_id != turn.run_id]
-        turns.append(SpokenTurn(turn.run_id, turn.user_text, turn.assistant_text))
+        turns = self._recent.pop(turn.session_id, [])
+        if all(known.turn_id != turn.run_id for known in turns):
+            # A replayed old turn takes its place in time, never the newest one's.
+            turns.append(
+                SpokenTurn(turn.run_id, turn.user_text, turn.assistant_text, to_millisecond(turn.occurred_at))
+            )
+            turns.sort(key=lambda known: known.completed_at or turn.occurred_at)
         self._recent[turn.session_id] = turns[-self._turns_per_session :]
         while len(self._recent) > self._sessions:
             self._recent.popitem(last=False)
 
-    async def unrecorded(self, session_id: str, recorded: Collection[str], limit: int) -> list[SpokenTurn]:
-        newer: list[SpokenTurn] = []
-        for turn in reversed(self._recent.get(session_id, [])):
-            if turn.turn_id in recorded or len(newer) >= limit:
-                break
-            newer.append(turn)
-        return list(reversed(newer))
+    async def unrecorded(
+        self, session_id: str, recorded: Collection[str], since: datetime | None, limit: int
+    ) -> list[SpokenTurn]:
+        newer = [
+            turn
+            for turn in self._recent.get(session_id, [])
+            if turn.turn_id not in recorded
+            and (since is None or turn.completed_at is None or turn.completed_at >= since)
+        ]
+        return newer[-limit:] if limit > 0 else []
 
 
 def tool_book(agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry) -> dict[str, ToolInfo]:

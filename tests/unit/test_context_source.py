@@ -24,6 +24,7 @@ from contracts.memory import (
     ScoredFact,
     SessionSummary,
 )
+from contracts.runs import TurnCompleted
 from contracts.transcript import Message, TextPart
 from services.kit.memory.context import (
     FALLBACK_INDEX_EMPTY,
@@ -37,6 +38,7 @@ from services.kit.memory.context import (
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.rules import build_index_entry
 from services.kit.memory.summary import SUMMARY_HEADER, summary_of_block
+from services.planner.adapters import PublishedTurns
 
 AT = datetime(2026, 3, 4, 10, 0, tzinfo=UTC)
 SESSION = "s-context"
@@ -283,16 +285,13 @@ async def test_a_recorder_far_behind_shows_a_bounded_number_of_unfolded_rows() -
 class Published:
     def __init__(self, *turns: SpokenTurn) -> None:
         self.turns = list(turns)
-        self.asked: list[tuple[str, set[str], int]] = []
+        self.asked: list[tuple[str, set[str], datetime | None, int]] = []
 
-    async def unrecorded(self, session_id: str, recorded: Collection[str], limit: int) -> list[SpokenTurn]:
-        self.asked.append((session_id, set(recorded), limit))
-        newer: list[SpokenTurn] = []
-        for turn in reversed(self.turns):
-            if turn.turn_id in recorded or len(newer) >= limit:
-                break
-            newer.append(turn)
-        return list(reversed(newer))
+    async def unrecorded(
+        self, session_id: str, recorded: Collection[str], since: datetime | None, limit: int
+    ) -> list[SpokenTurn]:
+        self.asked.append((session_id, set(recorded), since, limit))
+        return [turn for turn in self.turns if turn.turn_id not in recorded][-limit:]
 
 
 async def test_turns_not_recorded_yet_follow_the_recorded_window() -> None:
@@ -308,6 +307,58 @@ async def test_turns_not_recorded_yet_follow_the_recorded_window() -> None:
 
     assert [text(m) for m in blocks.history][-4:] == ["question 3", "answer 3", "question 4", "answer 4"]
     assert len(blocks.history) == 8
-    assert published.asked == [(SESSION, {"run-1", "run-2", "run-3"}, 6)]
+    assert published.asked == [(SESSION, {"run-1", "run-2", "run-3"}, AT, 6)]
     assert blocks.memory is not None
     assert blocks.memory.unrecorded_turns == 1
+
+
+# --- the planner's memory of what it published ------------------------------------------------
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.messages: list[object] = []
+
+    async def publish(self, message: object) -> None:
+        self.messages.append(message)
+
+
+def finished(number: int, session_id: str = SESSION, minute: int | None = None) -> TurnCompleted:
+    return TurnCompleted(
+        session_id=session_id,
+        run_id=f"run-{number}",
+        agent_id="assistant",
+        user_text=f"question {number}",
+        assistant_text=f"answer {number}",
+        occurred_at=AT.replace(minute=minute if minute is not None else number, microsecond=999),
+    )
+
+
+async def test_published_turns_are_remembered_in_time_order_and_forwarded() -> None:
+    sink = Sink()
+    published = PublishedTurns(sink, turns_per_session=3, sessions=2)  # type: ignore[arg-type]
+    for number in (1, 2, 3, 4):
+        await published.publish(finished(number))
+    await published.publish(finished(1, minute=1))  # a replayed old turn stays where it was
+
+    assert len(sink.messages) == 5
+    recent = await published.unrecorded(SESSION, {"run-2"}, AT.replace(minute=2), 6)
+    assert [turn.turn_id for turn in recent] == ["run-3", "run-4"]
+    assert recent[0].completed_at == AT.replace(minute=3)  # to the millisecond, like history rows
+    # Nothing recorded yet: every turn remembered (at most `turns_per_session`).
+    assert [turn.turn_id for turn in await published.unrecorded(SESSION, set(), None, 6)] == [
+        "run-2",
+        "run-3",
+        "run-4",
+    ]
+    assert await published.unrecorded(SESSION, set(), None, 1) == [
+        SpokenTurn("run-4", "question 4", "answer 4", AT.replace(minute=4))
+    ]
+    # An old turn replayed after a restart is older than what is recorded: never shown as new.
+    fresh = PublishedTurns(sink)  # type: ignore[arg-type]
+    await fresh.publish(finished(1))
+    assert await fresh.unrecorded(SESSION, {"run-9"}, AT.replace(minute=9), 6) == []
+    # Sessions beyond the bound are forgotten, least recently served first.
+    await published.publish(finished(7, session_id="s-other"))
+    await published.publish(finished(8, session_id="s-third"))
+    assert await published.unrecorded(SESSION, set(), None, 6) == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 import structlog
@@ -155,13 +156,18 @@ class SpokenTurn:
     turn_id: str
     user_text: str
     assistant_text: str
+    completed_at: datetime | None = None
+    """When the turn ended (its `TurnCompleted`'s time, to the millisecond, as history rows keep it)."""
 
 
 class RecentTurns(Protocol):
     """Completed turns the product history may not hold yet (the recorder is asynchronous)."""
 
-    async def unrecorded(self, session_id: str, recorded: Collection[str], limit: int) -> list[SpokenTurn]:
-        """Completed turns newer than every turn in `recorded`, oldest first, at most `limit`."""
+    async def unrecorded(
+        self, session_id: str, recorded: Collection[str], since: datetime | None, limit: int
+    ) -> list[SpokenTurn]:
+        """The newest completed turns not in `recorded` and not older than `since` (the last
+        recorded row's time, None when nothing is recorded), oldest first, at most `limit`."""
         ...
 
 
@@ -276,7 +282,10 @@ class MemoryContextSource:
         unrecorded: list[SpokenTurn] = []
         if self._recent_turns is not None and session_id and self._window:
             unrecorded = await self._recent_turns.unrecorded(
-                session_id, {row.turn_id for row in rows}, max(1, self._window // 2)
+                session_id,
+                {row.turn_id for row in rows},
+                rows[-1].created_at if rows else None,
+                max(1, self._window // 2),
             )
             for turn in unrecorded:
                 history += turn_messages(turn.user_text, turn.assistant_text)
