@@ -286,10 +286,9 @@ class Deployment:
         for close in closers:
             with contextlib.suppress(Exception):
                 await close()
-        for process in [self.planner, self.gateway, *self.executors]:
-            if process is not None:
-                await asyncio.to_thread(process.stop, 15.0)
-        await self.owner.stop()
+        processes = [process for process in [self.planner, self.gateway, *self.executors] if process]
+        await asyncio.gather(*(asyncio.to_thread(process.stop, 15.0) for process in processes))
+        await self.owner.stop()  # last: the others' shutdown may still write through it
         with contextlib.suppress(Exception):
             await delete_topics(self.stack.bootstrap, self.prefix)
 
