@@ -174,17 +174,21 @@ class RecentTurns(Protocol):
 # --- rendering -----------------------------------------------------------------------------------
 
 
+def _fact_line(hit: ScoredFact) -> str:
+    fact = hit.fact
+    where = neutralise(one_line(fact.provenance.session_id))
+    when = fact.updated_at.date().isoformat()
+    return f"- {neutralise(one_line(fact.text))} (said in session {where} on {when})"
+
+
 def memory_block(facts: list[ScoredFact], profile: Profile | None) -> str:
     """The fenced block of facts and profile; empty when there is neither."""
     if not facts and profile is None:
         return ""
     lines: list[str] = []
     if facts:
-        lines.append("Facts (with the date each was last confirmed):")
-        lines += [
-            f"- {neutralise(one_line(hit.fact.text))} ({hit.fact.updated_at.date().isoformat()})"
-            for hit in facts
-        ]
+        lines.append("Facts (with where and when each was last confirmed):")
+        lines += [_fact_line(hit) for hit in facts]
     if profile is not None and profile.text.strip():
         lines.append("Profile:")
         lines.append(neutralise(profile.text.strip()))

@@ -51,6 +51,7 @@ few chunks whose concatenation is the text. Usage is the local estimate (`estima
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections import deque
@@ -166,6 +167,8 @@ class ScriptedModel:
         assert request.output_schema is not None
         value = self._structured_output(request) if self._structured_output is not None else None
         if value is None:
+            value = fact_operations(request)
+        if value is None:
             value = example_for_schema(request.output_schema, digest=transcript_digest(request.messages))
         return encode_json_value(value).decode("utf-8")
 
@@ -192,7 +195,9 @@ def _rule_answer(request: ModelRequest) -> tuple[list[Part], StopReason]:
     if offered:
         calls = [(name, arguments) for name, arguments in calls if name in offered]
     if not calls:
-        return [TextPart(text=_echo(text))], StopReason.END_TURN
+        question = _WHAT_IS_MY.search(text)
+        answer = _from_memory(request.system, question.group(1)) if question else _echo(text)
+        return [TextPart(text=answer)], StopReason.END_TURN
     names = ", ".join(dict.fromkeys(name for name, _ in calls))
     uses: list[Part] = [
         ToolUsePart(id=tool_use_id(request, position), name=name, input=arguments)
@@ -264,6 +269,45 @@ def _agent_tool(tools: Sequence[ToolSpec]) -> str:
         if tool.name.endswith(AGENT_TOOL_SUFFIX):
             return tool.name
     return DEFAULT_AGENT_TOOL
+
+
+_WHAT_IS_MY = re.compile(r"\bwhat(?:'s| is| are)\s+my\s+([^?.!]+)", re.IGNORECASE)
+_MEMORY_FENCE = re.compile(
+    r"<memory_from_earlier_sessions>\n(.*?)\n</memory_from_earlier_sessions>", re.DOTALL
+)
+_MY_THING_IS = re.compile(r"\bmy ([a-z][a-z ]{0,40}?) (?:is|are) ([^.;,!?\n]+)", re.IGNORECASE)
+
+
+def _from_memory(system: str, topic: str) -> str:
+    """Answer "what is my X" from the fenced memory block the context put in the system prompt."""
+    words = [word for word in re.findall(r"[a-z0-9]+", topic.lower()) if len(word) > 2]
+    fence = _MEMORY_FENCE.search(system)
+    lines = [line[2:] for line in fence.group(1).splitlines() if line.startswith("- ")] if fence else []
+    matching = [line for line in lines if words and all(word in line.lower() for word in words)]
+    if not matching:
+        return f"I don't know your {topic.strip()} yet."
+    return "From an earlier conversation: " + " ".join(_sentence(line) for line in matching)
+
+
+def fact_operations(request: ModelRequest) -> dict[str, Any] | None:
+    """Proposed facts for a fact-extraction request: each "my X is Y" the user said, once."""
+    properties = (request.output_schema or {}).get("properties", {})
+    if set(properties) != {"operations"} or not request.messages:
+        return None
+    text = "".join(part.text for part in request.messages[-1].parts if isinstance(part, TextPart))
+    data = re.search(r"<data>\n(.*)\n</data>", text, re.DOTALL)
+    try:
+        turn = json.loads(data.group(1)) if data else {}
+    except ValueError:
+        return None
+    said = str(turn.get("turn", {}).get("user_said", ""))
+    saved = {str(fact.get("text", "")).lower() for fact in turn.get("saved_facts", [])}
+    proposals = []
+    for thing, value in _MY_THING_IS.findall(said):
+        fact = f"My {thing.strip()} is {value.strip()}"
+        if fact.lower() not in saved:
+            proposals.append({"op": "new", "text": fact, "source": "user_said"})
+    return {"operations": proposals}
 
 
 def _echo(text: str) -> str:
