@@ -4,8 +4,11 @@ Starts the embedded broker and database and the storage owner, planner and tool 
 process (the offline scripted model unless ANTHROPIC_API_KEY is set), then talks to the assistant
 in one session: a tool call, an agent called as a tool (a child run), parallel tools, a question
 back to the user that suspends the run and is answered by a continuation run, and a later turn
-that uses what an earlier one stored. Every phase, tool call and streamed word is shown as it
-happens, read from `runs.events` exactly as `quipu run` and the gateway's SSE stream read it.
+that uses what an earlier one stored. Then the user mentions something about themselves, the
+recorder and fact extractor turn it into a curated fact, and a second session — a new
+conversation — answers from that memory and says where the fact came from. Every phase, tool
+call and streamed word is shown as it happens, read from `runs.events` exactly as `quipu run`
+and the gateway's SSE stream read it.
 Exits 0 only when every turn completed.
 """
 
@@ -20,17 +23,22 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from contracts.memory import MemoryScope
 from contracts.runs import RunRequested
 from deploy.local.stack import EmbeddedStack, create_topics
 from services.cli import EventPrinter, RunFollower, connected, ensure_session, pending_inputs
+from services.enricher.app import create_app as create_enricher
+from services.fact_extractor.app import create_app as create_fact_extractor
 from services.gateway.logic import RunRequest, resume_request, turn_request
 from services.kit.events import RunEventReader, StartAt
 from services.kit.logging import configure_logging
+from services.kit.memory.client import KafkaMemoryStore
 from services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
 from services.kit.store.client import KafkaStore
 from services.planner.app import create_app as create_planner
 from services.storage_owner.app import create_app as create_owner
 from services.tool_executor.app import create_app as create_tool_executor
+from services.transcript_recorder.app import create_app as create_recorder
 
 console = Console()
 
@@ -40,8 +48,11 @@ TURNS: list[tuple[str, Any]] = [
     ("note colour=blue; what time is it", None),
     ("confirm that you will remember my colour", "yes"),
     ("recall colour", None),
+    ("by the way, my favourite colour is blue", None),
 ]
 """What the user says, and the answer given if the agent asks back."""
+
+PRINCIPAL = "demo-user"
 
 
 async def _turn(
@@ -68,6 +79,30 @@ async def _turn(
         await reader.stop()
 
 
+async def _second_session(kafka: KafkaSettings, store: KafkaStore, publish: Any) -> bool:
+    """A new session of the same person: the fact from the first one comes back, with its source."""
+    memory = KafkaMemoryStore(store)
+    scope = MemoryScope(principal_id=PRINCIPAL)
+    for _ in range(100):  # the recorder, the extractor and the owner work behind the first session
+        facts = await memory.list_facts(scope)
+        if facts:
+            break
+        await asyncio.sleep(0.2)
+    else:
+        console.print(Text("no fact was extracted from the first session", style="bold red"))
+        return False
+    for fact in facts:
+        console.print(Text(f"  memory: {fact.text!r} from session {fact.provenance.session_id}", style="dim"))
+    session_id = f"demo-{uuid.uuid4().hex[:6]}"
+    await ensure_session(store, session_id)
+    text = "what is my favourite colour?"
+    console.print(Text(f"\n> user, in a new session {session_id}: {text}", style="bold"))
+    request = turn_request(
+        RunRequest(agent_id="assistant", text=text, session_id=session_id, principal_id=PRINCIPAL)
+    )
+    return await _turn(kafka, store, publish, request, None)
+
+
 async def run_demo() -> bool:
     """Start everything, hold the conversation, stop everything; True when every turn completed."""
     console.rule("[bold]Quipu demo: an agent conversation on embedded Kafka (Tansu) + MongoDB (SecantusDB)")
@@ -77,7 +112,14 @@ async def run_demo() -> bool:
         await create_topics(stack.bootstrap, prefix)
         kafka = stack.kafka_settings(topic_prefix=prefix)
         mongo = MongoSettings(uri=stack.mongo_uri, database=f"demo_{uuid.uuid4().hex[:6]}")
-        services = [create_owner(kafka, mongo), create_planner(kafka), create_tool_executor(kafka)]
+        services = [
+            create_owner(kafka, mongo),
+            create_planner(kafka),
+            create_tool_executor(kafka),
+            create_recorder(kafka),
+            create_fact_extractor(kafka),
+            create_enricher(kafka),
+        ]
         for service in services:
             await service.start()
         console.print(
@@ -96,6 +138,7 @@ async def run_demo() -> bool:
                         )
                     )
                     results.append(await _turn(kafka, store, publisher.publish, request, answer))
+                results.append(await _second_session(kafka, store, publisher.publish))
                 runs = await store.list_runs_by_session(session_id, [])
                 console.print(
                     Text(
