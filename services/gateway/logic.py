@@ -282,9 +282,10 @@ def cancel_request(meta: RunMeta, reason: CancellationReason, *, tenant_id: str 
         raise GatewayError(
             400, INVALID_REQUEST, "session_ended is recorded by the store when a session ends, not requested"
         )
-    if meta.status.final:
+    if meta.status.closed:
+        # A suspended run is closed too (STORE_CONTRACT §9): it is answered, never canceled.
         raise GatewayError(
-            409, ErrorCode.RUN_NOT_ACTIVE.value, f"run {meta.run_id!r} already ended {meta.status.value}"
+            409, ErrorCode.RUN_NOT_ACTIVE.value, f"run {meta.run_id!r} is {meta.status.value}, not running"
         )
     return CancelRun(
         event_id=derive_id(meta.run_id, f"cancel/{reason.value}"),

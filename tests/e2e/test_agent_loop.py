@@ -123,14 +123,17 @@ async def deployment(
         await events.start()
         await turns.start()
         async with RawPublisher(stack.bootstrap) as publisher:
-            yield Deployment(
+            deployment = Deployment(
                 prefix, environment, log_dir, owner, planner, executor, store, events, turns, publisher
             )
+            yield deployment
     finally:
         await events.stop()
         await turns.stop()
         await store.stop()
-        for process in (planner, executor):
+        # deployment.planner: a test may have replaced the planner with a restarted one.
+        restarted = deployment.planner if "deployment" in locals() else planner
+        for process in {id(p): p for p in (planner, restarted, executor)}.values():
             await asyncio.to_thread(process.stop, 15.0)
         await owner.stop()
         await delete_topics(stack.bootstrap, prefix)

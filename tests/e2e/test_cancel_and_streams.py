@@ -14,8 +14,7 @@ user: it talks HTTP to the gateway, follows the session's Server-Sent Events wit
   the answer starts a continuation in the same session that completes, and the predecessor
   names it as its successor.
 - `quipu run` and the SSE endpoint show the same events of a run, in the same order.
-- (strict xfail, a bug) the gateway answers 202 to the cancel of a suspended run that the store
-  and the planner refuse.
+- the gateway refuses (409) the cancel of a suspended run, which the store refuses too.
 """
 
 from __future__ import annotations
@@ -290,15 +289,6 @@ async def test_a_suspended_turn_is_answered_and_continued_in_the_same_session(
     assert again.status_code == 409 and again.json()["code"] == "RUN_CONFLICT", again.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG services/gateway/logic.py cancel_request: it refuses only final runs (`meta.status.final`), "
-        "so POST /v1/runs/{id}/cancel on a suspended run answers 202 although the store refuses a "
-        "cancellation of any closed run (STORE_CONTRACT §9: RUN_NOT_ACTIVE) and the planner drops it; "
-        "check `meta.status.closed` and answer 409 RUN_NOT_ACTIVE"
-    ),
-)
 async def test_canceling_a_suspended_run_is_refused_by_the_gateway(
     deployment: Deployment, http: httpx.AsyncClient
 ) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 import anthropic
 import httpx2
@@ -50,12 +50,10 @@ from services.kit.models.port import (
     ModelResponse,
     StopReason,
     TextDelta,
+    ThinkingMode,
     Usage,
 )
 from services.kit.transcript import decode_anthropic_content, encode_anthropic_messages
-
-ThinkingMode = Literal["enabled", "adaptive"]
-"""How a thinking budget is sent: a fixed `budget_tokens`, or adaptive thinking."""
 
 CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
 """The prompt-cache marker put on the last system block."""

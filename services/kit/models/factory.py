@@ -13,8 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.kit.models.anthropic import AnthropicModel, ThinkingMode
-from services.kit.models.port import ModelClient
+from services.kit.models.port import ModelClient, ThinkingMode
 from services.kit.models.scripted import ScriptedModel
 
 ModelProvider = Literal["auto", "anthropic", "scripted"]
@@ -117,6 +116,9 @@ def make_model(settings: ModelSettings, *, max_poll_interval_ms: int | None = No
             f"max_poll_interval_ms={max_poll_interval_ms}"
         )
     assert settings.api_key is not None  # uses_anthropic implies a key
+    # Imported here: the SDK costs seconds to import, which every restart of an offline service paid.
+    from services.kit.models.anthropic import AnthropicModel  # noqa: PLC0415
+
     return AnthropicModel(
         api_key=settings.api_key.get_secret_value(),
         model=settings.name,

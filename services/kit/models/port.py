@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from contracts.transcript import Message, Part
+
+ThinkingMode = Literal["enabled", "adaptive"]
+"""How a thinking budget is sent: a fixed `budget_tokens`, or adaptive thinking."""
 
 
 @dataclass(frozen=True)
