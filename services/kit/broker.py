@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypedDict
@@ -75,9 +76,16 @@ async def tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]]
 
 
 async def raw_decoder(message: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
-    """The body as bytes: handlers decode it themselves (through `Delivery`), so FastStream's
-    own JSON attempt would only cost time and, on hostile input, fail outside the DLQ path."""
-    return message.body
+    """JSON when the body is JSON, else the raw bytes; never an exception.
+
+    Handlers that take the message decode it themselves (through `Delivery`); FastStream's own
+    decoder raised on a truncated body labelled `application/json` or on deeply nested JSON,
+    before any handler or DLQ could see the message.
+    """
+    try:
+        return json.loads(message.body)
+    except (ValueError, RecursionError):
+        return message.body
 
 
 class SubscriberOptions(TypedDict):
