@@ -7,12 +7,14 @@ import asyncio
 from bench.memory_bench import measure_memory
 from bench.report import print_table, save
 from bench.retrieval_bench import measure_retrieval
+from bench.run_bench import measure_runs
 from bench.store_bench import measure_store
 
 
 async def main() -> None:
     """Run every benchmark and write `bench/results/latest.json`."""
     figures = await measure_store()
+    figures |= await measure_runs()
     figures |= await measure_memory()
     figures |= await measure_retrieval()
     print_table(figures)
