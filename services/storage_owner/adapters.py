@@ -36,7 +36,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -59,6 +59,7 @@ from services.kit.store.rules import RuleStore
 from services.kit.store.state import RunState, SessionState, StoreTransaction
 
 T = TypeVar("T")
+X = TypeVar("X")
 
 Document = dict[str, Any]
 
@@ -371,23 +372,27 @@ def _too_large(error: BaseException) -> bool:
     )
 
 
-class MongoTransactions:
-    """The `TransactionRunner` over MongoDB: one transaction per operation, retried whole."""
+class TransactionLoop(Generic[X]):
+    """One MongoDB transaction per operation, retried whole on a transient conflict.
 
-    def __init__(
-        self,
-        client: AsyncMongoClient[Document],
-        database: AsyncDatabase[Document],
-        policy: TransactionPolicy | None = None,
-    ) -> None:
+    Shared by the runtime store and the memory store: a subclass says how to open its transaction
+    object on a session (`_open`) and what to release when the attempt ends (`_close`).
+    """
+
+    def __init__(self, client: AsyncMongoClient[Document], policy: TransactionPolicy | None) -> None:
         self._client = client
-        self._collections = _Collections(database)
         self._policy = policy or TransactionPolicy()
-        self._turns = KeyedTurns()
         self.attempts = 0
         """Transactions started, conflicts included (an operational figure)."""
 
-    async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+    def _open(self, session: AsyncClientSession) -> X:
+        raise NotImplementedError
+
+    def _close(self, transaction: X) -> None:
+        """Release what the attempt held (nothing by default)."""
+
+    async def run_transaction(self, operation: Callable[[X], Awaitable[T]]) -> T:
+        """Apply `operation` in one transaction, retried on conflicts; UNAVAILABLE when they persist."""
         policy = self._policy
         last: BaseException | None = None
         for attempt in range(1, policy.max_attempts + 1):
@@ -410,13 +415,13 @@ class MongoTransactions:
             ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
         ) from last
 
-    async def _attempt(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+    async def _attempt(self, operation: Callable[[X], Awaitable[T]]) -> T:
         policy = self._policy
         async with self._client.start_session() as session:
             await session.start_transaction(
                 read_concern=policy.read_concern, write_concern=policy.write_concern
             )
-            transaction = MongoTransaction(self._collections, session, self._turns)
+            transaction = self._open(session)
             try:
                 try:
                     result = await operation(transaction)
@@ -426,7 +431,7 @@ class MongoTransactions:
                 await self._commit(session)
                 return result
             finally:
-                transaction.end_turn()
+                self._close(transaction)
 
     async def _commit(self, session: AsyncClientSession) -> None:
         for attempt in range(1, self._policy.commit_attempts + 1):
@@ -437,6 +442,29 @@ class MongoTransactions:
                 unknown = error.has_error_label("UnknownTransactionCommitResult")
                 if not unknown or attempt == self._policy.commit_attempts:
                     raise
+
+
+class MongoTransactions(TransactionLoop["MongoTransaction"]):
+    """The `TransactionRunner` over MongoDB: one transaction per operation, retried whole."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Document],
+        database: AsyncDatabase[Document],
+        policy: TransactionPolicy | None = None,
+    ) -> None:
+        super().__init__(client, policy)
+        self._collections = _Collections(database)
+        self._turns = KeyedTurns()
+
+    def _open(self, session: AsyncClientSession) -> MongoTransaction:
+        return MongoTransaction(self._collections, session, self._turns)
+
+    def _close(self, transaction: MongoTransaction) -> None:
+        transaction.end_turn()
+
+    async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+        return await self.run_transaction(operation)
 
 
 # --- the store ----------------------------------------------------------------------------------

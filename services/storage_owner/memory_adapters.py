@@ -35,7 +35,6 @@ for forgetting.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import functools
@@ -54,7 +53,7 @@ from pymongo import ASCENDING, AsyncMongoClient, IndexModel, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DocumentTooLarge, DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError, PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from contracts.errors import ErrorCode, StoreError
@@ -73,10 +72,9 @@ from contracts.wire import utc_now_ms
 from services.kit.memory.rules import MemoryRules, MemorySession, MemoryTransaction
 from services.storage_owner.adapters import (
     META,
+    TransactionLoop,
     TransactionPolicy,
     WriteRaceError,
-    _is_transient,
-    _too_large,
     _unavailable,
     client_options,
 )
@@ -617,7 +615,7 @@ class MongoMemoryTransaction:
 # --- the runner ---------------------------------------------------------------------------------
 
 
-class MongoMemoryTransactions:
+class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
     """The `MemoryTransactionRunner` over MongoDB: one transaction per operation, retried whole."""
 
     def __init__(
@@ -627,63 +625,19 @@ class MongoMemoryTransactions:
         keyring: _Keyring,
         policy: TransactionPolicy | None = None,
     ) -> None:
-        self._client = client
+        super().__init__(client, policy)
         self._collections = _Collections(database)
         self._keyring = keyring
-        self._policy = policy or TransactionPolicy()
-        self.attempts = 0
-        """Transactions started, conflicts included (an operational figure)."""
+
+    def _open(self, session: AsyncClientSession) -> MongoMemoryTransaction:
+        return MongoMemoryTransaction(self._collections, session, self._keyring)
 
     async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
-        return await self.run_mongo(operation)
+        return await self.run_transaction(operation)
 
     async def run_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
         """`run` with the MongoDB transaction itself (for what only this backend does: shredding)."""
-        policy = self._policy
-        last: BaseException | None = None
-        for attempt in range(1, policy.max_attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(policy.backoff(attempt - 1))
-            self.attempts += 1
-            try:
-                return await self._attempt(operation)
-            except StoreError:
-                raise
-            except (PyMongoError, DocumentTooLarge, WriteRaceError) as error:
-                if _too_large(error):
-                    raise StoreError(ErrorCode.INVALID_ARGUMENT, f"document too large: {error}") from error
-                if not _is_transient(error):
-                    raise _unavailable(error) from error
-                last = error
-        assert last is not None
-        raise StoreError(
-            ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
-        ) from last
-
-    async def _attempt(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
-        policy = self._policy
-        async with self._client.start_session() as session:
-            await session.start_transaction(
-                read_concern=policy.read_concern, write_concern=policy.write_concern
-            )
-            transaction = MongoMemoryTransaction(self._collections, session, self._keyring)
-            try:
-                result = await operation(transaction)
-            except BaseException:
-                await session.abort_transaction()
-                raise
-            await self._commit(session)
-            return result
-
-    async def _commit(self, session: AsyncClientSession) -> None:
-        for attempt in range(1, self._policy.commit_attempts + 1):
-            try:
-                await session.commit_transaction()
-                return
-            except PyMongoError as error:
-                unknown = error.has_error_label("UnknownTransactionCommitResult")
-                if not unknown or attempt == self._policy.commit_attempts:
-                    raise
+        return await self.run_transaction(operation)
 
 
 # --- the store ----------------------------------------------------------------------------------
