@@ -407,18 +407,18 @@ class RunView:
             self.labels = dict(started.labels)
         elif kind in (TRANSCRIPT_MESSAGES_SEEDED, TRANSCRIPT_MESSAGES_APPENDED):
             where = f"run {record.run_id!r} record {record.event_key!r} ({kind})"
-            self.messages.extend(decode_messages(record.payload, where))
+            messages = decode_messages(record.payload, where)
+            self.messages.extend(messages)
             step = _assistant_step(record.event_key)
             if step:
                 self.step = max(self.step, step)
                 self.step_times[step] = record.timestamp
+                self.output_tokens += sum(_output_tokens(message) for message in messages)
         elif kind == TOOL_RESULT_TYPE:
             result = ToolResult.decode(record.payload, f"run {record.run_id!r} {record.event_key!r}")
             self.results.setdefault(result.tool_use_id, result)
         elif kind == CONTEXT_TYPE:
             self.context = RunContext.decode(record.payload)
-        elif kind == USAGE_TYPE:
-            self.output_tokens += int(json.loads(record.payload).get("output_tokens", 0))
         elif kind == HISTORY_COMPACTED_TYPE:
             compaction = Compaction.decode(record.payload)
             if self.compaction is None or compaction.step >= self.compaction.step:
@@ -1253,17 +1253,25 @@ def model_request(
     )
 
 
+def _output_tokens(message: Message) -> int:
+    usage = (message.meta or {}).get("usage")
+    return int(usage.get("output_tokens", 0)) if isinstance(usage, dict) else 0
+
+
 def model_records(view: RunView, step: int, response: ModelResponse, at: datetime) -> list[Record]:
-    """The assistant message of call `step` (parts in the order produced), then its usage."""
-    message = Message(role="assistant", parts=tuple(response.parts))
-    usage = canonical_json(
-        {
-            "input_tokens": response.usage.input_tokens,
-            "output_tokens": response.usage.output_tokens,
-            "model": response.model,
-            "stop_reason": response.stop_reason.value,
-        }
-    )
+    """The assistant message of call `step` (parts in the order produced), then its usage.
+
+    The usage also rides in the message's `meta`, which is what the budget counts: a planner that
+    dies between the two appends reuses the message on restart and never writes the usage record.
+    """
+    usage_fields = {
+        "input_tokens": response.usage.input_tokens,
+        "output_tokens": response.usage.output_tokens,
+        "model": response.model,
+        "stop_reason": response.stop_reason.value,
+    }
+    message = Message(role="assistant", parts=tuple(response.parts), meta={"usage": usage_fields})
+    usage = canonical_json(usage_fields)
     return [
         view.record(assistant_key(step), TRANSCRIPT_MESSAGES_APPENDED, encode_messages([message]), at),
         view.record(usage_key(step), USAGE_TYPE, usage, at),
