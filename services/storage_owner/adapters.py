@@ -506,6 +506,22 @@ def client_options(uri: str, server_selection_timeout_ms: int) -> dict[str, Any]
     return options
 
 
+async def with_own_client(
+    uri: str,
+    server_selection_timeout_ms: int,
+    open_store: Callable[[AsyncMongoClient[Document]], Awaitable[T]],
+) -> T:
+    """A store opened on a client of its own; the client is closed again if opening fails."""
+    client: AsyncMongoClient[Document] = AsyncMongoClient(
+        uri, **client_options(uri, server_selection_timeout_ms)
+    )
+    try:
+        return await open_store(client)
+    except BaseException:
+        await client.close()
+        raise
+
+
 class MongoStore(RuleStore):
     """The `Store` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
 
@@ -561,16 +577,13 @@ class MongoStore(RuleStore):
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> MongoStore:
         """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
-        client: AsyncMongoClient[Document] = AsyncMongoClient(
-            uri, **client_options(uri, server_selection_timeout_ms)
-        )
-        try:
-            return await cls.open(
+        return await with_own_client(
+            uri,
+            server_selection_timeout_ms,
+            lambda client: cls.open(
                 client, database, cursor_secret=cursor_secret, policy=policy, owns_client=True, clock=clock
-            )
-        except BaseException:
-            await client.close()
-            raise
+            ),
+        )
 
     async def drop_database(self) -> None:
         """Delete every collection of this store (tests)."""

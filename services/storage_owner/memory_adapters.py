@@ -76,7 +76,7 @@ from services.storage_owner.adapters import (
     TransactionPolicy,
     WriteRaceError,
     _unavailable,
-    client_options,
+    with_own_client,
 )
 
 T = TypeVar("T")
@@ -719,16 +719,13 @@ class MongoMemoryStore(MemoryRules):
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> MongoMemoryStore:
         """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
-        client: AsyncMongoClient[Document] = AsyncMongoClient(
-            uri, **client_options(uri, server_selection_timeout_ms)
-        )
-        try:
-            return await cls.open(
+        return await with_own_client(
+            uri,
+            server_selection_timeout_ms,
+            lambda client: cls.open(
                 client, database, master_key=master_key, policy=policy, owns_client=True, clock=clock
-            )
-        except BaseException:
-            await client.close()
-            raise
+            ),
+        )
 
     async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
         """Shred the principal's key in its own transaction, then erase their documents."""
