@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -33,6 +34,7 @@ from contracts.transcript import (
     bounded_tool_result,
     encode_json_value,
 )
+from contracts.wire import utc_now_ms
 from services.kit.logging import REDACTED, SECRET_VALUE_PATTERN
 from services.kit.tool_catalog import (
     ArgumentError,
@@ -238,6 +240,8 @@ class Outcome:
     is_error: bool = False
     awaiting: AwaitInput | None = None
     duration_ms: float = 0.0
+    # Stamped once, when the execution ends: a duplicate sharing the execution gets the same event.
+    finished_at: datetime = field(default_factory=utc_now_ms)
 
     @classmethod
     def error(cls, text: str, duration_ms: float = 0.0) -> Outcome:
@@ -292,6 +296,7 @@ def completed(request: ToolCallRequested, outcome: Outcome) -> ToolCallCompleted
         is_error=outcome.is_error,
         awaiting=outcome.awaiting,
         duration_ms=round(outcome.duration_ms, 3),
+        occurred_at=outcome.finished_at,
     )
 
 
