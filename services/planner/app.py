@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from faststream import FastStream
 
 from services.kit.agents import default_agents
@@ -77,7 +79,7 @@ def create_app(
 
     delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
     holder = handlers.PlannerHolder()
-    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    consumers = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or PlannerDeps()
     opened: list[KafkaStore] = []
 
@@ -113,10 +115,14 @@ def create_app(
         )
         holder.planner = Planner(ready, publisher, settings)
 
+    async def drain() -> None:
+        # Before the broker stops: messages in flight can still reach the store and commit.
+        await asyncio.gather(*(consumer.drain(settings.shutdown_grace_s) for consumer in consumers))
+
     async def close() -> None:
         for client in opened:
             await client.stop()
         opened.clear()
         holder.planner = None
 
-    return FastStream(broker, on_startup=[build], after_shutdown=[close])
+    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

@@ -1,13 +1,17 @@
 """The planner's subscribers: `runs.requested`, `runs.control`, `tools.results`.
 
-Each handler is one line: decode through `Delivery` (DLQ for what does not validate), run the
-planner's method for the trigger, commit after it returns.
+Each message goes through `Delivery` (DLQ for what does not validate) in a task of its own
+(`kit.concurrent_delivery`): runs of different sessions advance concurrently while one key's
+messages (a session's requests and cancels, a run's tool results) are handled in the order
+consumed. A partition is committed only up to its oldest message not yet handled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter
 
@@ -15,9 +19,13 @@ from contracts.runs import CancelRun, RunRequested
 from contracts.tools import ToolCallCompleted
 from contracts.topics import Topic
 from services.kit.broker import subscriber_options, topic
+from services.kit.concurrent_delivery import ConcurrentConsumer
 from services.kit.delivery import Delivery
 from services.kit.settings import KafkaSettings
 from services.planner.adapters import Planner
+from services.planner.settings import PlannerSettings
+
+T = TypeVar("T")
 
 RUN_REQUESTED = TypeAdapter(RunRequested)
 CANCEL_RUN = TypeAdapter(CancelRun)
@@ -38,27 +46,43 @@ class PlannerHolder:
 
 
 def register(
-    broker: KafkaBroker, settings: KafkaSettings, holder: PlannerHolder, delivery: Delivery, group: str
-) -> None:
+    broker: KafkaBroker,
+    kafka: KafkaSettings,
+    holder: PlannerHolder,
+    delivery: Delivery,
+    settings: PlannerSettings,
+) -> list[ConcurrentConsumer]:
     """Subscribe the planner to its three topics, each with its own consumer group."""
 
-    @broker.subscriber(
-        topic(settings, Topic.RUNS_REQUESTED),
-        **subscriber_options(settings, group=f"{group}-requests", ack_policy=AckPolicy.MANUAL),
-    )
-    async def on_run_requested(message: KafkaMessage) -> None:
-        await delivery.handle(message, RUN_REQUESTED, holder.get().on_run_requested)
+    async def run_requested(request: RunRequested) -> None:
+        await holder.get().on_run_requested(request)
 
-    @broker.subscriber(
-        topic(settings, Topic.RUNS_CONTROL),
-        **subscriber_options(settings, group=f"{group}-control", ack_policy=AckPolicy.MANUAL),
-    )
-    async def on_cancel(message: KafkaMessage) -> None:
-        await delivery.handle(message, CANCEL_RUN, holder.get().on_cancel)
+    async def cancel(request: CancelRun) -> None:
+        await holder.get().on_cancel(request)
 
-    @broker.subscriber(
-        topic(settings, Topic.TOOLS_RESULTS),
-        **subscriber_options(settings, group=f"{group}-results", ack_policy=AckPolicy.MANUAL),
-    )
-    async def on_tool_result(message: KafkaMessage) -> None:
-        await delivery.handle(message, TOOL_CALL_COMPLETED, holder.get().on_tool_result)
+    async def tool_result(completed: ToolCallCompleted) -> None:
+        await holder.get().on_tool_result(completed)
+
+    consumers: list[ConcurrentConsumer] = []
+
+    def subscribe(
+        name: Topic, suffix: str, payload: TypeAdapter[T], effect: Callable[[T], Awaitable[None]]
+    ) -> None:
+        consumer = ConcurrentConsumer(
+            lambda message: delivery.handle(message, payload, effect),
+            name=f"planner {suffix}",
+            max_in_flight=settings.max_in_flight,
+            revoke_grace_s=settings.revoke_grace_s,
+            ordered_by_key=True,
+        )
+        consumers.append(consumer)
+        broker.subscriber(
+            topic(kafka, name),
+            **subscriber_options(kafka, group=f"{settings.group}-{suffix}", ack_policy=AckPolicy.MANUAL),
+            listener=consumer.listener,
+        )(consumer.dispatch)
+
+    subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested)
+    subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel)
+    subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result)
+    return consumers

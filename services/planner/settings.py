@@ -19,6 +19,29 @@ class PlannerSettings(BaseSettings):
             "every planner copy uses the same ones."
         ),
     )
+    max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Messages one planner works on at once per topic (runs of different sessions advance "
+            "concurrently; one key's messages stay in order); when all are busy it stops taking "
+            "messages until one finishes."
+        ),
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On shutdown, how long messages in flight may finish; the rest are delivered again.",
+    )
+    revoke_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "When partitions move to another planner copy, how long their messages in flight may "
+            "finish and commit first; one still running after it is handled again by the new owner "
+            "(an exact retry, as after a crash)."
+        ),
+    )
     model_timeout_s: float = Field(
         default=200.0,
         gt=0,
@@ -33,8 +56,8 @@ class PlannerSettings(BaseSettings):
         ge=1,
         description=(
             "Tries of one message on a transient failure (store UNAVAILABLE, retryable model error) "
-            "before it is rewound and delivered again. One by default: a model call can take minutes, "
-            "and a rewind re-polls, which keeps the consumer in its group."
+            "before it is set aside and handled again a second later, still first in its key's line. "
+            "One by default: a model call can take minutes."
         ),
     )
     max_tokens_per_call: int = Field(

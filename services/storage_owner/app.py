@@ -51,9 +51,7 @@ def create_app(
     delivery = Delivery(dead_letter, RetryPolicy(attempts=owner.retry_attempts))
 
     deps = handlers.OwnerDeps(store=store, memory=memory)
-    handlers.register(
-        broker, kafka, deps, delivery, group=owner.group, partition_workers=owner.partition_workers
-    )
+    consumer = handlers.register(broker, kafka, deps, delivery, owner)
 
     opened: list[object] = []
 
@@ -71,6 +69,10 @@ def create_app(
                 deps.memory = await _open_mongo_memory(mongo, owner, deps.store)
                 opened.insert(0, deps.memory)  # closed before the client it may share
 
+    async def drain() -> None:
+        # Before the broker stops: commands in flight can still reply and commit.
+        await consumer.drain(owner.shutdown_grace_s)
+
     async def close_store() -> None:
         for store_opened in opened:
             close = getattr(store_opened, "close", None)
@@ -80,4 +82,4 @@ def create_app(
         deps.store = store
         deps.memory = memory
 
-    return FastStream(broker, on_startup=[open_store], after_shutdown=[close_store])
+    return FastStream(broker, on_startup=[open_store], on_shutdown=[drain], after_shutdown=[close_store])

@@ -1,23 +1,30 @@
-"""The storage owner's subscriber: apply a command, reply, publish what committed, then commit."""
+"""The storage owner's subscriber: apply a command, reply, publish what committed, then commit.
+
+Commands are applied concurrently across keys (`kit.concurrent_delivery`): a command's key is its
+session (else its run), so one session's commands apply in the order sent while other sessions'
+run beside them, each in its own transaction (the store's rules hold under any interleaving; the
+conformance races prove it). Offsets are committed only up to the oldest command not yet replied.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from contracts.commands import STORE_COMMAND, StoreOperation, StoreReply
 from contracts.errors import ErrorCode, StoreError
 from contracts.topics import Topic
 from services.kit.broker import subscriber_options, topic
-from services.kit.delivery import Delivery
+from services.kit.concurrent_delivery import ConcurrentConsumer
+from services.kit.delivery import ConsumedMessage, Delivery
 from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings
 from services.kit.store.client import REPLY_TO_HEADER
 from services.kit.store.protocol import Store
 from services.storage_owner.logic import apply_command, correlation_of
+from services.storage_owner.settings import OwnerSettings
 
 
 @dataclass
@@ -39,19 +46,12 @@ def register(
     settings: KafkaSettings,
     deps: OwnerDeps,
     delivery: Delivery,
-    group: str,
-    partition_workers: int = 1,
-) -> None:
-    """Subscribe the owner to `storage.commands`."""
+    owner: OwnerSettings,
+) -> ConcurrentConsumer:
+    """Subscribe the owner to `storage.commands`: sessions side by side, each session's in order."""
     replies_default = topic(settings, Topic.STORAGE_REPLIES)
 
-    @broker.subscriber(
-        topic(settings, Topic.STORAGE_COMMANDS),
-        **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
-        # Several consumers of one group: partitions in parallel, each partition still in order.
-        max_workers=partition_workers if partition_workers > 1 else None,
-    )
-    async def on_command(message: KafkaMessage) -> None:
+    async def on_command(message: ConsumedMessage) -> None:
         reply_to = message.headers.get(REPLY_TO_HEADER) or replies_default
 
         async def publish_reply(reply: StoreReply) -> None:
@@ -74,3 +74,17 @@ def register(
                 await publish_reply(StoreReply(correlation_id=correlation_id, error=invalid.to_body()))
 
         await delivery.handle(message, STORE_COMMAND, apply, on_invalid=refuse)
+
+    consumer = ConcurrentConsumer(
+        on_command,
+        name="storage commands",
+        max_in_flight=owner.max_in_flight,
+        revoke_grace_s=owner.revoke_grace_s,
+        ordered_by_key=True,
+    )
+    broker.subscriber(
+        topic(settings, Topic.STORAGE_COMMANDS),
+        **subscriber_options(settings, group=owner.group, ack_policy=AckPolicy.MANUAL),
+        listener=consumer.listener,
+    )(consumer.dispatch)
+    return consumer

@@ -24,13 +24,25 @@ class OwnerSettings(BaseSettings):
             "which protects nothing against whoever reads the database."
         ),
     )
-    partition_workers: int = Field(
-        default=1,
+    max_in_flight: int = Field(
+        default=8,
         ge=1,
         description=(
-            "Consumers in this process, each owning some partitions of storage.commands, so "
-            "partitions are applied concurrently, each in order. On Tansu more than one adds "
-            "rebalances (slow joins) and, measured, no throughput: SecantusDB serialises writes."
+            "Commands applied at once: commands of different sessions run concurrently (each in "
+            "its own transaction), one session's stay in order. One applies every command in turn."
+        ),
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On shutdown, how long commands in flight may finish; the rest are delivered again.",
+    )
+    revoke_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "When partitions move to another owner copy, how long their commands in flight may "
+            "finish and commit first; one still running after it is applied again (an exact retry)."
         ),
     )
     retry_attempts: int = Field(

@@ -57,6 +57,6 @@ def create_app(
 
     async def drain() -> None:
         # Before the broker stops: calls in flight can still publish and commit.
-        await dispatcher.drain(settings.shutdown_grace_s)
+        await dispatcher.consumer.drain(settings.shutdown_grace_s)
 
     return FastStream(broker, on_shutdown=[drain])

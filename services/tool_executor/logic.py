@@ -6,8 +6,6 @@
   one `ToolCallCompleted`; or None when the run was canceled (a canceled call answers nothing:
   the planner has abandoned it).
 - `calculate` is the calculator: arithmetic through `ast` with a whitelist, sizes bounded.
-- `OffsetLedger` keeps, per partition, the calls in flight, so that the offset committed never
-  passes a call that has not been answered while later calls run concurrently.
 """
 
 from __future__ import annotations
@@ -480,89 +478,3 @@ class ToolRunner:
             return Outcome(content=result_content(value), duration_ms=duration_ms)
         except TranscriptError as error:
             return Outcome.error(f"{definition.name} returned a value that is not JSON: {error}", duration_ms)
-
-
-# --- commits that never pass an unanswered call ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """One consumed message in flight: where it sits, and the assignment it was consumed under."""
-
-    topic: str
-    partition: int
-    offset: int
-    generation: int
-
-
-@dataclass
-class _PartitionLedger:
-    generation: int
-    pending: set[int] = field(default_factory=set)
-    next_offset: int = -1
-    committed: int = -1
-
-    def position(self) -> int:
-        """The offset to commit: the oldest call still pending, or past the newest one begun."""
-        return min(self.pending) if self.pending else self.next_offset
-
-
-class OffsetLedger:
-    """Per partition: the calls begun and not yet settled, and how far a commit may go.
-
-    Calls run concurrently and finish in any order, but a Kafka commit is one position per
-    partition: everything before it counts as done. So the position committed is the oldest
-    call still in flight (or past the newest when none is). A call that is never settled (the
-    executor shut down before answering it) holds its partition's position, so it is delivered
-    again. `forget` drops revoked partitions; tickets of the old assignment are then ignored.
-    """
-
-    def __init__(self) -> None:
-        self._partitions: dict[tuple[str, int], _PartitionLedger] = {}
-        self._generations = 0
-
-    def begin(self, topic: str, partition: int, offset: int) -> Ticket:
-        """A consumed message starts."""
-        ledger = self._partitions.get((topic, partition))
-        if ledger is None:
-            self._generations += 1
-            ledger = self._partitions[(topic, partition)] = _PartitionLedger(self._generations)
-        ledger.pending.add(offset)
-        ledger.next_offset = max(ledger.next_offset, offset + 1)
-        return Ticket(topic, partition, offset, ledger.generation)
-
-    def settle(self, ticket: Ticket) -> None:
-        """A message is done (answered, dead-lettered, or canceled with its run)."""
-        ledger = self._current(ticket)
-        if ledger is not None:
-            ledger.pending.discard(ticket.offset)
-
-    def uncommitted(self, ticket: Ticket) -> int | None:
-        """The position to commit for the ticket's partition, if it moved past the last commit."""
-        ledger = self._current(ticket)
-        if ledger is None:
-            return None
-        position = ledger.position()
-        return position if position > ledger.committed else None
-
-    def committed(self, ticket: Ticket, position: int) -> None:
-        """A commit of `position` for the ticket's partition succeeded."""
-        ledger = self._current(ticket)
-        if ledger is not None:
-            ledger.committed = max(ledger.committed, position)
-
-    def in_flight(self, topic: str, partition: int) -> int:
-        """Messages begun and not settled in a partition."""
-        ledger = self._partitions.get((topic, partition))
-        return len(ledger.pending) if ledger is not None else 0
-
-    def forget(self, partitions: set[tuple[str, int]]) -> None:
-        """Drop revoked partitions: whoever owns them next starts from their committed position."""
-        for key in partitions:
-            self._partitions.pop(key, None)
-
-    def _current(self, ticket: Ticket) -> _PartitionLedger | None:
-        ledger = self._partitions.get((ticket.topic, ticket.partition))
-        if ledger is None or ledger.generation != ticket.generation:
-            return None
-        return ledger

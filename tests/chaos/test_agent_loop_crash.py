@@ -230,13 +230,13 @@ async def test_a_tool_executor_killed_mid_call_is_restarted_and_every_use_gets_o
 
 async def test_a_second_tool_executor_takes_over_the_calls_of_a_killed_one(deployment: Deployment) -> None:
     [first] = deployment.executors
-    assigned_before = deployment.log_of(first).count("tool call partitions assigned")
+    assigned_before = deployment.log_of(first).count("partitions assigned")
     second = deployment.start_executor()
     # Both copies are in the group: the new one got partitions, the old one its share after the rebalance.
     await eventually(
         lambda: (
-            "tool call partitions assigned" in deployment.log_of(second)
-            and deployment.log_of(first).count("tool call partitions assigned") > assigned_before
+            "partitions assigned" in deployment.log_of(second)
+            and deployment.log_of(first).count("partitions assigned") > assigned_before
         ),
         30.0,
         "both executors assigned",

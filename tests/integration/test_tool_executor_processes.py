@@ -52,7 +52,11 @@ class Executor:
 
     def assignment(self) -> set[int]:
         """The partitions of `tools.calls` it was assigned last."""
-        assigned = [line for line in self.lines() if line.get("event") == "tool call partitions assigned"]
+        assigned = [
+            line
+            for line in self.lines()
+            if line.get("event") == "partitions assigned" and line.get("consumer") == "tool calls"
+        ]
         return set(assigned[-1]["partitions"]) if assigned else set()
 
     def completed(self) -> list[str]:

@@ -1,0 +1,328 @@
+"""Concurrent consumption whose commits never pass a message that is not done.
+
+FastStream's consume loop awaits each message before it fetches the next, so a subscriber works
+on one message at a time: a planner waiting on the store for one run holds every other run. And
+its manual `ack()` commits everything the consumer has read, so acking a message that finished
+early would commit past messages still running. `ConcurrentConsumer` hands each message to a
+task (at most `max_in_flight` at once; the subscriber blocks when all are busy), goes through
+`Delivery` in that task (decode, effect with retries, DLQ), and commits each partition only up to
+its oldest message not yet done (`OffsetLedger`). A crash re-delivers every unfinished message,
+never skips one.
+
+- `ordered_by_key`: messages with the same Kafka key are handled one after the other, in the
+  order consumed (the order a producer relies on when it keys by session); different keys run
+  concurrently. Without it every message runs at once (a model's parallel tool calls share a key).
+- A message whose retries ran out (`Delivery` nacks it) is handled again after
+  `redeliver_after_s`, still holding its key, as a rewind would; it is never skipped.
+- When partitions move to another copy, their messages in flight get `revoke_grace_s` to finish
+  and commit; on shutdown `drain` gives them a grace, then cancels the rest (delivered again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from faststream.kafka.annotations import KafkaMessage
+
+from services.kit.delivery import ConsumedMessage
+from services.kit.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One consumed message in flight: where it sits, and the assignment it was consumed under."""
+
+    topic: str
+    partition: int
+    offset: int
+    generation: int
+
+
+@dataclass
+class _PartitionLedger:
+    generation: int
+    pending: set[int] = field(default_factory=set)
+    next_offset: int = -1
+    committed: int = -1
+
+    def position(self) -> int:
+        """The offset to commit: the oldest message still pending, or past the newest one begun."""
+        return min(self.pending) if self.pending else self.next_offset
+
+
+class OffsetLedger:
+    """Per partition: the messages begun and not yet settled, and how far a commit may go.
+
+    Messages are handled concurrently and finish in any order, but a Kafka commit is one position
+    per partition: everything before it counts as done. So the position committed is the oldest
+    message still in flight (or past the newest when none is). A message that is never settled
+    (the consumer shut down before finishing it) holds its partition's position, so it is
+    delivered again. `forget` drops revoked partitions; tickets of the old assignment are then
+    ignored.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[tuple[str, int], _PartitionLedger] = {}
+        self._generations = 0
+
+    def begin(self, topic: str, partition: int, offset: int) -> Ticket:
+        """A consumed message starts."""
+        ledger = self._partitions.get((topic, partition))
+        if ledger is None:
+            self._generations += 1
+            ledger = self._partitions[(topic, partition)] = _PartitionLedger(self._generations)
+        ledger.pending.add(offset)
+        ledger.next_offset = max(ledger.next_offset, offset + 1)
+        return Ticket(topic, partition, offset, ledger.generation)
+
+    def settle(self, ticket: Ticket) -> None:
+        """A message is done (answered, dead-lettered, or canceled with its run)."""
+        ledger = self._current(ticket)
+        if ledger is not None:
+            ledger.pending.discard(ticket.offset)
+
+    def uncommitted(self, ticket: Ticket) -> int | None:
+        """The position to commit for the ticket's partition, if it moved past the last commit."""
+        ledger = self._current(ticket)
+        if ledger is None:
+            return None
+        position = ledger.position()
+        return position if position > ledger.committed else None
+
+    def committed(self, ticket: Ticket, position: int) -> None:
+        """A commit of `position` for the ticket's partition succeeded."""
+        ledger = self._current(ticket)
+        if ledger is not None:
+            ledger.committed = max(ledger.committed, position)
+
+    def in_flight(self, topic: str, partition: int) -> int:
+        """Messages begun and not settled in a partition."""
+        ledger = self._partitions.get((topic, partition))
+        return len(ledger.pending) if ledger is not None else 0
+
+    def forget(self, partitions: set[tuple[str, int]]) -> None:
+        """Drop revoked partitions: whoever owns them next starts from their committed position."""
+        for key in partitions:
+            self._partitions.pop(key, None)
+
+    def _current(self, ticket: Ticket) -> _PartitionLedger | None:
+        ledger = self._partitions.get((ticket.topic, ticket.partition))
+        if ledger is None or ledger.generation != ticket.generation:
+            return None
+        return ledger
+
+
+class _TrackedMessage:
+    """A consumed message as `Delivery` sees it: ack settles it in the ledger; nack marks a retry."""
+
+    def __init__(self, message: KafkaMessage, ticket: Ticket, consumer: ConcurrentConsumer) -> None:
+        self.body: bytes = message.body
+        self.headers: dict[str, Any] = dict(message.headers)
+        self.raw_message: Any = message.raw_message
+        self.nacked = False
+        self._kafka_consumer = message.consumer
+        self._ticket = ticket
+        self._consumer = consumer
+
+    async def ack(self) -> None:
+        await self._consumer.settle(self._ticket, self._kafka_consumer)
+
+    async def nack(self) -> None:
+        # Left unsettled, so its partition's commit stays before it; handled again shortly.
+        self.nacked = True
+
+
+class _KeyLocks:
+    """One FIFO lock per key while anything holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[bytes | None, tuple[asyncio.Lock, int]] = {}
+
+    def hold(self, key: bytes | None) -> _KeyHold:
+        """`async with` it to run alone among the holders of `key`, after those before."""
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        return _KeyHold(self, key, lock)
+
+    def release(self, key: bytes | None) -> None:
+        lock, users = self._locks[key]
+        if users <= 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+class _KeyHold:
+    def __init__(self, locks: _KeyLocks, key: bytes | None, lock: asyncio.Lock) -> None:
+        self._locks = locks
+        self._key = key
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._locks.release(self._key)
+            raise
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._lock.release()
+        self._locks.release(self._key)
+
+
+class ConcurrentConsumer:
+    """Handles consumed messages in tasks and commits in order (module doc).
+
+    `handle` takes one message through `Delivery.handle` (or does what it does): it acks the
+    message once its effect is durable or dead-lettered, nacks it when it must come again.
+    """
+
+    def __init__(
+        self,
+        handle: Callable[[ConsumedMessage], Awaitable[None]],
+        *,
+        name: str,
+        max_in_flight: int,
+        revoke_grace_s: float,
+        ordered_by_key: bool,
+        redeliver_after_s: float = 1.0,
+    ) -> None:
+        self._handle = handle
+        self._name = name
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._revoke_grace_s = revoke_grace_s
+        self._ordered = ordered_by_key
+        self._redeliver_after_s = redeliver_after_s
+        self._ledger = OffsetLedger()
+        self._keys = _KeyLocks()
+        self._tasks: dict[asyncio.Task[None], Ticket] = {}
+        self._commit_lock = asyncio.Lock()
+        self._revoking: set[tuple[str, int]] = set()
+        self._closing = False
+        self.listener = _RebalanceListener(self)
+
+    def in_flight(self) -> int:
+        """Messages being handled or waiting for their key."""
+        return len(self._tasks)
+
+    async def dispatch(self, message: KafkaMessage) -> None:
+        """Start one consumed message; returns once it runs (or at once when it must wait for later)."""
+        record: Any = message.raw_message  # one ConsumerRecord (not a batch subscriber)
+        ticket = self._ledger.begin(record.topic, record.partition, record.offset)
+        if self._stopped(ticket):
+            return  # not started, so never settled: delivered again to whoever owns the partition
+        await self._slots.acquire()
+        if self._closing:
+            self._slots.release()
+            return
+        key: bytes | None = record.key if self._ordered else None
+        task = asyncio.create_task(self._process(message, ticket, key), name=f"{self._name} {ticket.offset}")
+        self._tasks[task] = ticket
+        task.add_done_callback(self._tasks.pop)
+
+    def _stopped(self, ticket: Ticket) -> bool:
+        return self._closing or (ticket.topic, ticket.partition) in self._revoking
+
+    async def _process(self, message: KafkaMessage, ticket: Ticket, key: bytes | None) -> None:
+        try:
+            if self._ordered:
+                async with self._keys.hold(key):
+                    await self._handle_until_done(message, ticket)
+            else:
+                await self._handle_until_done(message, ticket)
+        except KafkaError:
+            # Not even the dead-letter topic took it: leave it unsettled for a later delivery.
+            logger.exception("message could not be handled", consumer=self._name, partition=ticket.partition)
+        finally:
+            self._slots.release()
+
+    async def _handle_until_done(self, message: KafkaMessage, ticket: Ticket) -> None:
+        while True:
+            tracked = _TrackedMessage(message, ticket, self)
+            await self._handle(tracked)
+            if not tracked.nacked or self._stopped(ticket):
+                return
+            await asyncio.sleep(self._redeliver_after_s)
+
+    async def settle(self, ticket: Ticket, kafka_consumer: Any) -> None:
+        """A message is done: commit its partition up to the oldest message still in flight."""
+        self._ledger.settle(ticket)
+        async with self._commit_lock:
+            # Commits queue here; whoever gets the lock commits the furthest position so far.
+            position = self._ledger.uncommitted(ticket)
+            if position is None:
+                return
+            try:
+                await kafka_consumer.commit({TopicPartition(ticket.topic, ticket.partition): position})
+            except KafkaError as error:
+                # The partition moved to another copy; it will deliver what was not committed.
+                logger.info(
+                    "commit refused",
+                    consumer=self._name,
+                    partition=ticket.partition,
+                    error=type(error).__name__,
+                )
+                return
+            self._ledger.committed(ticket, position)
+
+    async def release(self, partitions: set[tuple[str, int]]) -> None:
+        """Partitions are being revoked: let their messages finish and commit (bounded), then forget them."""
+        self._revoking |= partitions
+        try:
+            running = [
+                task for task, ticket in self._tasks.items() if (ticket.topic, ticket.partition) in partitions
+            ]
+            if running:
+                await asyncio.wait(running, timeout=self._revoke_grace_s)
+            self._ledger.forget(partitions)
+        finally:
+            self._revoking -= partitions
+
+    def assigned(self, partitions: set[tuple[str, int]]) -> None:
+        """A rebalance gave this consumer `partitions` (logged: operators and tests read it)."""
+        logger.info(
+            "partitions assigned",
+            consumer=self._name,
+            partitions=sorted(partition for _, partition in partitions),
+        )
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown: take no new messages, give those in flight `grace_s`, cancel the rest (redelivered)."""
+        self._closing = True
+        running = list(self._tasks)
+        if not running:
+            return
+        _, unfinished = await asyncio.wait(running, timeout=grace_s)
+        for task in unfinished:
+            task.cancel()
+        await asyncio.gather(*unfinished, return_exceptions=True)
+        logger.info(
+            "consumer drained",
+            consumer=self._name,
+            finished=len(running) - len(unfinished),
+            left=len(unfinished),
+        )
+
+
+class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Lets messages of revoked partitions finish before another copy takes them over."""
+
+    def __init__(self, consumer: ConcurrentConsumer) -> None:
+        self._consumer = consumer
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._consumer.release({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._consumer.assigned({(tp.topic, tp.partition) for tp in assigned})

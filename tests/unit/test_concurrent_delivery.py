@@ -1,0 +1,191 @@
+"""ConcurrentConsumer: keys in order, keys side by side, commits never past a message not done."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from faststream.kafka.annotations import KafkaMessage
+from pydantic import TypeAdapter
+
+from services.kit.concurrent_delivery import ConcurrentConsumer
+from services.kit.delivery import Delivery, RetryableError, RetryPolicy
+
+TOPIC = "runs.requested"
+TEXT = TypeAdapter(str)
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
+@dataclass
+class Commits:
+    positions: list[tuple[int, int]] = field(default_factory=list)
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        for partition, position in offsets.items():
+            self.positions.append((partition.partition, position))
+
+
+@dataclass
+class Message:
+    body: bytes
+    raw_message: Record
+    consumer: Commits
+    headers: dict[str, Any] = field(default_factory=dict)
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, str]]] = []
+
+    async def __call__(self, body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        self.sent.append((topic, headers))
+
+
+def _message(commits: Commits, offset: int, key: str, body: str, partition: int = 0) -> KafkaMessage:
+    record = Record(TOPIC, partition, offset, key.encode())
+    return cast(KafkaMessage, Message(f'"{body}"'.encode(), record, commits))
+
+
+def _consumer(
+    effect: Any, *, ordered: bool = True, max_in_flight: int = 16, letters: Letters | None = None
+) -> ConcurrentConsumer:
+    delivery = Delivery(letters or Letters(), RetryPolicy(attempts=1))
+    return ConcurrentConsumer(
+        lambda message: delivery.handle(message, TEXT, effect),
+        name="test",
+        max_in_flight=max_in_flight,
+        revoke_grace_s=1.0,
+        ordered_by_key=ordered,
+        redeliver_after_s=0.01,
+    )
+
+
+async def _settled(consumer: ConcurrentConsumer) -> None:
+    for _ in range(500):
+        if consumer.in_flight() == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("messages still in flight")
+
+
+async def test_one_key_runs_in_order_while_other_keys_run_beside_it() -> None:
+    gates = {"a1": asyncio.Event()}
+    events: list[str] = []
+
+    async def effect(body: str) -> None:
+        events.append(f"start {body}")
+        if body in gates:
+            await gates[body].wait()
+        events.append(f"end {body}")
+
+    commits = Commits()
+    consumer = _consumer(effect)
+    for offset, (key, body) in enumerate([("a", "a1"), ("a", "a2"), ("b", "b1")]):
+        await consumer.dispatch(_message(commits, offset, key, body))
+    await asyncio.sleep(0.05)
+    # b1 finished while a1 is held; a2 waits behind a1.
+    assert events == ["start a1", "start b1", "end b1"]
+    assert all(position <= 0 for _, position in commits.positions)  # offset 0 is not done
+    gates["a1"].set()
+    await _settled(consumer)
+    assert events[3:] == ["end a1", "start a2", "end a2"]
+    assert commits.positions[-1] == (0, 3)
+
+
+async def test_unordered_messages_of_one_key_run_together() -> None:
+    running = 0
+    peak = 0
+
+    async def effect(_body: str) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+
+    commits = Commits()
+    consumer = _consumer(effect, ordered=False)
+    for offset in range(4):
+        await consumer.dispatch(_message(commits, offset, "run-1", f"call {offset}"))
+    await _settled(consumer)
+    assert peak == 4
+    assert commits.positions[-1] == (0, 4)
+
+
+async def test_a_message_whose_retries_ran_out_is_handled_again_before_its_key_moves_on() -> None:
+    attempts: list[str] = []
+
+    async def effect(body: str) -> None:
+        attempts.append(body)
+        if body == "flaky" and attempts.count("flaky") < 3:
+            raise RetryableError("the store is away")
+
+    commits = Commits()
+    consumer = _consumer(effect)
+    await consumer.dispatch(_message(commits, 0, "s", "flaky"))
+    await consumer.dispatch(_message(commits, 1, "s", "next"))
+    await _settled(consumer)
+    assert attempts == ["flaky", "flaky", "flaky", "next"]
+    assert commits.positions[-1] == (0, 2)
+
+
+async def test_an_invalid_message_is_dead_lettered_and_committed() -> None:
+    seen: list[str] = []
+
+    async def effect(body: str) -> None:
+        seen.append(body)
+
+    letters = Letters()
+    commits = Commits()
+    consumer = _consumer(effect, letters=letters)
+    record = Record(TOPIC, 0, 0, b"s")
+    await consumer.dispatch(cast(KafkaMessage, Message(b"{not json", record, commits)))
+    await consumer.dispatch(_message(commits, 1, "s", "fine"))
+    await _settled(consumer)
+    assert seen == ["fine"]
+    assert [topic for topic, _ in letters.sent] == [f"{TOPIC}.dlq"]
+    assert commits.positions[-1] == (0, 2)
+
+
+async def test_drain_cancels_what_did_not_finish_and_commits_nothing_past_it() -> None:
+    async def effect(body: str) -> None:
+        if body == "stuck":
+            await asyncio.Event().wait()
+
+    commits = Commits()
+    consumer = _consumer(effect)
+    await consumer.dispatch(_message(commits, 0, "a", "stuck"))
+    await consumer.dispatch(_message(commits, 1, "b", "quick"))
+    await asyncio.sleep(0.02)
+    await consumer.drain(0.05)
+    assert consumer.in_flight() == 0
+    assert all(position <= 0 for _, position in commits.positions)  # offset 0 comes back
+    await consumer.dispatch(_message(commits, 2, "c", "late"))  # after drain: not taken
+    assert consumer.in_flight() == 0
+
+
+async def test_a_full_consumer_takes_no_more_until_a_slot_frees() -> None:
+    gate = asyncio.Event()
+
+    async def effect(_body: str) -> None:
+        await gate.wait()
+
+    commits = Commits()
+    consumer = _consumer(effect, max_in_flight=2)
+    await consumer.dispatch(_message(commits, 0, "a", "one"))
+    await consumer.dispatch(_message(commits, 1, "b", "two"))
+    third = asyncio.create_task(consumer.dispatch(_message(commits, 2, "c", "three")))
+    await asyncio.sleep(0.02)
+    assert not third.done()
+    gate.set()
+    await third
+    await _settled(consumer)
+    assert commits.positions[-1] == (0, 3)
