@@ -417,12 +417,14 @@ class Planner:
                     tool_result_key(completed.tool_use_id), TOOL_RESULT_TYPE, result.encode(), trigger.at
                 )
                 view = await self._write(view, record)
-                # Read again after our own write: of two results written at once by two processes
-                # (a rebalance), the later reader sees both, so the group is never left waiting.
-                fresh = await load_view(self.deps.store, completed.run_id)
-                if fresh is not None:
-                    fresh.session_ended = view.session_ended
-                    view = fresh
+                if not _tool_use_ids(view) <= view.results.keys():
+                    # Others still missing: read again after our own write. Of two results written
+                    # at once by two processes (a rebalance), the later reader sees both, so the
+                    # group is never left waiting. With every result in hand there is nothing to see.
+                    fresh = await load_view(self.deps.store, completed.run_id)
+                    if fresh is not None:
+                        fresh.session_ended = view.session_ended
+                        view = fresh
             await self.advance(view, trigger)
 
     async def on_cancel(self, cancel: CancelRun) -> None:

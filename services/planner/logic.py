@@ -21,8 +21,7 @@ Record keys (per run; the store makes `(run_id, event_key)` unique):
 | `seed` | transcript_messages_seeded | history before the run (session turns, a predecessor) |
 | `input` | transcript_messages_appended | the user's text, or the answer to a suspended tool use |
 | `phase/<n>/<phase>` | run_phase_changed | planning / synthesizing before call n, executing_tools after |
-| `step/<n>/assistant` | transcript_messages_appended | the model's message of call n, parts in order |
-| `step/<n>/usage` | usage | tokens of call n |
+| `step/<n>/assistant` | transcript_messages_appended | call n's message, parts in order, usage in meta |
 | `step/<n>/compacted` | history_compacted | call n overflowed its budget: oldest history turns compacted |
 | `tool-result/<tool_use_id>` | tool_result | one tool result as it arrives (first one wins) |
 | `step/<n>/tool-results` | transcript_messages_appended | every result of call n's tool uses, in use order |
@@ -85,8 +84,6 @@ CONTEXT_TYPE = "planner_context"
 TOOL_RESULT_TYPE = "tool_result"
 """Ordinary record (key `tool-result/<tool_use_id>`): one tool result as it arrived."""
 
-USAGE_TYPE = "usage"
-"""Ordinary record (key `step/<n>/usage`): tokens of one model call."""
 
 MEMORY_CONTEXT_TYPE = "memory_context"
 """Ordinary record (key `memory-context`): the memory a turn's context used (facts, summary, window)."""
@@ -119,11 +116,6 @@ CONTEXT_OVERFLOW = "context_overflow"
 def assistant_key(step: int) -> str:
     """Key of the assistant message of model call `step`."""
     return f"step/{step}/assistant"
-
-
-def usage_key(step: int) -> str:
-    """Key of the usage record of model call `step`."""
-    return f"step/{step}/usage"
 
 
 def tool_results_key(step: int) -> str:
@@ -1259,10 +1251,10 @@ def _output_tokens(message: Message) -> int:
 
 
 def model_records(view: RunView, step: int, response: ModelResponse, at: datetime) -> list[Record]:
-    """The assistant message of call `step` (parts in the order produced), then its usage.
+    """The assistant message of call `step`: parts in the order produced, its usage in `meta`.
 
-    The usage also rides in the message's `meta`, which is what the budget counts: a planner that
-    dies between the two appends reuses the message on restart and never writes the usage record.
+    One record, so the tokens a budget counts can never be lost between two appends; the owner
+    streams the usage as a `usage` event when the record commits.
     """
     usage_fields = {
         "input_tokens": response.usage.input_tokens,
@@ -1271,11 +1263,7 @@ def model_records(view: RunView, step: int, response: ModelResponse, at: datetim
         "stop_reason": response.stop_reason.value,
     }
     message = Message(role="assistant", parts=tuple(response.parts), meta={"usage": usage_fields})
-    usage = canonical_json(usage_fields)
-    return [
-        view.record(assistant_key(step), TRANSCRIPT_MESSAGES_APPENDED, encode_messages([message]), at),
-        view.record(usage_key(step), USAGE_TYPE, usage, at),
-    ]
+    return [view.record(assistant_key(step), TRANSCRIPT_MESSAGES_APPENDED, encode_messages([message]), at)]
 
 
 def reply_delta(view: RunView, step: int, index: int, text: str, at: datetime) -> RunEvent:

@@ -112,16 +112,17 @@ def _append_events(record: Record) -> list[RunEvent]:
         if phase in RunPhase.__members__.values() and not RunPhase(phase).terminal:
             return [_event(record, StreamEventType.WORKFLOW, {"phase": phase})]
     if record.type == TRANSCRIPT_MESSAGES_APPENDED:
-        return [
-            _event(
-                record,
-                StreamEventType.ASSISTANT_TURN,
-                {"message": message},
-                key=f"{record.event_key}/{index}",
-            )
-            for index, message in enumerate(json.loads(record.payload))
-            if isinstance(message, dict) and message.get("role") == "assistant"
-        ]
+        events: list[RunEvent] = []
+        for index, message in enumerate(json.loads(record.payload)):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            key = f"{record.event_key}/{index}"
+            events.append(_event(record, StreamEventType.ASSISTANT_TURN, {"message": message}, key=key))
+            usage = (message.get("meta") or {}).get("usage")
+            if isinstance(usage, dict):
+                # The tokens of the model call that produced the message (the planner puts them there).
+                events.append(_event(record, StreamEventType.USAGE, usage, key=key))
+        return events
     return []
 
 

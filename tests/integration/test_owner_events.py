@@ -273,13 +273,16 @@ async def test_a_child_start_publishes_child_run_linked_on_the_parent(events: Ev
     assert (lone_linked.event_key, lone_linked.session_id) == ("link-lone", "")
 
 
-async def test_appends_publish_non_terminal_phases_and_assistant_turns_only(events: Events) -> None:
+async def test_appends_publish_non_terminal_phases_assistant_turns_and_their_usage_only(
+    events: Events,
+) -> None:
     store = events.store
     session_id = await open_session(store)
     run = await running_root(store, session_id)
     messages = (
         b'[{"role":"user","parts":[{"kind":"text","text":"hi"}]},'
-        b'{"role":"assistant","parts":[{"kind":"text","text":"hello"}]}]'
+        b'{"role":"assistant","parts":[{"kind":"text","text":"hello"}],'
+        b'"meta":{"usage":{"input_tokens":12,"output_tokens":3}}}]'
     )
     for record in (
         ordinary(run, "p1", payload=b'{"phase":"planning"}'),
@@ -294,8 +297,14 @@ async def test_appends_publish_non_terminal_phases_and_assistant_turns_only(even
     assert [(event.type.value, event.event_key) for _, event in published] == [
         ("workflow", "p1"),
         ("assistant_turn", "t1/1"),
+        ("usage", "t1/1"),
     ]
     assert published[0][1].payload == {"phase": "planning"}
     assert published[1][1].payload == {
-        "message": {"role": "assistant", "parts": [{"kind": "text", "text": "hello"}]}
+        "message": {
+            "role": "assistant",
+            "parts": [{"kind": "text", "text": "hello"}],
+            "meta": {"usage": {"input_tokens": 12, "output_tokens": 3}},
+        }
     }
+    assert published[2][1].payload == {"input_tokens": 12, "output_tokens": 3}

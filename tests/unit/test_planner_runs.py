@@ -241,7 +241,6 @@ async def test_plain_answer_completes_the_turn_and_streams_the_reply() -> None:
         "input",
         "phase/1/planning",
         "step/1/assistant",
-        "step/1/usage",
         "completed",
     ]
     assert len(h.model.requests) == 1
@@ -284,12 +283,11 @@ async def test_tool_round_trip_records_the_results_and_answers() -> None:
     assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[2].parts == (ToolResultPart(tool_use_id=call.tool_use_id, content=42),)
     keys = await h.keys(request.run_id)
-    assert keys[-6:] == [
+    assert keys[-5:] == [
         f"tool-result/{call.tool_use_id}",
         "step/1/tool-results",
         "phase/2/synthesizing",
         "step/2/assistant",
-        "step/2/usage",
         "completed",
     ]
     [finished] = h.bus.of(TurnCompleted)
