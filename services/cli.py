@@ -221,6 +221,7 @@ class EventPrinter:
     _streamed: set[str] = field(default_factory=set)  # runs whose reply text arrived as deltas
     # Phase changes come from the owner, deltas from the planner: one may land mid-sentence.
     _deferred: list[Text] = field(default_factory=list)
+    _tokens: dict[str, tuple[int, int]] = field(default_factory=dict)  # run -> (input, output) so far
 
     def _line(self, text: Text) -> None:
         self.end_inline()
@@ -247,7 +248,9 @@ class EventPrinter:
         elif kind is StreamEventType.ASSISTANT_TURN:
             self._assistant_turn(event)
         elif kind is StreamEventType.WORKFLOW:
-            self._workflow(payload)
+            self._workflow(event.run_id, payload)
+        elif kind is StreamEventType.USAGE:
+            self._count_tokens(event.run_id, payload)
         elif kind.value.startswith("await_"):
             self._line(Text(f"? {_prompt_of(event)}", style="bold yellow"))
         elif kind is StreamEventType.CHILD_RUN_LINKED:
@@ -280,22 +283,38 @@ class EventPrinter:
                 self._line(Text(f"→ {part.get('name', '?')} {_compact(part.get('input'))}", style="cyan"))
         self.end_inline()
 
-    def _workflow(self, payload: dict[str, Any]) -> None:
+    def _count_tokens(self, run_id: str, usage: dict[str, Any]) -> None:
+        seen_in, seen_out = self._tokens.get(run_id, (0, 0))
+        taken, given = usage.get("input_tokens"), usage.get("output_tokens")
+        if isinstance(taken, int) and isinstance(given, int):
+            self._tokens[run_id] = (seen_in + taken, seen_out + given)
+
+    def _workflow(self, run_id: str, payload: dict[str, Any]) -> None:
         phase = str(payload.get("phase", ""))
         failure = payload.get("failure") or {}
         reason = (payload.get("cancellation") or {}).get("reason", "")
         if phase == RunPhase.COMPLETED.value:
-            self._line(Text("✓ completed", style="bold green"))
+            self._closing_line(run_id, Text("✓ completed", style="bold green"))
         elif phase == RunPhase.FAILED.value:
-            self._line(Text(f"✗ failed: {failure.get('message', '')}".rstrip(": "), style="bold red"))
+            failed = f"✗ failed: {failure.get('message', '')}".rstrip(": ")
+            self._closing_line(run_id, Text(failed, style="bold red"))
         elif phase == RunPhase.CANCELED.value:
-            self._line(Text(f"✗ canceled{f' ({reason})' if reason else ''}", style="bold yellow"))
+            self._closing_line(
+                run_id, Text(f"✗ canceled{f' ({reason})' if reason else ''}", style="bold yellow")
+            )
         elif phase == RunPhase.SUSPENDED.value:
-            self._line(Text("⏸ waiting for an answer", style="bold yellow"))
+            self._closing_line(run_id, Text("⏸ waiting for an answer", style="bold yellow"))
         elif self._inline:
             self._deferred.append(Text(f"· {phase}", style="dim italic"))
         else:
             self._line(Text(f"· {phase}", style="dim italic"))
+
+    def _closing_line(self, run_id: str, line: Text) -> None:
+        """The run's end, with the tokens its model calls took when their usage was streamed."""
+        if run_id in self._tokens:
+            taken, given = self._tokens.pop(run_id)
+            line.append(f"  {taken:,} tokens in, {given:,} out", style="dim")
+        self._line(line)
 
 
 @dataclass

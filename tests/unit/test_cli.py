@@ -135,6 +135,16 @@ def test_streamed_reply_is_written_inline_and_not_repeated_by_the_turn() -> None
     assert text == "· planning\nHello there.\n✓ completed\n"
 
 
+def test_a_completed_run_says_the_tokens_its_model_calls_took() -> None:
+    text = shown(
+        event(StreamEventType.USAGE, "s1", {"input_tokens": 1200, "output_tokens": 30, "model": "m"}),
+        event(StreamEventType.USAGE, "s2", {"input_tokens": 1300, "output_tokens": 12, "model": "m"}),
+        event(StreamEventType.USAGE, "other", {"input_tokens": 5, "output_tokens": 5}, run_id="run-2"),
+        event(StreamEventType.WORKFLOW, "c", {"phase": "completed", "status": "success"}),
+    )
+    assert text == "✓ completed  2,500 tokens in, 42 out\n"
+
+
 def test_a_phase_change_in_the_middle_of_a_reply_waits_for_the_line_to_end() -> None:
     text = shown(
         event(StreamEventType.ASSISTANT_REPLY, "d0", {"text": "The calculator "}),
@@ -178,7 +188,7 @@ def test_endings_questions_and_links() -> None:
                 "child_agent_id": "math_agent",
             },
         ),
-        event(StreamEventType.USAGE, "u", {"input_tokens": 3}),
+        event(StreamEventType.PROMPT_RENDERED, "r", {"tokens": 3}),
     )
     assert text.splitlines() == [
         "✗ failed: model down",
@@ -186,7 +196,7 @@ def test_endings_questions_and_links() -> None:
         "⏸ waiting for an answer",
         "? Which city?",
         "↳ math_agent: child run r2 (math_agent)",
-        '· usage {"input_tokens":3}',
+        '· prompt_rendered {"tokens":3}',
     ]
 
 
