@@ -588,6 +588,10 @@ class Planner:
             raise _permanent(f"start of {run.run_id!r}", error) from error
         if result.decision is StartOutcome.STOP:
             return None
+        if result.started.inserted and result.run_status is RunStatus.RUNNING:
+            # This call wrote the run's first record, so the log is that record: no read back. A
+            # second writer (a rebalance) is caught by the conflict of our next append.
+            return RunView.of([plan.started])
         view = await load_view(store, run.run_id)
         if view is None:
             raise RetryableError(f"run {run.run_id!r} started but not readable yet")
