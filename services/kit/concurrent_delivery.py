@@ -159,9 +159,6 @@ class _KeyLocks:
         else:
             self._locks[key] = (lock, users - 1)
 
-    def __len__(self) -> int:
-        return len(self._locks)
-
 
 class _KeyHold:
     def __init__(self, locks: _KeyLocks, key: bytes | None, lock: asyncio.Lock) -> None:
@@ -241,16 +238,20 @@ class ConcurrentConsumer:
                     await self._handle_until_done(message, ticket)
             else:
                 await self._handle_until_done(message, ticket)
-        except KafkaError:
-            # Not even the dead-letter topic took it: leave it unsettled for a later delivery.
-            logger.exception("message could not be handled", consumer=self._name, partition=ticket.partition)
         finally:
             self._slots.release()
 
     async def _handle_until_done(self, message: KafkaMessage, ticket: Ticket) -> None:
         while True:
             tracked = _TrackedMessage(message, ticket, self)
-            await self._handle(tracked)
+            try:
+                await self._handle(tracked)
+            except KafkaError:
+                # Not even the dead-letter topic took it (the broker is away): like a nack.
+                logger.exception(
+                    "message could not be handled", consumer=self._name, partition=ticket.partition
+                )
+                tracked.nacked = True
             if not tracked.nacked or self._stopped(ticket):
                 return
             await asyncio.sleep(self._redeliver_after_s)

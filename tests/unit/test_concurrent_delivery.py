@@ -6,11 +6,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from aiokafka.errors import KafkaConnectionError
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
 
 from services.kit.concurrent_delivery import ConcurrentConsumer
-from services.kit.delivery import Delivery, RetryableError, RetryPolicy
+from services.kit.delivery import ConsumedMessage, Delivery, RetryableError, RetryPolicy
 
 TOPIC = "runs.requested"
 TEXT = TypeAdapter(str)
@@ -189,3 +190,23 @@ async def test_a_full_consumer_takes_no_more_until_a_slot_frees() -> None:
     await third
     await _settled(consumer)
     assert commits.positions[-1] == (0, 3)
+
+
+async def test_a_broker_failure_while_handling_is_tried_again_not_left_behind() -> None:
+    calls = 0
+
+    async def handle(message: ConsumedMessage) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KafkaConnectionError("the broker is away")
+        await message.ack()
+
+    commits = Commits()
+    consumer = ConcurrentConsumer(
+        handle, name="test", max_in_flight=4, revoke_grace_s=1.0, ordered_by_key=True, redeliver_after_s=0.01
+    )
+    await consumer.dispatch(_message(commits, 0, "s", "once"))
+    await _settled(consumer)
+    assert calls == 2
+    assert commits.positions[-1] == (0, 1)
