@@ -55,7 +55,7 @@ def create_app(
     # into a dead letter, where the shared default would rewind and retry the change forever.
     delivery = Delivery(dead_letter, RetryPolicy(attempts=1))
     holder = handlers.EnricherHolder()
-    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or EnricherDeps()
     opened: list[KafkaMemoryStore] = []
 
@@ -69,10 +69,14 @@ def create_app(
             store = client
         holder.enricher = Enricher(store, settings, clock=given.clock)
 
+    async def drain() -> None:
+        # Before the broker stops: messages in flight can still reach the owner and commit.
+        await consumer.drain(settings.shutdown_grace_s)
+
     async def close() -> None:
         for client in opened:
             await client.stop()
         opened.clear()
         holder.enricher = None
 
-    return FastStream(broker, on_startup=[build], after_shutdown=[close])
+    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

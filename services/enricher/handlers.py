@@ -9,14 +9,13 @@ changes carry fact texts, never transcripts.
 from __future__ import annotations
 
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
-from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter
 
 from contracts.memory import FactChanged
 from contracts.topics import Topic
 from services.enricher.adapters import Enricher
-from services.kit.broker import subscriber_options, topic
+from services.enricher.settings import EnricherSettings
+from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from services.kit.delivery import Delivery
 from services.kit.settings import KafkaSettings
 
@@ -37,13 +36,19 @@ class EnricherHolder:
 
 
 def register(
-    broker: KafkaBroker, settings: KafkaSettings, holder: EnricherHolder, delivery: Delivery, group: str
-) -> None:
+    broker: KafkaBroker,
+    kafka: KafkaSettings,
+    holder: EnricherHolder,
+    delivery: Delivery,
+    consumer: EnricherSettings,
+) -> ConcurrentConsumer:
     """Subscribe the enricher to `memory.changes` with its consumer group."""
 
-    @broker.subscriber(
-        topic(settings, Topic.MEMORY_CHANGES),
-        **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
+    return consume_concurrently(
+        broker,
+        kafka,
+        Topic.MEMORY_CHANGES,
+        lambda message: delivery.handle(message, FACT_CHANGED, holder.get().on_fact_changed),
+        group=consumer.group,
+        settings=consumer,
     )
-    async def on_fact_changed(message: KafkaMessage) -> None:
-        await delivery.handle(message, FACT_CHANGED, holder.get().on_fact_changed)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.kit.settings import ConsumerSettings
 
 
-class EnricherSettings(BaseSettings):
+class EnricherSettings(ConsumerSettings):
     """How the enricher consumes `memory.changes` and how long it tries (`QUIPU_ENRICHER_...`)."""
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_ENRICHER_", frozen=True, extra="ignore")

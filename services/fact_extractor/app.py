@@ -60,7 +60,7 @@ def create_app(
 
     delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
     holder = handlers.ExtractorHolder()
-    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or FactExtractorDeps()
     opened: list[KafkaMemoryStore] = []
 
@@ -79,10 +79,14 @@ def create_app(
             agents=given.agents if given.agents is not None else default_agents(),
         )
 
+    async def drain() -> None:
+        # Before the broker stops: messages in flight can still reach the owner and commit.
+        await consumer.drain(settings.shutdown_grace_s)
+
     async def close() -> None:
         for client in opened:
             await client.stop()
         opened.clear()
         holder.extractor = None
 
-    return FastStream(broker, on_startup=[build], after_shutdown=[close])
+    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

@@ -1,22 +1,26 @@
-"""The fact extractor's subscriber: `history.recorded`, one message at a time per partition.
+"""The fact extractor's subscriber: `history.recorded`, principals side by side, each in order.
 
 Decoded through `Delivery` (an invalid message goes to `history.recorded.dlq`), handed to
 `FactExtractor`, and committed only after its operations are applied (or refused for good). A
-transient failure (store UNAVAILABLE, model timeout) is retried, then rewound for redelivery,
-which is harmless: the operations of a turn are applied under the turn id exactly once.
+transient failure (store UNAVAILABLE, model timeout) is retried, then handled again a second
+later, which is harmless: the operations of a turn are applied under the turn id exactly once.
+Turns of different principals are extracted concurrently (a model call each); one principal's
+turns one at a time, since each extraction reads the facts the previous one may have written.
 """
 
 from __future__ import annotations
 
+import json
+
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
-from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter
 
 from contracts.memory import HistoryRecorded
 from contracts.topics import Topic
 from services.fact_extractor.adapters import FactExtractor
-from services.kit.broker import subscriber_options, topic
+from services.fact_extractor.settings import FactExtractorSettings
+from services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key, consume_concurrently
 from services.kit.delivery import Delivery
 from services.kit.settings import KafkaSettings
 
@@ -36,14 +40,31 @@ class ExtractorHolder:
         return self.extractor
 
 
+def by_principal(message: KafkaMessage) -> bytes | None:
+    """A turn's principal: the extractor reads a principal's facts to tell new from known, so two
+    turns of one principal (two sessions, keyed apart) must not be extracted at once."""
+    try:
+        scope = json.loads(message.body)["scope"]
+        return f"{scope.get('tenant_id', '')}/{scope['principal_id']}".encode()
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return by_kafka_key(message)  # not a HistoryRecorded: it goes to the DLQ in its turn
+
+
 def register(
-    broker: KafkaBroker, settings: KafkaSettings, holder: ExtractorHolder, delivery: Delivery, group: str
-) -> None:
+    broker: KafkaBroker,
+    kafka: KafkaSettings,
+    holder: ExtractorHolder,
+    delivery: Delivery,
+    consumer: FactExtractorSettings,
+) -> ConcurrentConsumer:
     """Subscribe the extractor to `history.recorded` in consumer group `group`."""
 
-    @broker.subscriber(
-        topic(settings, Topic.HISTORY_RECORDED),
-        **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
+    return consume_concurrently(
+        broker,
+        kafka,
+        Topic.HISTORY_RECORDED,
+        lambda message: delivery.handle(message, HISTORY_RECORDED, holder.get().on_history_recorded),
+        group=consumer.group,
+        settings=consumer,
+        order=by_principal,
     )
-    async def on_history_recorded(message: KafkaMessage) -> None:
-        await delivery.handle(message, HISTORY_RECORDED, holder.get().on_history_recorded)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.kit.settings import ConsumerSettings
 
 
-class FactExtractorSettings(BaseSettings):
+class FactExtractorSettings(ConsumerSettings):
     """How the fact extractor consumes `history.recorded`, bounds its model calls and its memory."""
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_FACTS_", frozen=True, extra="ignore")

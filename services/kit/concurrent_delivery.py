@@ -9,9 +9,10 @@ task (at most `max_in_flight` at once; the subscriber blocks when all are busy),
 its oldest message not yet done (`OffsetLedger`). A crash re-delivers every unfinished message,
 never skips one.
 
-- `ordered_by_key`: messages with the same Kafka key are handled one after the other, in the
-  order consumed (the order a producer relies on when it keys by session); different keys run
-  concurrently. Without it every message runs at once (a model's parallel tool calls share a key).
+- `order`: messages with the same order key (by default the Kafka key, the order a producer relies
+  on when it keys by session) are handled one after the other, in the order consumed; different
+  keys run concurrently. Without one every message runs at once (a model's parallel tool calls
+  share a key and must run together).
 - A message whose retries ran out (`Delivery` nacks it) is handled again after
   `redeliver_after_s`, still holding its key, as a rewind would; it is never skipped.
 - When partitions move to another copy, their messages in flight get `revoke_grace_s` to finish
@@ -28,12 +29,27 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
+from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
 
+from contracts.topics import Topic
+from services.kit.broker import subscriber_options, topic
 from services.kit.delivery import ConsumedMessage
 from services.kit.logging import get_logger
+from services.kit.settings import ConsumerSettings, KafkaSettings
 
 logger = get_logger(__name__)
+
+OrderKey = Callable[[KafkaMessage], bytes | None]
+"""What a message is ordered by: messages with equal keys are handled one at a time, in order."""
+
+
+def by_kafka_key(message: KafkaMessage) -> bytes | None:
+    """The message's Kafka key: the order its producer chose (a session, a run)."""
+    record: Any = message.raw_message  # one ConsumerRecord (not a batch subscriber)
+    key: bytes | None = record.key
+    return key
 
 
 @dataclass(frozen=True)
@@ -192,14 +208,14 @@ class ConcurrentConsumer:
         name: str,
         max_in_flight: int,
         revoke_grace_s: float,
-        ordered_by_key: bool,
+        order: OrderKey | None,
         redeliver_after_s: float = 1.0,
     ) -> None:
         self._handle = handle
         self._name = name
         self._slots = asyncio.Semaphore(max_in_flight)
         self._revoke_grace_s = revoke_grace_s
-        self._ordered = ordered_by_key
+        self._order = order
         self._redeliver_after_s = redeliver_after_s
         self._ledger = OffsetLedger()
         self._keys = _KeyLocks()
@@ -223,18 +239,17 @@ class ConcurrentConsumer:
         if self._closing:
             self._slots.release()
             return
-        key: bytes | None = record.key if self._ordered else None
-        task = asyncio.create_task(self._process(message, ticket, key), name=f"{self._name} {ticket.offset}")
+        task = asyncio.create_task(self._process(message, ticket), name=f"{self._name} {ticket.offset}")
         self._tasks[task] = ticket
         task.add_done_callback(self._tasks.pop)
 
     def _stopped(self, ticket: Ticket) -> bool:
         return self._closing or (ticket.topic, ticket.partition) in self._revoking
 
-    async def _process(self, message: KafkaMessage, ticket: Ticket, key: bytes | None) -> None:
+    async def _process(self, message: KafkaMessage, ticket: Ticket) -> None:
         try:
-            if self._ordered:
-                async with self._keys.hold(key):
+            if self._order is not None:
+                async with self._keys.hold(self._order(message)):
                     await self._handle_until_done(message, ticket)
             else:
                 await self._handle_until_done(message, ticket)
@@ -327,3 +342,32 @@ class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self._consumer.assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
+def consume_concurrently(
+    broker: KafkaBroker,
+    kafka: KafkaSettings,
+    source: Topic,
+    handle: Callable[[ConsumedMessage], Awaitable[None]],
+    *,
+    group: str,
+    settings: ConsumerSettings,
+    order: OrderKey | None = by_kafka_key,
+) -> ConcurrentConsumer:
+    """Subscribe `handle` to `source` in consumer group `group`, through a `ConcurrentConsumer`.
+
+    The app drains the returned consumer on shutdown, before the broker stops.
+    """
+    consumer = ConcurrentConsumer(
+        handle,
+        name=f"{group} {source.value}",
+        max_in_flight=settings.max_in_flight,
+        revoke_grace_s=settings.revoke_grace_s,
+        order=order,
+    )
+    broker.subscriber(
+        topic(kafka, source),
+        **subscriber_options(kafka, group=group, ack_policy=AckPolicy.MANUAL),
+        listener=consumer.listener,
+    )(consumer.dispatch)
+    return consumer

@@ -176,3 +176,30 @@ class ServiceSettings(BaseSettings):
         default=None,
         description="JSON lines if true, a pretty console if false; unset: JSON unless on a TTY.",
     )
+
+
+class ConsumerSettings(BaseSettings):
+    """How a service consumes its topics concurrently (`kit.concurrent_delivery`); each service's
+    settings extend it under their own prefix (`QUIPU_PLANNER_MAX_IN_FLIGHT`, ...)."""
+
+    max_in_flight: int = Field(
+        default=32,
+        ge=1,
+        description=(
+            "Messages handled at once per subscribed topic (one key's messages stay in order, other "
+            "keys run beside them); when all are busy the consumer takes no more until one finishes."
+        ),
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On shutdown, how long messages in flight may finish; the rest are delivered again.",
+    )
+    revoke_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "When partitions move to another copy, how long their messages in flight may finish and "
+            "commit first; one still running after it is handled again by the new owner (an exact retry)."
+        ),
+    )

@@ -12,14 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
-from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter
 
 from contracts.runs import CancelRun, RunRequested
 from contracts.tools import ToolCallCompleted
 from contracts.topics import Topic
-from services.kit.broker import subscriber_options, topic
-from services.kit.concurrent_delivery import ConcurrentConsumer
+from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from services.kit.delivery import Delivery
 from services.kit.settings import KafkaSettings
 from services.planner.adapters import Planner
@@ -63,26 +61,20 @@ def register(
     async def tool_result(completed: ToolCallCompleted) -> None:
         await holder.get().on_tool_result(completed)
 
-    consumers: list[ConcurrentConsumer] = []
-
     def subscribe(
-        name: Topic, suffix: str, payload: TypeAdapter[T], effect: Callable[[T], Awaitable[None]]
-    ) -> None:
-        consumer = ConcurrentConsumer(
+        source: Topic, suffix: str, payload: TypeAdapter[T], effect: Callable[[T], Awaitable[None]]
+    ) -> ConcurrentConsumer:
+        return consume_concurrently(
+            broker,
+            kafka,
+            source,
             lambda message: delivery.handle(message, payload, effect),
-            name=f"planner {suffix}",
-            max_in_flight=settings.max_in_flight,
-            revoke_grace_s=settings.revoke_grace_s,
-            ordered_by_key=True,
+            group=f"{settings.group}-{suffix}",
+            settings=settings,
         )
-        consumers.append(consumer)
-        broker.subscriber(
-            topic(kafka, name),
-            **subscriber_options(kafka, group=f"{settings.group}-{suffix}", ack_policy=AckPolicy.MANUAL),
-            listener=consumer.listener,
-        )(consumer.dispatch)
 
-    subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested)
-    subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel)
-    subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result)
-    return consumers
+    return [
+        subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested),
+        subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel),
+        subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result),
+    ]

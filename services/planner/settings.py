@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.kit.settings import ConsumerSettings
 
 
-class PlannerSettings(BaseSettings):
+class PlannerSettings(ConsumerSettings):
     """How the planner consumes its three topics and bounds its model calls."""
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_PLANNER_", frozen=True, extra="ignore")
@@ -17,29 +19,6 @@ class PlannerSettings(BaseSettings):
         description=(
             "Prefix of the planner's consumer groups (`<group>-requests`, `-control`, `-results`); "
             "every planner copy uses the same ones."
-        ),
-    )
-    max_in_flight: int = Field(
-        default=64,
-        ge=1,
-        description=(
-            "Messages one planner works on at once per topic (runs of different sessions advance "
-            "concurrently; one key's messages stay in order); when all are busy it stops taking "
-            "messages until one finishes."
-        ),
-    )
-    shutdown_grace_s: float = Field(
-        default=10.0,
-        ge=0,
-        description="On shutdown, how long messages in flight may finish; the rest are delivered again.",
-    )
-    revoke_grace_s: float = Field(
-        default=10.0,
-        ge=0,
-        description=(
-            "When partitions move to another planner copy, how long their messages in flight may "
-            "finish and commit first; one still running after it is handled again by the new owner "
-            "(an exact retry, as after a crash)."
         ),
     )
     model_timeout_s: float = Field(

@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from faststream.kafka import KafkaBroker
-from faststream.middlewares import AckPolicy
 
 from contracts.commands import STORE_COMMAND, StoreOperation, StoreReply
 from contracts.errors import ErrorCode, StoreError
 from contracts.topics import Topic
-from services.kit.broker import subscriber_options, topic
-from services.kit.concurrent_delivery import ConcurrentConsumer
+from services.kit.broker import topic
+from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from services.kit.delivery import ConsumedMessage, Delivery
 from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings
@@ -75,16 +74,6 @@ def register(
 
         await delivery.handle(message, STORE_COMMAND, apply, on_invalid=refuse)
 
-    consumer = ConcurrentConsumer(
-        on_command,
-        name="storage commands",
-        max_in_flight=owner.max_in_flight,
-        revoke_grace_s=owner.revoke_grace_s,
-        ordered_by_key=True,
+    return consume_concurrently(
+        broker, settings, Topic.STORAGE_COMMANDS, on_command, group=owner.group, settings=owner
     )
-    broker.subscriber(
-        topic(settings, Topic.STORAGE_COMMANDS),
-        **subscriber_options(settings, group=owner.group, ack_policy=AckPolicy.MANUAL),
-        listener=consumer.listener,
-    )(consumer.dispatch)
-    return consumer

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.kit.settings import ConsumerSettings
 
 
-class OwnerSettings(BaseSettings):
+class OwnerSettings(ConsumerSettings):
     """How the storage owner consumes commands and protects cursors."""
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_OWNER_", frozen=True, extra="ignore")
@@ -30,19 +32,6 @@ class OwnerSettings(BaseSettings):
         description=(
             "Commands applied at once: commands of different sessions run concurrently (each in "
             "its own transaction), one session's stay in order. One applies every command in turn."
-        ),
-    )
-    shutdown_grace_s: float = Field(
-        default=10.0,
-        ge=0,
-        description="On shutdown, how long commands in flight may finish; the rest are delivered again.",
-    )
-    revoke_grace_s: float = Field(
-        default=10.0,
-        ge=0,
-        description=(
-            "When partitions move to another owner copy, how long their commands in flight may "
-            "finish and commit first; one still running after it is applied again (an exact retry)."
         ),
     )
     retry_attempts: int = Field(

@@ -53,10 +53,10 @@ def create_app(
         await broker.publish(body, topic=topic, key=key, headers=headers)
 
     delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
-    dispatcher = handlers.register(broker, kafka, settings, runner, delivery)
+    calls = handlers.register(broker, kafka, settings, runner, delivery)
 
     async def drain() -> None:
         # Before the broker stops: calls in flight can still publish and commit.
-        await dispatcher.consumer.drain(settings.shutdown_grace_s)
+        await calls.drain(settings.shutdown_grace_s)
 
     return FastStream(broker, on_shutdown=[drain])

@@ -29,8 +29,8 @@ from pydantic import TypeAdapter, ValidationError
 from contracts.runs import CancelRun
 from contracts.tools import ToolCallCompleted, ToolCallRequested
 from contracts.topics import Topic
-from services.kit.broker import subscriber_options, topic
-from services.kit.concurrent_delivery import ConcurrentConsumer
+from services.kit.broker import topic
+from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from services.kit.delivery import Delivery, PermanentError, RetryableError
 from services.kit.logging import bound_ids, get_logger
 from services.kit.settings import KafkaSettings
@@ -46,30 +46,15 @@ PublishResult = Callable[[ToolCallCompleted], Awaitable[None]]
 logger = get_logger(__name__)
 
 
-class CallDispatcher:
-    """Runs each consumed call in its own task, at most `max_in_flight` at once, and commits in order."""
+class CallAnswerer:
+    """Answers one call: runs it (once per tool use) and publishes its one result."""
 
-    def __init__(
-        self,
-        runner: ToolRunner,
-        delivery: Delivery,
-        publish: PublishResult,
-        *,
-        max_in_flight: int,
-        revoke_grace_s: float,
-    ) -> None:
+    def __init__(self, runner: ToolRunner, publish: PublishResult) -> None:
         self._runner = runner
         self._publish = publish
-        # Unordered: a model's parallel tool uses share a run id, hence a key, and must run together.
-        self.consumer = ConcurrentConsumer(
-            lambda message: delivery.handle(message, CALL, self._answer),
-            name="tool calls",
-            max_in_flight=max_in_flight,
-            revoke_grace_s=revoke_grace_s,
-            ordered_by_key=False,
-        )
 
-    async def _answer(self, request: ToolCallRequested) -> None:
+    async def answer(self, request: ToolCallRequested) -> None:
+        """Run the call and publish its result; nothing when its run is canceled."""
         if not request.run_id or not request.tool_use_id:
             raise PermanentError("a tool call needs a run_id and a tool_use_id")
         with bound_ids(
@@ -105,7 +90,7 @@ def register(
     settings: ToolExecutorSettings,
     runner: ToolRunner,
     delivery: Delivery,
-) -> CallDispatcher:
+) -> ConcurrentConsumer:
     """Subscribe the executor to `tools.calls` (its group) and `runs.control` (every partition)."""
     results_topic = topic(kafka, Topic.TOOLS_RESULTS)
 
@@ -118,21 +103,17 @@ def register(
             # The broker is briefly away: try again (the tool is not run again, its result is kept).
             raise RetryableError(f"publishing the result failed: {type(error).__name__}") from error
 
-    dispatcher = CallDispatcher(
-        runner,
-        delivery,
-        publish,
-        max_in_flight=settings.max_in_flight,
-        revoke_grace_s=settings.revoke_grace_s,
+    answerer = CallAnswerer(runner, publish)
+    # Unordered: a model's parallel tool uses share a run id, hence a key, and must run together.
+    calls = consume_concurrently(
+        broker,
+        kafka,
+        Topic.TOOLS_CALLS,
+        lambda message: delivery.handle(message, CALL, answerer.answer),
+        group=settings.group,
+        settings=settings,
+        order=None,
     )
-
-    @broker.subscriber(
-        topic(kafka, Topic.TOOLS_CALLS),
-        **subscriber_options(kafka, group=settings.group, ack_policy=AckPolicy.MANUAL),
-        listener=dispatcher.consumer.listener,
-    )
-    async def on_call(message: KafkaMessage) -> None:
-        await dispatcher.consumer.dispatch(message)
 
     @broker.subscriber(
         topic(kafka, Topic.RUNS_CONTROL),
@@ -148,6 +129,6 @@ def register(
         except ValidationError:
             logger.debug("control message skipped: not a CancelRun")
             return
-        dispatcher.cancel_run(cancel)
+        answerer.cancel_run(cancel)
 
-    return dispatcher
+    return calls

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.kit.settings import ConsumerSettings
 
 
-class ToolExecutorSettings(BaseSettings):
+class ToolExecutorSettings(ConsumerSettings):
     """How the tool executor consumes calls, bounds them and shuts down (`QUIPU_TOOLS_...`)."""
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_TOOLS_", frozen=True, extra="ignore")
@@ -29,20 +31,6 @@ class ToolExecutorSettings(BaseSettings):
         description=(
             "Upper bound of any call's deadline (a tool's own or a request's override); must stay "
             "well below the consumer's max_poll_interval."
-        ),
-    )
-    shutdown_grace_s: float = Field(
-        default=10.0,
-        ge=0,
-        description="On shutdown, how long calls in flight may finish; the rest are delivered again later.",
-    )
-    revoke_grace_s: float = Field(
-        default=10.0,
-        ge=0,
-        description=(
-            "When partitions move to another executor, how long their calls in flight may finish "
-            "and commit first; a call still running after it is run again by the new owner and "
-            "answered twice (same tool_use id)."
         ),
     )
     remembered_results: int = Field(

@@ -43,7 +43,7 @@ def create_app(
 
     delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
     holder = handlers.RecorderHolder()
-    handlers.register(broker, kafka, holder, delivery, group=settings.group)
+    consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or RecorderDeps()
     opened: list[KafkaMemoryStore] = []
 
@@ -64,10 +64,14 @@ def create_app(
             model_timeout_s=settings.model_timeout_s,
         )
 
+    async def drain() -> None:
+        # Before the broker stops: messages in flight can still reach the owner and commit.
+        await consumer.drain(settings.shutdown_grace_s)
+
     async def close() -> None:
         for client in opened:
             await client.stop()
         opened.clear()
         holder.recorder = None
 
-    return FastStream(broker, on_startup=[build], after_shutdown=[close])
+    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

@@ -1,4 +1,4 @@
-"""The recorder's subscriber: `history.turns`, one message at a time per partition.
+"""The recorder's subscriber: `history.turns`, sessions side by side, each session's turns in order.
 
 Decode through `Delivery` (an invalid message goes to `history.turns.dlq`), record the turn and
 fold the summary, commit after both are durable. Turns are keyed by session, so one copy handles
@@ -9,16 +9,15 @@ a session's turns in order; another copy racing it after a rebalance meets the s
 from __future__ import annotations
 
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
-from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter
 
 from contracts.runs import TurnCompleted
 from contracts.topics import Topic
-from services.kit.broker import subscriber_options, topic
+from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from services.kit.delivery import Delivery
 from services.kit.settings import KafkaSettings
 from services.transcript_recorder.logic import TranscriptRecorder
+from services.transcript_recorder.settings import TranscriptRecorderSettings
 
 TURN_COMPLETED = TypeAdapter(TurnCompleted)
 
@@ -37,16 +36,22 @@ class RecorderHolder:
 
 
 def register(
-    broker: KafkaBroker, settings: KafkaSettings, holder: RecorderHolder, delivery: Delivery, group: str
-) -> None:
+    broker: KafkaBroker,
+    kafka: KafkaSettings,
+    holder: RecorderHolder,
+    delivery: Delivery,
+    consumer: TranscriptRecorderSettings,
+) -> ConcurrentConsumer:
     """Subscribe the recorder to `history.turns` in consumer group `group`."""
 
     async def record(turn: TurnCompleted) -> None:
         await holder.get().record(turn)
 
-    @broker.subscriber(
-        topic(settings, Topic.HISTORY_TURNS),
-        **subscriber_options(settings, group=group, ack_policy=AckPolicy.MANUAL),
+    return consume_concurrently(
+        broker,
+        kafka,
+        Topic.HISTORY_TURNS,
+        lambda message: delivery.handle(message, TURN_COMPLETED, record),
+        group=consumer.group,
+        settings=consumer,
     )
-    async def on_turn_completed(message: KafkaMessage) -> None:
-        await delivery.handle(message, TURN_COMPLETED, record)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.kit.settings import ConsumerSettings
 
 
-class TranscriptRecorderSettings(BaseSettings):
+class TranscriptRecorderSettings(ConsumerSettings):
     """How the recorder consumes `history.turns`, sizes the window and folds the summary."""
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_RECORDER_", frozen=True, extra="ignore")

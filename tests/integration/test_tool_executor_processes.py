@@ -55,7 +55,8 @@ class Executor:
         assigned = [
             line
             for line in self.lines()
-            if line.get("event") == "partitions assigned" and line.get("consumer") == "tool calls"
+            if line.get("event") == "partitions assigned"
+            and line.get("consumer") == "tool-executor tools.calls"
         ]
         return set(assigned[-1]["partitions"]) if assigned else set()
 

@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaConnectionError
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
 
-from services.kit.concurrent_delivery import ConcurrentConsumer
+from services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key
 from services.kit.delivery import ConsumedMessage, Delivery, RetryableError, RetryPolicy
 
 TOPIC = "runs.requested"
@@ -64,7 +64,7 @@ def _consumer(
         name="test",
         max_in_flight=max_in_flight,
         revoke_grace_s=1.0,
-        ordered_by_key=ordered,
+        order=by_kafka_key if ordered else None,
         redeliver_after_s=0.01,
     )
 
@@ -204,7 +204,7 @@ async def test_a_broker_failure_while_handling_is_tried_again_not_left_behind() 
 
     commits = Commits()
     consumer = ConcurrentConsumer(
-        handle, name="test", max_in_flight=4, revoke_grace_s=1.0, ordered_by_key=True, redeliver_after_s=0.01
+        handle, name="test", max_in_flight=4, revoke_grace_s=1.0, order=by_kafka_key, redeliver_after_s=0.01
     )
     await consumer.dispatch(_message(commits, 0, "s", "once"))
     await _settled(consumer)
