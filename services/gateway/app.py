@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,18 +22,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from contracts.errors import StoreError
 from services.gateway import logic, memory_routes
 from services.gateway.adapters import EventStreams, KafkaRunPublisher
+from services.gateway.auth import TokenCheck, parse_tokens
 from services.gateway.handlers import GatewayDeps, health_router, router
 from services.gateway.logic import GatewayError
 from services.gateway.settings import GatewaySettings
+from services.kit.logging import get_logger
 from services.kit.settings import KafkaSettings
 from services.kit.store.client import KafkaStore
 
 SERVICE = "gateway"
+
+logger = get_logger(__name__)
 STATIC = Path(__file__).parent / "static"
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     headers = {"Retry-After": "1"} if status == 503 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
     return JSONResponse(
         logic.ErrorResponse(code=code, message=message).model_dump(), status_code=status, headers=headers
     )
@@ -118,8 +124,11 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.deps = app.state.memory = None
-    app.include_router(router)
-    app.include_router(memory_routes.router)
+    check = TokenCheck(parse_tokens(settings.api_tokens.get_secret_value() if settings.api_tokens else ""))
+    if check.open:
+        logger.warning("the gateway lets every caller in: set QUIPU_GATEWAY_API_TOKENS")
+    app.include_router(router, dependencies=[Depends(check)])
+    app.include_router(memory_routes.router, dependencies=[Depends(check)])
     app.include_router(health_router)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StoreError, _store_error)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,4 +35,12 @@ class GatewaySettings(BaseSettings):
         default=3,
         ge=0,
         description="At shutdown, open event streams get this long before their connections are closed.",
+    )
+    api_tokens: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Comma-separated bearer tokens callers must present on every /v1 route (header or the "
+            "quipu_token cookie). Unset: the gateway lets every caller in, which suits only a "
+            "development stack on loopback."
+        ),
     )
