@@ -54,6 +54,7 @@ from services.kit.agents import AgentSpec
 from services.kit.delivery import PermanentError, RetryableError
 from services.kit.logging import bound_ids, get_logger
 from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.context import is_anonymous_principal
 from services.kit.memory.protocol import MemoryStore
 from services.kit.models.factory import ModelSettings, make_model
 from services.kit.models.port import ModelClient, ModelError, ModelRequest, ModelResponse, StopReason
@@ -160,7 +161,8 @@ class FactExtractor:
         agent = self._agents.get(event.scope.agent_id)
         if event.memory_opt_out or (agent is not None and agent.memory_opt_out):
             return "memory_opt_out"
-        if not event.scope.principal_id:
+        if is_anonymous_principal(event.scope.principal_id):
+            # A session without a person: its own `session:<id>` principal is never looked up again.
             return "no_principal"
         return ""
 

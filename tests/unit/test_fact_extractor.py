@@ -439,10 +439,12 @@ async def test_a_turn_without_rows_is_skipped() -> None:
 
 async def test_a_turn_without_a_principal_is_skipped() -> None:
     f = Fixture()
-    nobody = HistoryRecorded(
-        session_id="s", turn_id="t", scope=MemoryScope(principal_id=""), first_seq=1, last_seq=2
-    )
-    assert (await f.extractor.process(nobody)).skipped == "no_principal"
+    for principal_id in ("", "session:s"):  # the session's own anonymous principal: never looked up
+        nobody = HistoryRecorded(
+            session_id="s", turn_id="t", scope=MemoryScope(principal_id=principal_id), first_seq=1, last_seq=2
+        )
+        assert (await f.extractor.process(nobody)).skipped == "no_principal"
+    assert list(f.model.requests) == []
 
 
 # --- model failures ---------------------------------------------------------------------------------
