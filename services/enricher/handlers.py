@@ -40,15 +40,14 @@ def register(
     kafka: KafkaSettings,
     holder: EnricherHolder,
     delivery: Delivery,
-    consumer: EnricherSettings,
+    settings: EnricherSettings,
 ) -> ConcurrentConsumer:
     """Subscribe the enricher to `memory.changes` with its consumer group."""
-
     return consume_concurrently(
         broker,
         kafka,
         Topic.MEMORY_CHANGES,
         lambda message: delivery.handle(message, FACT_CHANGED, holder.get().on_fact_changed),
-        group=consumer.group,
-        settings=consumer,
+        group=settings.group,
+        settings=settings,
     )

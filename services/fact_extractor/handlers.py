@@ -55,16 +55,15 @@ def register(
     kafka: KafkaSettings,
     holder: ExtractorHolder,
     delivery: Delivery,
-    consumer: FactExtractorSettings,
+    settings: FactExtractorSettings,
 ) -> ConcurrentConsumer:
-    """Subscribe the extractor to `history.recorded` in consumer group `group`."""
-
+    """Subscribe the extractor to `history.recorded` in its consumer group."""
     return consume_concurrently(
         broker,
         kafka,
         Topic.HISTORY_RECORDED,
         lambda message: delivery.handle(message, HISTORY_RECORDED, holder.get().on_history_recorded),
-        group=consumer.group,
-        settings=consumer,
+        group=settings.group,
+        settings=settings,
         order=by_principal,
     )

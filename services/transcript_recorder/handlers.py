@@ -40,9 +40,9 @@ def register(
     kafka: KafkaSettings,
     holder: RecorderHolder,
     delivery: Delivery,
-    consumer: TranscriptRecorderSettings,
+    settings: TranscriptRecorderSettings,
 ) -> ConcurrentConsumer:
-    """Subscribe the recorder to `history.turns` in consumer group `group`."""
+    """Subscribe the recorder to `history.turns` in its consumer group."""
 
     async def record(turn: TurnCompleted) -> None:
         await holder.get().record(turn)
@@ -52,6 +52,6 @@ def register(
         kafka,
         Topic.HISTORY_TURNS,
         lambda message: delivery.handle(message, TURN_COMPLETED, record),
-        group=consumer.group,
-        settings=consumer,
+        group=settings.group,
+        settings=settings,
     )
