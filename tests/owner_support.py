@@ -19,7 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 
 from contracts.commands import AppendRunRecord, CreateSession, RecordRunTerminal, StartRootRun, StoreOperation
 from contracts.errors import ErrorCode, StoreError
@@ -313,9 +313,30 @@ class RawPublisher:
 # --- the owner's database ---------------------------------------------------------------------
 
 
-def mongo_client(stack: EmbeddedStack) -> AsyncMongoClient[Document]:
+def client_on(uri: str, **options: Any) -> AsyncMongoClient[Document]:
+    """A client on `uri` with the options the owner uses, plus `options` (listeners, app name)."""
+    return AsyncMongoClient(uri, **client_options(uri, 5_000), **options)
+
+
+def mongo_client(stack: EmbeddedStack, **options: Any) -> AsyncMongoClient[Document]:
     """A client on the stack's database server, with the options the owner uses."""
-    return AsyncMongoClient(stack.mongo_uri, **client_options(stack.mongo_uri, 5_000))
+    return client_on(stack.mongo_uri, **options)
+
+
+class CommandLog(monitoring.CommandListener):
+    """Every command a client sent, for explaining the store's queries afterwards."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, Document]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.commands.append((event.command_name, dict(event.command)))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
 
 
 async def database_dump(client: AsyncMongoClient[Document], database: str) -> dict[str, list[Document]]:

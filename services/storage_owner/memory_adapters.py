@@ -43,7 +43,7 @@ import json
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from cryptography.exceptions import InvalidTag
@@ -54,7 +54,6 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError, PyMongoError
-from pymongo.write_concern import WriteConcern
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.memory import (
@@ -71,11 +70,12 @@ from contracts.memory import (
 from contracts.wire import utc_now_ms
 from services.kit.memory.rules import MemoryRules, MemorySession, MemoryTransaction
 from services.storage_owner.adapters import (
-    META,
     TransactionLoop,
     TransactionPolicy,
     WriteRaceError,
     _unavailable,
+    ensure_indexes,
+    load_generated_secret,
     with_own_client,
 )
 
@@ -643,30 +643,6 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
 # --- the store ----------------------------------------------------------------------------------
 
 
-async def ensure_memory_schema(database: AsyncDatabase[Document]) -> None:
-    """Create every memory collection's secondary indexes; idempotent."""
-    for name, indexes in INDEXES.items():
-        await database[name].create_indexes(indexes)
-
-
-async def load_master_key(database: AsyncDatabase[Document], write_concern: WriteConcern) -> bytes:
-    """The generated master key kept in `meta` (used only when settings name none)."""
-    meta = database.get_collection(META, write_concern=write_concern)
-    for _ in range(2):
-        try:
-            document = await meta.find_one_and_update(
-                {"_id": MASTER_KEY_ID},
-                {"$setOnInsert": {"secret": secrets.token_bytes(32), "created_at": datetime.now(UTC)}},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-        except DuplicateKeyError:
-            continue  # another owner inserted it at the same moment: read theirs
-        if document is not None:
-            return bytes(document["secret"])
-    raise StoreError(ErrorCode.UNAVAILABLE, "could not read the memory master key")
-
-
 class MongoMemoryStore(MemoryRules):
     """The `MemoryStore` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
 
@@ -701,8 +677,8 @@ class MongoMemoryStore(MemoryRules):
         policy = policy or TransactionPolicy()
         db = client.get_database(database, write_concern=policy.write_concern)
         try:
-            await ensure_memory_schema(db)
-            key = master_key or await load_master_key(db, policy.write_concern)
+            await ensure_indexes(db, INDEXES)
+            key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
         except PyMongoError as error:
             raise _unavailable(error) from error
         return cls(client, db, key, policy=policy, owns_client=owns_client, clock=clock)

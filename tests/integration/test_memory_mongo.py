@@ -21,7 +21,7 @@ from typing import Any
 
 import bson
 import pytest
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import AsyncMongoClient
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.memory import FactChanged, HistoryRecorded, Profile
@@ -29,7 +29,6 @@ from contracts.topics import Topic
 from deploy.local.stack import EmbeddedStack
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.rules import build_index_entry
-from services.storage_owner.adapters import client_options
 from services.storage_owner.memory_adapters import (
     HISTORY,
     INDEXES,
@@ -50,39 +49,10 @@ from tests.conformance.memory_builders import (
     uid,
     update,
 )
-from tests.owner_support import Served, TopicReader
+from tests.owner_support import CommandLog, Served, TopicReader, client_on
 
 Document = dict[str, Any]
 Client = AsyncMongoClient[Document]
-
-
-class CommandLog(monitoring.CommandListener):
-    """Every command a client sent, for explaining the store's queries afterwards."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[str, Document]] = []
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        self.commands.append((event.command_name, dict(event.command)))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
-def _client(uri: str, **options: Any) -> Client:
-    return AsyncMongoClient(uri, **client_options(uri, 2_000), **options)
-
-
-@pytest.fixture
-async def database(stack: EmbeddedStack, unique: str) -> AsyncIterator[str]:
-    """A database name of this test's own, dropped afterwards."""
-    yield unique
-    client = _client(stack.mongo_uri)
-    await client.drop_database(unique)
-    await client.close()
 
 
 @pytest.fixture
@@ -206,7 +176,7 @@ async def test_the_master_key_is_needed_and_kept(stack: EmbeddedStack, database:
         await again.drop_database()
         await again.close()
     finally:
-        client = _client(stack.mongo_uri)
+        client = client_on(stack.mongo_uri)
         await client.drop_database(generated_db)
         await client.close()
 
@@ -263,7 +233,7 @@ def _as_find(name: str, command: Document) -> list[Document]:
 
 async def test_every_query_the_memory_store_sends_uses_an_index(stack: EmbeddedStack, database: str) -> None:
     log = CommandLog()
-    client = _client(stack.mongo_uri, event_listeners=[log])
+    client = client_on(stack.mongo_uri, event_listeners=[log])
     try:
         store = await MongoMemoryStore.open(client, database)
         who, session_id, _ = await _fill(store, "idx")

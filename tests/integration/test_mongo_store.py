@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from contracts.errors import ErrorCode, StoreError
@@ -36,7 +36,6 @@ from services.storage_owner.adapters import (
     SESSIONS,
     MongoStore,
     TransactionPolicy,
-    client_options,
 )
 from tests.conformance.builders import (
     all_run_records,
@@ -55,37 +54,9 @@ from tests.conformance.builders import (
     suspension,
     terminal,
 )
+from tests.owner_support import CommandLog, client_on
 
 Client = AsyncMongoClient[dict[str, Any]]
-
-
-class CommandLog(monitoring.CommandListener):
-    """Every command a client sent, for explaining the store's queries afterwards."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[str, dict[str, Any]]] = []
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        self.commands.append((event.command_name, dict(event.command)))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
-def _client(uri: str, **options: Any) -> Client:
-    return AsyncMongoClient(uri, **client_options(uri, 2_000), **options)
-
-
-@pytest.fixture
-async def database(stack: EmbeddedStack, unique: str) -> AsyncIterator[str]:
-    """A database name of this test's own, dropped afterwards."""
-    yield unique
-    client = _client(stack.mongo_uri)
-    await client.drop_database(unique)
-    await client.close()
 
 
 @pytest.fixture
@@ -202,7 +173,7 @@ def _as_find(name: str, command: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, database: str) -> None:
     log = CommandLog()
-    client = _client(stack.mongo_uri, event_listeners=[log])
+    client = client_on(stack.mongo_uri, event_listeners=[log])
     try:
         store = await MongoStore.open(client, database)
         # Every read and write path of the rules: sessions, starts of each kind, records,
@@ -262,7 +233,7 @@ async def _fail_point(client: Client, mode: Any, data: dict[str, Any]) -> None:
 async def faulty(stack: EmbeddedStack, database: str) -> AsyncIterator[tuple[MongoStore, Client]]:
     """A store whose client alone is hit by fail points (matched on its appName)."""
     app_name = f"faulty-{uuid.uuid4().hex[:8]}"
-    client = _client(stack.mongo_uri, appname=app_name)
+    client = client_on(stack.mongo_uri, appname=app_name)
     store = await MongoStore.open(client, database, policy=TransactionPolicy(commit_attempts=1))
     try:
         yield store, client
@@ -489,7 +460,7 @@ def _secantus(storage: Path, port: int) -> subprocess.Popen[bytes]:
 async def _answering(uri: str) -> None:
     deadline = time.monotonic() + 30.0
     while True:
-        client = _client(uri)
+        client = client_on(uri)
         try:
             await client.admin.command("ping")
             return
