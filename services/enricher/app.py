@@ -13,8 +13,7 @@ from contracts.wire import utc_now_ms
 from services.enricher import handlers
 from services.enricher.adapters import Enricher
 from services.enricher.settings import EnricherSettings
-from services.kit.broker import make_broker
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.broker import broker_delivery, make_broker
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.reindex import IndexMaintenance
 from services.kit.settings import KafkaSettings
@@ -48,12 +47,9 @@ def create_app(
     check_timeouts(kafka, settings)
     broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
 
-    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        await broker.publish(body, topic=topic, key=key, headers=headers)
-
     # One try at the delivery level: the enricher bounds its own tries and turns the last failure
     # into a dead letter, where the shared default would rewind and retry the change forever.
-    delivery = Delivery(dead_letter, RetryPolicy(attempts=1))
+    delivery = broker_delivery(broker, attempts=1)
     holder = handlers.EnricherHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or EnricherDeps()

@@ -12,8 +12,7 @@ from services.fact_extractor import handlers
 from services.fact_extractor.adapters import FactExtractor, open_memory_store, open_model
 from services.fact_extractor.settings import FactExtractorSettings
 from services.kit.agents import AgentSpec, default_agents
-from services.kit.broker import make_broker
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.broker import broker_delivery, make_broker
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.protocol import MemoryStore
 from services.kit.models.port import ModelClient
@@ -55,10 +54,7 @@ def create_app(
     # The pid in the client id tells the copies apart in the broker's view of the group.
     broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
 
-    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        await broker.publish(body, topic=topic, key=key, headers=headers)
-
-    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
     holder = handlers.ExtractorHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or FactExtractorDeps()

@@ -39,6 +39,7 @@ from typing import Any, Literal, TypedDict
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 
+from services.kit.delivery import Delivery, RetryPolicy
 from services.kit.settings import KafkaSettings
 
 BROKER_LOGGER_NAME = "quipu.faststream"
@@ -165,3 +166,13 @@ def subscriber_options(
         max_poll_interval_ms=settings.max_poll_interval_ms,
         ack_policy=ack_policy,
     )
+
+
+def broker_delivery(broker: KafkaBroker, attempts: int) -> Delivery:
+    """`Delivery` with `attempts` tries whose dead letters go out through `broker` (acknowledged
+    before the offset moves on)."""
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        await broker.publish(body, topic=topic, key=key, headers=headers)
+
+    return Delivery(dead_letter, RetryPolicy(attempts=attempts))

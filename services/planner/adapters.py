@@ -483,13 +483,7 @@ class Planner:
                 view = await self._write_once(
                     view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), trigger
                 )
-        return await self._write_once(
-            view,
-            INPUT_KEY,
-            TRANSCRIPT_MESSAGES_APPENDED,
-            encode_messages([user_message(request.text)]),
-            trigger,
-        )
+        return await self._write_input(view, request.text, trigger)
 
     async def _start_child(self, request: RunRequested) -> RunView | None:
         parent = request.parent
@@ -516,13 +510,12 @@ class Planner:
         view = await self._write_once(
             view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
         )
-        return await self._write_once(
-            view,
-            INPUT_KEY,
-            TRANSCRIPT_MESSAGES_APPENDED,
-            encode_messages([user_message(request.text)]),
-            trigger,
-        )
+        return await self._write_input(view, request.text, trigger)
+
+    async def _write_input(self, view: RunView, text: str, trigger: Trigger) -> RunView:
+        """The user's message that opens a turn or a child run (once)."""
+        message = encode_messages([user_message(text)])
+        return await self._write_once(view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, message, trigger)
 
     async def _start_resume(self, request: RunRequested) -> RunView | None:
         store = self.deps.store

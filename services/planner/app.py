@@ -7,8 +7,7 @@ import asyncio
 from faststream import FastStream
 
 from services.kit.agents import default_agents
-from services.kit.broker import make_broker
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.broker import broker_delivery, make_broker
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.context import ContextSource, MemoryContextSource
 from services.kit.memory.protocol import MemoryStore
@@ -74,10 +73,7 @@ def create_app(
     check_timeouts(kafka, settings)
     broker = make_broker(kafka, client_id=SERVICE)
 
-    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        await broker.publish(body, topic=topic, key=key, headers=headers)
-
-    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
     holder = handlers.PlannerHolder()
     consumers = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or PlannerDeps()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from services.kit.broker import make_broker
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.broker import broker_delivery, make_broker
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings, MongoSettings
@@ -45,10 +44,7 @@ def create_app(
     owner = owner or OwnerSettings()
     broker = make_broker(kafka, client_id=SERVICE)
 
-    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        await broker.publish(body, topic=topic, key=key, headers=headers)
-
-    delivery = Delivery(dead_letter, RetryPolicy(attempts=owner.retry_attempts))
+    delivery = broker_delivery(broker, attempts=owner.retry_attempts)
 
     deps = handlers.OwnerDeps(store=store, memory=memory)
     consumer = handlers.register(broker, kafka, deps, delivery, owner)

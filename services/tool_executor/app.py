@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from faststream import FastStream
 
-from services.kit.broker import make_broker
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.broker import broker_delivery, make_broker
 from services.kit.settings import KafkaSettings
 from services.kit.tool_catalog import ToolCatalog, default_catalog
 from services.tool_executor import handlers
@@ -49,10 +48,7 @@ def create_app(
     # The pid in the client id tells the copies apart in the broker's view of the group.
     broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
 
-    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        await broker.publish(body, topic=topic, key=key, headers=headers)
-
-    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
     calls = handlers.register(broker, kafka, settings, runner, delivery)
 
     async def drain() -> None:

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 
-from services.kit.broker import make_broker
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.broker import broker_delivery, make_broker
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.protocol import MemoryStore
 from services.kit.models.port import ModelClient
@@ -38,10 +37,7 @@ def create_app(
         raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
     broker = make_broker(kafka, client_id=SERVICE)
 
-    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        await broker.publish(body, topic=topic, key=key, headers=headers)
-
-    delivery = Delivery(dead_letter, RetryPolicy(attempts=settings.retry_attempts))
+    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
     holder = handlers.RecorderHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or RecorderDeps()
