@@ -22,7 +22,8 @@ never skips one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,36 +163,20 @@ class _KeyLocks:
     def __init__(self) -> None:
         self._locks: dict[bytes | None, tuple[asyncio.Lock, int]] = {}
 
-    def hold(self, key: bytes | None) -> _KeyHold:
-        """`async with` it to run alone among the holders of `key`, after those before."""
+    @contextlib.asynccontextmanager
+    async def hold(self, key: bytes | None) -> AsyncIterator[None]:
+        """Run alone among the holders of `key`, after those that came before."""
         lock, users = self._locks.get(key, (asyncio.Lock(), 0))
         self._locks[key] = (lock, users + 1)
-        return _KeyHold(self, key, lock)
-
-    def release(self, key: bytes | None) -> None:
-        lock, users = self._locks[key]
-        if users <= 1:
-            del self._locks[key]
-        else:
-            self._locks[key] = (lock, users - 1)
-
-
-class _KeyHold:
-    def __init__(self, locks: _KeyLocks, key: bytes | None, lock: asyncio.Lock) -> None:
-        self._locks = locks
-        self._key = key
-        self._lock = lock
-
-    async def __aenter__(self) -> None:
         try:
-            await self._lock.acquire()
-        except BaseException:
-            self._locks.release(self._key)
-            raise
-
-    async def __aexit__(self, *_exc: object) -> None:
-        self._lock.release()
-        self._locks.release(self._key)
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
 
 class ConcurrentConsumer:
