@@ -22,8 +22,7 @@ never skips one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +36,7 @@ from faststream.middlewares import AckPolicy
 from contracts.topics import Topic
 from services.kit.broker import subscriber_options, topic
 from services.kit.delivery import ConsumedMessage
+from services.kit.keyed_locks import KeyedLocks
 from services.kit.logging import get_logger
 from services.kit.settings import ConsumerSettings, KafkaSettings
 
@@ -157,28 +157,6 @@ class _TrackedMessage:
         self.nacked = True
 
 
-class _KeyLocks:
-    """One FIFO lock per key while anything holds or awaits it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[bytes | None, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: bytes | None) -> AsyncIterator[None]:
-        """Run alone among the holders of `key`, after those that came before."""
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
-
-
 class ConcurrentConsumer:
     """Handles consumed messages in tasks and commits in order (module doc).
 
@@ -203,7 +181,7 @@ class ConcurrentConsumer:
         self._order = order
         self._redeliver_after_s = redeliver_after_s
         self._ledger = OffsetLedger()
-        self._keys = _KeyLocks()
+        self._keys: KeyedLocks[bytes | None] = KeyedLocks()
         self._tasks: dict[asyncio.Task[None], Ticket] = {}
         self._commit_lock = asyncio.Lock()
         self._revoking: set[tuple[str, int]] = set()

@@ -11,9 +11,8 @@ run closed meanwhile) makes the planner reload and use what the store holds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -48,6 +47,7 @@ from contracts.wire import utc_now_ms
 from services.kit.agents import AgentRegistry, AgentSpec, UnknownAgentError
 from services.kit.broker import topic
 from services.kit.delivery import PermanentError, RetryableError
+from services.kit.keyed_locks import KeyedLocks
 from services.kit.memory.context import ContextBlocks, ContextSource, SpokenTurn
 from services.kit.memory.protocol import MemoryStore
 from services.kit.memory.summary import Summarizer, SummaryError, Utterance
@@ -341,31 +341,6 @@ class ReadyDeps:
     context: ContextSource
 
 
-class RunLocks:
-    """One asyncio lock per run id, dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, run_id: str) -> AsyncIterator[None]:
-        """Hold `run_id`'s lock for the block."""
-        lock, users = self._locks.get(run_id, (asyncio.Lock(), 0))
-        self._locks[run_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[run_id]
-            if users == 1:
-                del self._locks[run_id]
-            else:
-                self._locks[run_id] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-
 def _permanent(what: str, error: StoreError) -> PermanentError:
     return PermanentError(f"{what}: {error.code.value}: {error.message}")
 
@@ -377,7 +352,7 @@ class Planner:
         self.deps = deps
         self.publisher = publisher
         self.settings = settings
-        self.locks = RunLocks()
+        self.locks: KeyedLocks[str] = KeyedLocks()  # one run's triggers, one at a time
 
     # --- triggers -------------------------------------------------------------------------------
 
