@@ -49,7 +49,7 @@ def create_app(
 
     # One try at the delivery level: the enricher bounds its own tries and turns the last failure
     # into a dead letter, where the shared default would rewind and retry the change forever.
-    delivery = broker_delivery(broker, attempts=1)
+    delivery = broker_delivery(broker, kafka, attempts=1)
     holder = handlers.EnricherHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or EnricherDeps()

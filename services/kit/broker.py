@@ -39,7 +39,7 @@ from typing import Any, Literal, TypedDict
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 
-from services.kit.delivery import Delivery, RetryPolicy
+from services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
 from services.kit.settings import KafkaSettings
 
 BROKER_LOGGER_NAME = "quipu.faststream"
@@ -131,6 +131,7 @@ def make_broker(
         client_id=client_id or settings.client_id,
         acks=settings.acks,
         enable_idempotence=settings.enable_idempotence,
+        max_request_size=settings.max_request_bytes,
         ack_policy=AckPolicy.ACK,
         graceful_timeout=graceful_timeout,
         logger=logging.getLogger(BROKER_LOGGER_NAME),
@@ -168,11 +169,16 @@ def subscriber_options(
     )
 
 
-def broker_delivery(broker: KafkaBroker, attempts: int) -> Delivery:
+def broker_delivery(broker: KafkaBroker, settings: KafkaSettings, attempts: int) -> Delivery:
     """`Delivery` with `attempts` tries whose dead letters go out through `broker` (acknowledged
-    before the offset moves on)."""
+    before the offset moves on), within the producer limits of `settings`."""
 
     async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
         await broker.publish(body, topic=topic, key=key, headers=headers)
 
-    return Delivery(dead_letter, RetryPolicy(attempts=attempts))
+    limits = DeadLetterLimits(
+        max_bytes=settings.max_request_bytes,
+        attempts=settings.dead_letter_attempts,
+        timeout_s=settings.dead_letter_timeout_s,
+    )
+    return Delivery(dead_letter, RetryPolicy(attempts=attempts), limits)

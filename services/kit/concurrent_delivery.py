@@ -15,6 +15,10 @@ never skips one.
   share a key and must run together).
 - A message whose retries ran out (`Delivery` nacks it) is handled again after
   `redeliver_after_s`, still holding its key, as a rewind would; it is never skipped.
+- No exception ends a task without settling its message. `handle` raising (it should not:
+  `Delivery.handle` settles everything) is tried again `handle_attempts` times, then the message is
+  logged with its coordinates and skipped (`skipped` counts them); an order key that cannot be
+  read from the message falls back to its Kafka key.
 - When partitions move to another copy, their messages in flight get `revoke_grace_s` to finish
   and commit; on shutdown `drain` gives them a grace, then cancels the rest (delivered again).
 """
@@ -35,7 +39,7 @@ from faststream.middlewares import AckPolicy
 
 from contracts.topics import Topic
 from services.kit.broker import subscriber_options, topic
-from services.kit.delivery import ConsumedMessage
+from services.kit.delivery import ConsumedMessage, describe_error
 from services.kit.keyed_locks import KeyedLocks
 from services.kit.logging import get_logger
 from services.kit.settings import ConsumerSettings, KafkaSettings
@@ -173,8 +177,12 @@ class ConcurrentConsumer:
         revoke_grace_s: float,
         order: OrderKey | None,
         redeliver_after_s: float = 1.0,
+        handle_attempts: int = 3,
     ) -> None:
         self._handle = handle
+        self._handle_attempts = handle_attempts
+        self.skipped = 0
+        """Messages settled without being handled, because `handle` kept raising."""
         self._name = name
         self._slots = asyncio.Semaphore(max_in_flight)
         self._revoke_grace_s = revoke_grace_s
@@ -212,27 +220,56 @@ class ConcurrentConsumer:
     async def _process(self, message: KafkaMessage, ticket: Ticket) -> None:
         try:
             if self._order is not None:
-                async with self._keys.hold(self._order(message)):
+                async with self._keys.hold(self._order_key(message)):
                     await self._handle_until_done(message, ticket)
             else:
                 await self._handle_until_done(message, ticket)
         finally:
             self._slots.release()
 
+    def _order_key(self, message: KafkaMessage) -> bytes | None:
+        assert self._order is not None
+        try:
+            return self._order(message)
+        except Exception:
+            # An order key read from the body (a principal) of a body that cannot be read: the
+            # message is invalid and goes to the DLQ in its turn; its producer's key orders it.
+            return by_kafka_key(message)
+
     async def _handle_until_done(self, message: KafkaMessage, ticket: Ticket) -> None:
+        failures = 0
         while True:
             tracked = _TrackedMessage(message, ticket, self)
             try:
                 await self._handle(tracked)
-            except KafkaError:
-                # Not even the dead-letter topic took it (the broker is away): like a nack.
-                logger.exception(
-                    "message could not be handled", consumer=self._name, partition=ticket.partition
-                )
+            except Exception as error:
+                failures += 1
+                if failures >= self._handle_attempts:
+                    await self._skip(tracked, ticket, error)
+                    return
+                # Perhaps the broker is briefly away (not even the dead-letter topic took it).
                 tracked.nacked = True
             if not tracked.nacked or self._stopped(ticket):
                 return
             await asyncio.sleep(self._redeliver_after_s)
+
+    async def _skip(self, tracked: _TrackedMessage, ticket: Ticket, error: Exception) -> None:
+        """Give a message up for good: its partition must not wait for it."""
+        self.skipped += 1
+        logger.error(
+            "message could not be handled; skipped",
+            consumer=self._name,
+            topic=ticket.topic,
+            partition=ticket.partition,
+            offset=ticket.offset,
+            error=describe_error(error),
+            skipped_total=self.skipped,
+        )
+        try:
+            await tracked.ack()
+        except Exception as commit_error:
+            # The ledger has settled it; the next commit of the partition carries it.
+            logger.warning("commit after a skip failed", error=describe_error(commit_error))
 
     async def settle(self, ticket: Ticket, kafka_consumer: Any) -> None:
         """A message is done: commit its partition up to the oldest message still in flight."""

@@ -3,14 +3,28 @@
 Every consumer goes through `Delivery.handle`. The offset is committed only after the effect is
 durable (or the message was dead-lettered with its reason); a transient failure that outlives
 its retries rewinds the partition so the message comes back, never skipped.
+
+`handle` settles every message it is given, whatever happens: no exception of any kind escapes it
+(cancellation aside, which means "shutting down: deliver it again"). Dead-lettering always
+completes: a dead letter that would not fit the producer's request limit carries the original
+body's size and sha256 instead of the body; one the broker still refuses is retried a bounded
+number of times, then sent in its smallest form (no original headers, a summary body), and if even
+that fails the message is logged with its coordinates and skipped, counted in
+`DeliveryCounters.skipped`. A message that cannot be dead-lettered never holds its partition.
+
+Nothing from a message's content reaches a log line or an `x-dlq-*` header: errors are described
+by `describe_error` (a validation error's field paths and error kinds, never its input values).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -69,6 +83,39 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
 
 
+@dataclass(frozen=True)
+class DeadLetterLimits:
+    """What a dead letter may weigh and how long publishing one may take before it is given up."""
+
+    max_bytes: int = 1_048_576
+    """The producer's request limit (`KafkaSettings.max_request_bytes`); a bigger letter is refused."""
+    attempts: int = 3
+    """Tries per form of the letter (the whole one, then the smallest one) while the broker fails."""
+    timeout_s: float = 10.0
+    """Longest one publish may wait (aiokafka waits 40 s for the metadata of a topic it cannot find)."""
+    max_original_headers_bytes: int = 16_384
+    """Original headers beyond this are left off the letter (and said so in `x-dlq-headers`)."""
+
+
+@dataclass
+class DeliveryCounters:
+    """What happened to the messages one `Delivery` handled (read by operators and tests)."""
+
+    dead_lettered: int = 0
+    bodies_omitted: int = 0
+    skipped: int = 0
+    """Messages settled without a dead letter, because not even the smallest letter was taken."""
+
+
+_LETTER_OVERHEAD_BYTES = 512
+"""Record batch and header framing on top of key, value and header bytes (generous)."""
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_OUR_ERRORS = (PermanentError, RetryableError, StoreError)
+"""Errors whose messages Quipu writes itself, from identifiers and codes, never from content."""
+
+
 def is_retryable(error: BaseException) -> bool:
     """Transient failures: UNAVAILABLE from the store, RetryableError, connection and timeout errors."""
     if isinstance(error, StoreError):
@@ -76,12 +123,45 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, RetryableError | ConnectionError | TimeoutError)
 
 
+def scrub(text: str, limit: int = 300) -> str:
+    """Text from a library's error, without the quoted values in it (they may come from a message)."""
+    return _QUOTED.sub("<value>", text)[:limit]
+
+
 def describe(error: ValidationError) -> str:
-    """A validation error without the offending input values, which may hold anything."""
+    """A validation error without the offending input values, which may hold anything.
+
+    Each problem is its field path and pydantic's message. Path parts that are not field names
+    (a key of a free-form mapping) and the tag of an unknown union member are input, so they are
+    replaced; so are quoted values in a validator's own message.
+    """
     return "; ".join(
-        f"{'.'.join(str(part) for part in item['loc']) or '<root>'}: {item['msg']}"
+        f"{_path(item['loc'])}: {_message(item)}"
         for item in error.errors(include_input=False, include_url=False)
     )
+
+
+def _path(location: tuple[int | str, ...]) -> str:
+    parts = [
+        str(part) if isinstance(part, int) or _FIELD_NAME.fullmatch(part) else "<key>" for part in location
+    ]
+    return ".".join(parts) or "<root>"
+
+
+def _message(item: Mapping[str, Any]) -> str:
+    if item["type"] == "union_tag_invalid":
+        expected = item.get("ctx", {}).get("expected_tags", "")
+        return f"the tag matches none of the expected tags: {expected}"
+    return scrub(str(item["msg"]))
+
+
+def describe_error(error: BaseException) -> str:
+    """An error as a log line or a dead-letter header may carry it: its kind, never input values."""
+    if isinstance(error, ValidationError):
+        return f"ValidationError: {describe(error)}"[:4000]
+    if isinstance(error, _OUR_ERRORS):
+        return f"{type(error).__name__}: {error}"[:4000]
+    return f"{type(error).__name__}: {scrub(str(error))}"
 
 
 def _position(message: ConsumedMessage) -> dict[str, str]:
@@ -93,12 +173,38 @@ def _position(message: ConsumedMessage) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class _Letter:
+    body: bytes
+    key: bytes | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def size(self) -> int:
+        headers = sum(len(name) + len(value.encode()) for name, value in self.headers.items())
+        return len(self.body) + len(self.key or b"") + headers + _LETTER_OVERHEAD_BYTES
+
+
+def _body_summary(body: bytes, reason: str) -> tuple[bytes, dict[str, str]]:
+    """What stands in for a body too large to carry: its size and digest, and why it was parked."""
+    digest = hashlib.sha256(body).hexdigest()
+    summary = {"body_omitted": True, "size": len(body), "sha256": digest, "reason": reason}
+    headers = {"x-dlq-body": "omitted", "x-dlq-body-size": str(len(body)), "x-dlq-body-sha256": digest}
+    return json.dumps(summary).encode(), headers
+
+
 class Delivery:
     """Applies one consumed message at least once, with a DLQ for what can never succeed."""
 
-    def __init__(self, dead_letter: DeadLetterPublisher, policy: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        dead_letter: DeadLetterPublisher,
+        policy: RetryPolicy | None = None,
+        limits: DeadLetterLimits | None = None,
+    ) -> None:
         self._dead_letter = dead_letter
         self._policy = policy or RetryPolicy()
+        self._limits = limits or DeadLetterLimits()
+        self.counters = DeliveryCounters()
 
     async def handle(
         self,
@@ -107,19 +213,35 @@ class Delivery:
         effect: Callable[[T], Awaitable[None]],
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
     ) -> None:
-        """Decode `message` as `payload_type`, apply `effect`, and only then commit."""
+        """Decode `message` as `payload_type`, apply `effect`, and only then commit.
+
+        Returns once the message is settled (acked, dead-lettered, skipped) or nacked to come again.
+        """
         log = logger.bind(**_position(message))
+        try:
+            await self._handle(message, payload_type, effect, on_invalid, log)
+        except Exception as error:
+            # Not one of the outcomes above (a failing commit, a bug in a callback): settle it
+            # anyway, so that no message is left holding its partition.
+            log.error("message handling failed", error=describe_error(error))
+            await self.dead_letter(message, "unexpected_error", describe_error(error), attempts=0)
+            await message.ack()
+
+    async def _handle(
+        self,
+        message: ConsumedMessage,
+        payload_type: TypeAdapter[T],
+        effect: Callable[[T], Awaitable[None]],
+        on_invalid: Callable[[bytes, str], Awaitable[None]] | None,
+        log: Any,
+    ) -> None:
         try:
             payload = payload_type.validate_json(message.body)
         except Exception as error:
             # A validator that raises something else than ValueError escapes pydantic as itself.
-            if isinstance(error, ValidationError):
-                detail = describe(error)
-            else:
-                detail = f"undecodable: {error!r}"[:500]
+            detail = describe(error) if isinstance(error, ValidationError) else describe_error(error)
             log.warning("invalid message", error_type=type(error).__name__)
-            if on_invalid is not None:
-                await on_invalid(message.body, detail)
+            await self._tell_invalid(on_invalid, message.body, detail, log)
             await self.dead_letter(message, "invalid_payload", detail, attempts=0)
             await message.ack()
             return
@@ -127,18 +249,20 @@ class Delivery:
             try:
                 await effect(payload)
             except PermanentError as error:
-                log.warning("permanent failure", error=str(error))
+                log.warning("permanent failure", error=describe_error(error))
                 await self.dead_letter(message, "permanent_error", str(error), attempts=attempt)
                 await message.ack()
                 return
             except Exception as error:
                 if not is_retryable(error):
                     # A bug does not heal by retrying; park the message where it can be replayed.
-                    log.exception("unexpected failure")
-                    await self.dead_letter(message, "unexpected_error", repr(error), attempts=attempt)
+                    log.error("unexpected failure", error=describe_error(error))
+                    await self.dead_letter(
+                        message, "unexpected_error", describe_error(error), attempts=attempt
+                    )
                     await message.ack()
                     return
-                log.info("transient failure", attempt=attempt, error=str(error))
+                log.info("transient failure", attempt=attempt, error=describe_error(error))
                 if attempt < self._policy.attempts:
                     await asyncio.sleep(self._policy.delay(attempt))
                 continue
@@ -147,17 +271,82 @@ class Delivery:
         log.warning("retries exhausted; message will be delivered again")
         await message.nack()
 
+    @staticmethod
+    async def _tell_invalid(
+        on_invalid: Callable[[bytes, str], Awaitable[None]] | None, body: bytes, detail: str, log: Any
+    ) -> None:
+        """The service's answer to an invalid message (a refusal reply) is a courtesy: when it fails,
+        the dead letter still goes out."""
+        if on_invalid is None:
+            return
+        try:
+            await on_invalid(body, detail)
+        except Exception as error:
+            log.warning("answering an invalid message failed", error=describe_error(error))
+
     async def dead_letter(self, message: ConsumedMessage, reason: str, detail: str, *, attempts: int) -> None:
-        """Publish the original bytes with the error, attempts and position in headers."""
+        """Publish the original bytes with the error, attempts and position in headers.
+
+        Always returns: when the broker refuses the letter, a smaller one is tried, and when that
+        is refused too the message is logged with its coordinates and counted as skipped.
+        """
         position = _position(message)
-        headers = {
-            **{key: str(value) for key, value in message.headers.items()},
+        topic = dead_letter_topic(position["topic"])
+        own = {
             "x-dlq-reason": reason,
             "x-dlq-error": detail[:4000],
             "x-dlq-attempts": str(attempts),
             **{f"x-dlq-{key}": value for key, value in position.items()},
         }
-        key = getattr(message.raw_message, "key", None)
-        await self._dead_letter(
-            message.body, topic=dead_letter_topic(position["topic"]), key=key, headers=headers
+        for letter in self._letters(message, reason, own):
+            if await self._publish(letter, topic, position):
+                self.counters.dead_lettered += 1
+                return
+        self.counters.skipped += 1
+        logger.error(
+            "dead letter refused; message skipped",
+            **position,
+            reason=reason,
+            skipped_total=self.counters.skipped,
         )
+
+    def _letters(self, message: ConsumedMessage, reason: str, own: dict[str, str]) -> list[_Letter]:
+        """The letter with the original body and headers when it fits, then the smallest letter."""
+        body = message.body or b""
+        key = getattr(message.raw_message, "key", None)
+        original = {str(name): str(value) for name, value in message.headers.items()}
+        if sum(len(name) + len(value.encode()) for name, value in original.items()) > (
+            self._limits.max_original_headers_bytes
+        ):
+            original = {"x-dlq-headers": "omitted"}
+        whole = _Letter(body, key, {**original, **own})
+        summary, summary_headers = _body_summary(body, reason)
+        if whole.size() > self._limits.max_bytes:
+            self.counters.bodies_omitted += 1
+            whole = _Letter(summary, key, {**original, **own, **summary_headers})
+        smallest_key = key if key is not None and len(key) <= 1024 else None
+        smallest = _Letter(summary, smallest_key, {**own, **summary_headers, "x-dlq-headers": "omitted"})
+        return [whole, smallest] if whole.size() <= self._limits.max_bytes else [smallest]
+
+    async def _publish(self, letter: _Letter, topic: str, position: dict[str, str]) -> bool:
+        """Publish with bounded tries; False when the broker would not take it."""
+        for attempt in range(1, self._limits.attempts + 1):
+            try:
+                async with asyncio.timeout(self._limits.timeout_s):
+                    await self._dead_letter(letter.body, topic=topic, key=letter.key, headers=letter.headers)
+            except Exception as error:
+                logger.warning(
+                    "dead letter not published", **position, attempt=attempt, error=describe_error(error)
+                )
+                if not _may_heal(error):
+                    return False
+                if attempt < self._limits.attempts:
+                    await asyncio.sleep(self._policy.delay(attempt))
+                continue
+            return True
+        return False
+
+
+def _may_heal(error: BaseException) -> bool:
+    """Whether trying the same letter again could work (a broker away, a timeout), or not (too big)."""
+    return is_retryable(error) or bool(getattr(error, "retriable", False)) or isinstance(error, TimeoutError)

@@ -104,6 +104,28 @@ class KafkaSettings(BaseSettings):
             "every model or tool call timeout must stay well below it."
         ),
     )
+    max_request_bytes: int = Field(
+        default=1_048_576,
+        gt=1024,
+        description=(
+            "Largest record the producer sends (aiokafka's max_request_size). Keep it at or below "
+            "the broker's message.max.bytes (1048588 on Kafka by default): a dead letter bigger "
+            "than it carries the original body's size and sha256 instead of the body."
+        ),
+    )
+    dead_letter_attempts: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Tries to publish one dead letter while the broker fails (then its smallest form is "
+            "tried, and when that fails too the message is logged with its position and skipped)."
+        ),
+    )
+    dead_letter_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest one dead-letter publish may wait for the broker before it counts as failed.",
+    )
     auto_offset_reset: OffsetReset = Field(
         default="earliest",
         description=(

@@ -73,7 +73,7 @@ def create_app(
     check_timeouts(kafka, settings)
     broker = make_broker(kafka, client_id=SERVICE)
 
-    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
+    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
     holder = handlers.PlannerHolder()
     consumers = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or PlannerDeps()

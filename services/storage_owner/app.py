@@ -44,7 +44,7 @@ def create_app(
     owner = owner or OwnerSettings()
     broker = make_broker(kafka, client_id=SERVICE)
 
-    delivery = broker_delivery(broker, attempts=owner.retry_attempts)
+    delivery = broker_delivery(broker, kafka, attempts=owner.retry_attempts)
 
     deps = handlers.OwnerDeps(store=store, memory=memory)
     consumer = handlers.register(broker, kafka, deps, delivery, owner)

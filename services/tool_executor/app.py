@@ -48,7 +48,7 @@ def create_app(
     # The pid in the client id tells the copies apart in the broker's view of the group.
     broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
 
-    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
+    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
     calls = handlers.register(broker, kafka, settings, runner, delivery)
 
     async def drain() -> None:

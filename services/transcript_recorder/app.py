@@ -37,7 +37,7 @@ def create_app(
         raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
     broker = make_broker(kafka, client_id=SERVICE)
 
-    delivery = broker_delivery(broker, attempts=settings.retry_attempts)
+    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
     holder = handlers.RecorderHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or RecorderDeps()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -210,3 +211,59 @@ async def test_a_broker_failure_while_handling_is_tried_again_not_left_behind() 
     await _settled(consumer)
     assert calls == 2
     assert commits.positions[-1] == (0, 1)
+
+
+async def test_an_order_key_that_cannot_be_read_falls_back_to_the_kafka_key() -> None:
+    seen: list[str] = []
+
+    async def effect(body: str) -> None:
+        seen.append(body)
+
+    def by_body(message: KafkaMessage) -> bytes | None:
+        json.loads(message.body)  # a deeply nested body raises RecursionError here
+        return b"principal"
+
+    commits = Commits()
+    delivery = Delivery(Letters(), RetryPolicy(attempts=1))
+    consumer = ConcurrentConsumer(
+        lambda message: delivery.handle(message, TEXT, effect),
+        name="test",
+        max_in_flight=4,
+        revoke_grace_s=1.0,
+        order=by_body,
+        redeliver_after_s=0.01,
+    )
+    deep = b"[" * 100_000 + b"]" * 100_000
+    await consumer.dispatch(cast(KafkaMessage, Message(deep, Record(TOPIC, 0, 0, b"s"), commits)))
+    await consumer.dispatch(_message(commits, 1, "s", "after"))
+    await _settled(consumer)
+    assert seen == ["after"]
+    assert commits.positions[-1] == (0, 2), "the unreadable message was settled (dead-lettered)"
+
+
+async def test_a_handler_that_keeps_raising_is_skipped_after_bounded_tries() -> None:
+    calls: list[int] = []
+
+    async def handle(message: ConsumedMessage) -> None:
+        offset = message.raw_message.offset
+        calls.append(offset)
+        if offset == 0:
+            raise RecursionError("maximum recursion depth exceeded")
+        await message.ack()
+
+    commits = Commits()
+    consumer = ConcurrentConsumer(
+        handle,
+        name="test",
+        max_in_flight=4,
+        revoke_grace_s=1.0,
+        order=by_kafka_key,
+        redeliver_after_s=0.01,
+        handle_attempts=3,
+    )
+    await consumer.dispatch(_message(commits, 0, "s", "poison"))
+    await consumer.dispatch(_message(commits, 1, "s", "next"))
+    await _settled(consumer)
+    assert calls == [0, 0, 0, 1]
+    assert consumer.skipped == 1
+    assert commits.positions[-1] == (0, 2)
