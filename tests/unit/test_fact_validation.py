@@ -34,6 +34,7 @@ from services.fact_extractor.logic import (
     TurnRows,
     Validated,
     ValidationLimits,
+    attribute_key,
     decode_json_object,
     decode_proposals,
     digest,
@@ -261,6 +262,72 @@ def test_an_update_to_the_same_wording_changes_nothing() -> None:
     )
     assert validated.operations == []
     assert reasons(validated) == [RefusalReason.UNCHANGED]
+
+
+# --- the same attribute with a new value ---------------------------------------------------------------
+
+
+def test_a_new_value_for_a_held_attribute_updates_that_fact() -> None:
+    validated = validate(
+        rows("my favourite colour is green"),
+        new("My favourite colour is green"),
+        facts=[fact("f-1", "My favourite colour is blue"), fact("f-2", "My city is Lisbon")],
+    )
+    assert [(op.kind, op.fact_id, op.text) for op in validated.operations] == [
+        (FactOperationKind.UPDATE, "f-1", "My favourite colour is green")
+    ]
+    assert validated.refusals == []
+
+
+@pytest.mark.parametrize(
+    ("held", "said", "proposed"),
+    [
+        ("The user's favorite color is blue", "my favourite colour is green", "Favourite colour: green"),
+        ("Mi color favorito es azul", "mi color favorito es verde", "Mi color favorito es verde"),
+        ("Su color favorito es azul", "ahora mi color favorito es el verde", "Su color favorito es verde"),
+        ("El color favorito del usuario es azul", "mi color favorito es verde", "Mi color favorito es verde"),
+        ("Their dog's name is Rex", "my dog's name is Toby now", "My dog's name is Toby"),
+    ],
+)
+def test_the_same_subject_and_attribute_is_recognised_in_any_wording(
+    held: str, said: str, proposed: str
+) -> None:
+    validated = validate(rows(said), new(proposed), facts=[fact("f-1", held)])
+    assert [(op.kind, op.fact_id) for op in validated.operations] == [(FactOperationKind.UPDATE, "f-1")]
+
+
+@pytest.mark.parametrize(
+    ("held", "proposed"),
+    [
+        ("My favourite colour is blue", "My favourite food is pizza"),
+        ("My favourite colour is blue", "My brother's favourite colour is red"),
+        ("Lives in Lisbon", "Likes jazz"),
+        ("Likes jazz", "Likes rock"),
+    ],
+)
+def test_another_attribute_stays_a_fact_of_its_own(held: str, proposed: str) -> None:
+    validated = validate(rows(f"{proposed.lower()} is what I said"), new(proposed), facts=[fact("f-1", held)])
+    assert [op.kind for op in validated.operations] == [FactOperationKind.NEW]
+
+
+def test_two_values_for_one_attribute_in_one_turn_keep_the_first() -> None:
+    validated = validate(
+        rows("my favourite colour is blue, well, my favourite colour is green"),
+        new("My favourite colour is blue"),
+        new("My favourite colour is green"),
+    )
+    assert [op.text for op in validated.operations] == ["My favourite colour is blue"]
+    assert reasons(validated) == [RefusalReason.FACT_ALREADY_CHANGED]
+
+
+def test_attribute_keys_fold_case_accents_spelling_and_the_subject() -> None:
+    assert attribute_key("My favourite colour is blue") == attribute_key("The user's favorite color: red")
+    assert attribute_key("Mi color favorito es azul") == attribute_key("Su color favorito es verde")
+    assert attribute_key("Mi color favorito es azul") == attribute_key(
+        "El color favorito del usuario es rojo"
+    )
+    assert attribute_key("Prefers answers in technical English") is None
+    assert attribute_key("My favourite colour is") is None
 
 
 def test_normalized_ignores_case_accents_punctuation_and_spacing() -> None:

@@ -39,6 +39,18 @@ def test_each_my_thing_is_statement_becomes_one_new_fact_the_user_said() -> None
     }
 
 
+def test_spanish_statements_and_joined_statements_become_one_fact_each() -> None:
+    request = _extraction(
+        "Hola. Mi color favorito es azul y mis hijos son Eva y Leo; my dog is Rex and my city is Porto", []
+    )
+    assert [operation["text"] for operation in json.loads(_answer(request))["operations"]] == [
+        "Mi color favorito es azul",
+        "Mis hijos son Eva y Leo",
+        "My dog is Rex",
+        "My city is Porto",
+    ]
+
+
 def test_a_fact_already_saved_is_not_proposed_again() -> None:
     request = _extraction("my favourite colour is blue", ["My favourite colour is blue"])
     assert json.loads(_answer(request)) == {"operations": []}

@@ -275,7 +275,13 @@ _WHAT_IS_MY = re.compile(r"\bwhat(?:'s| is| are)\s+my\s+([^?.!]+)", re.IGNORECAS
 _MEMORY_FENCE = re.compile(
     r"<memory_from_earlier_sessions>\n(.*?)\n</memory_from_earlier_sessions>", re.DOTALL
 )
-_MY_THING_IS = re.compile(r"\bmy ([a-z][a-z ]{0,40}?) (?:is|are) ([^.;,!?\n]+)", re.IGNORECASE)
+_MY_THING_IS = re.compile(
+    r"\bmy ([a-z][a-z ]{0,40}?) (?:is|are) ([^.;,!?\n]+?)(?=\s+and\s+my\s|[.;,!?\n]|$)", re.IGNORECASE
+)
+_MI_COSA_ES = re.compile(
+    r"\bmis? [^\W\d_](?:[^\W\d_]| ){0,40}? (?:es|son) [^.;,!?\n]+?(?=\s+y\s+mis?\s|[.;,!?\n]|$)",
+    re.IGNORECASE,
+)
 
 
 def _from_memory(system: str, topic: str) -> str:
@@ -290,7 +296,8 @@ def _from_memory(system: str, topic: str) -> str:
 
 
 def fact_operations(request: ModelRequest) -> dict[str, Any] | None:
-    """Proposed facts for a fact-extraction request: each "my X is Y" the user said, once."""
+    """Proposed facts for a fact-extraction request: each "my X is Y" ("mi X es Y") the user
+    said, once, always as a new fact (code recognises a new value of a saved one)."""
     properties = (request.output_schema or {}).get("properties", {})
     if set(properties) != {"operations"} or not request.messages:
         return None
@@ -302,11 +309,13 @@ def fact_operations(request: ModelRequest) -> dict[str, Any] | None:
         return None
     said = str(turn.get("turn", {}).get("user_said", ""))
     saved = {str(fact.get("text", "")).lower() for fact in turn.get("saved_facts", [])}
-    proposals = []
-    for thing, value in _MY_THING_IS.findall(said):
-        fact = f"My {thing.strip()} is {value.strip()}"
-        if fact.lower() not in saved:
-            proposals.append({"op": "new", "text": fact, "source": "user_said"})
+    statements = [(m.start(), f"My {m[1].strip()} is {m[2].strip()}") for m in _MY_THING_IS.finditer(said)]
+    statements += [(m.start(), m[0][:1].upper() + m[0][1:].strip()) for m in _MI_COSA_ES.finditer(said)]
+    proposals = [
+        {"op": "new", "text": fact, "source": "user_said"}
+        for _, fact in sorted(statements)
+        if fact.lower() not in saved
+    ]
     return {"operations": proposals}
 
 

@@ -1,0 +1,177 @@
+"""Conversation memory keeps its promises, seen from outside the real services.
+
+The storage owner (MongoDB stores on SecantusDB), planner, transcript recorder, fact extractor and
+enricher run as in-process FastStream apps on one topic prefix of the embedded broker, every
+model the offline `ScriptedModel` (what runs wherever there is no key). The test is a user: it
+publishes `RunRequested` turns, waits for each run to close on `runs.events`, and reads back what
+a person could see: history, facts, their export and the session summary, through the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from contracts.events import RunEvent, StreamEventType
+from contracts.memory import FactChanged, FactChangeKind, HistoryRole, MemoryScope
+from contracts.runs import RunRequested
+from contracts.topics import Topic
+from contracts.wire import utc_now_ms
+from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from services.enricher.app import create_app as create_enricher
+from services.fact_extractor.app import FactExtractorDeps
+from services.fact_extractor.app import create_app as create_extractor
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.models.scripted import ScriptedModel
+from services.kit.settings import KafkaSettings
+from services.kit.store.client import KafkaStore
+from services.planner.adapters import PlannerDeps, load_records
+from services.planner.app import create_app as create_planner
+from services.storage_owner.app import create_app as create_owner
+from services.transcript_recorder.app import RecorderDeps
+from services.transcript_recorder.app import create_app as create_recorder
+from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import eventually, scaled
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class System:
+    """The five services on one prefix, the owner's clients, and readers of what they announce."""
+
+    settings: KafkaSettings
+    memory: KafkaMemoryStore
+    store: KafkaStore
+    planner_model: ScriptedModel
+    events: TopicReader
+    changes: TopicReader
+    publisher: RawPublisher
+
+    async def turn(self, session_id: str, principal_id: str, text: str) -> str:
+        """One user turn: publish it, wait for its run to close; returns the run id."""
+        request = RunRequested(
+            run_id=f"{session_id}-r{uuid.uuid4().hex[:8]}",
+            session_id=session_id,
+            agent_id="assistant",
+            principal_id=principal_id,
+            text=text,
+        )
+        topic = self.settings.topic_prefix + Topic.RUNS_REQUESTED.value
+        await self.publisher.send(topic, request.model_dump_json().encode(), key=session_id.encode())
+
+        def closed(_: object) -> bool:
+            parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+            return any(
+                e.run_id == request.run_id and e.type is StreamEventType.RUN_STREAM_END for e in parsed
+            )
+
+        await self.events.wait_for(closed, within=scaled(30.0))
+        return request.run_id
+
+    async def new_session(self) -> str:
+        session_id = "s-" + uuid.uuid4().hex[:10]
+        await self.store.create_session(session_id, utc_now_ms())
+        return session_id
+
+    async def until_changed(self, principal_id: str, kind: FactChangeKind) -> FactChanged:
+        def found() -> FactChanged | None:
+            for record in self.changes.records:
+                change = FactChanged.model_validate_json(record.value or b"")
+                if change.scope.principal_id == principal_id and change.kind is kind:
+                    return change
+            return None
+
+        await self.changes.wait_for(lambda _: found() is not None, within=scaled(30.0))
+        change = found()
+        assert change is not None
+        return change
+
+    async def answer(self, session_id: str, run_id: str) -> str:
+        """What the agent answered in the run, read back from the session's history."""
+        rows: list[str] = []
+
+        async def recorded() -> bool:
+            history = await self.memory.list_history(session_id, 0, 500)
+            rows[:] = [
+                row.text for row in history if row.turn_id == run_id and row.role is HistoryRole.ASSISTANT
+            ]
+            return bool(rows)
+
+        await eventually(recorded, within=30.0, what=f"the answer of {run_id} in the history")
+        return rows[0]
+
+
+@pytest.fixture(scope="module")
+async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
+    prefix = f"mp{uuid.uuid4().hex[:8]}."
+    await create_topics(stack.bootstrap, prefix)
+    settings = stack.kafka_settings(topic_prefix=prefix)
+    planner_model = ScriptedModel()
+    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    planner = create_planner(settings, deps=PlannerDeps(model=planner_model))
+    recorder = create_recorder(settings, deps=RecorderDeps(model=ScriptedModel()))
+    extractor = create_extractor(settings, deps=FactExtractorDeps(model=ScriptedModel()))
+    enricher = create_enricher(settings)
+    services = (planner, recorder, extractor, enricher)
+    started = time.monotonic()
+    await owner.start()
+    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=10.0)
+    await memory.start()
+    store = KafkaStore(settings, reply_timeout_s=10.0)
+    await store.start()
+    await asyncio.gather(*(service.start() for service in services))
+    readers = [
+        TopicReader(stack.bootstrap, prefix + name)
+        for name in (Topic.RUNS_EVENTS.value, Topic.MEMORY_CHANGES.value)
+    ]
+    for reader in readers:
+        await reader.start()
+    print(f"owner, planner, recorder, extractor and enricher up in {time.monotonic() - started:.1f} s")
+    try:
+        async with RawPublisher(stack.bootstrap) as publisher:
+            yield System(settings, memory, store, planner_model, *readers, publisher)
+    finally:
+        for reader in readers:
+            await reader.stop()
+        for service in services:
+            await service.stop()
+        await store.stop()
+        await memory.stop()
+        await owner.stop()
+        await delete_topics(stack.bootstrap, prefix)
+
+
+async def test_a_fact_said_again_with_a_new_value_is_updated_not_duplicated(system: System) -> None:
+    person = "ana-" + uuid.uuid4().hex[:6]
+    scope = MemoryScope(principal_id=person, agent_id="assistant")
+
+    await system.turn(await system.new_session(), person, "Hello! My favourite colour is blue.")
+    created = await system.until_changed(person, FactChangeKind.CREATED)
+    await system.turn(await system.new_session(), person, "News: my favourite colour is green now.")
+    updated = await system.until_changed(person, FactChangeKind.UPDATED)
+
+    assert updated.fact_id == created.fact_id
+    [fact] = await system.memory.list_facts(scope)
+    assert (fact.fact_id, fact.version, fact.text) == (created.fact_id, 2, "My favourite colour is green now")
+    export = await system.memory.export_principal(scope)
+    assert [(old.fact_id, old.version, old.text) for old in export.audit] == [
+        (created.fact_id, 1, "My favourite colour is blue")
+    ]
+    assert export.audit[0].updated_at <= fact.updated_at
+
+    asking = await system.new_session()
+    run_id = await system.turn(asking, person, "What is my favourite colour?")
+    records = await load_records(system.store, run_id)
+    [context] = [json.loads(record.payload) for record in records if record.type == "memory_context"]
+    assert [(used["fact_id"], used["version"]) for used in context["facts"]] == [(fact.fact_id, 2)]
+    [request] = [r for r in system.planner_model.requests if r.call_key.startswith(f"{run_id}/")]
+    assert "green" in request.system and "blue" not in request.system
+    answer = await system.answer(asking, run_id)
+    assert "green" in answer and "blue" not in answer
