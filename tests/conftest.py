@@ -13,13 +13,20 @@
   longer than a threshold (2.5 s; `QUIPU_TEST_BLOCK_THRESHOLD` or the marker
   `event_loop_block_threshold(seconds)` change it; the marker
   `allow_event_loop_blocking` turns it off for a test).
+- No test can reach a real model or any host off this machine: the model keys are removed from
+  the environment before any test (and so from every child process a test starts), and a socket
+  may connect only to loopback addresses (the embedded broker, database and the local Messages-API
+  server live there); anything else fails the test at once, as pydantic-ai's
+  `ALLOW_MODEL_REQUESTS = False` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
+import socket
 import sys
 import threading
 import time
@@ -27,6 +34,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -40,8 +48,50 @@ DEFAULT_BLOCK_THRESHOLD = 2.5
 """Seconds the event loop may spend in one step before a test fails."""
 
 
+MODEL_KEY_VARIABLES = ("ANTHROPIC_API_KEY", "QUIPU_MODEL_API_KEY")
+"""Environment variables that would point a service at the real Messages API."""
+
+
+class OffMachineConnectionError(RuntimeError):
+    """Raised when a test opens a connection to an address that is not loopback."""
+
+
+def refuse_off_machine(address: Any) -> None:
+    """Refuse an `(host, port, ...)` address whose host is not a loopback IP (Unix sockets pass)."""
+    if not isinstance(address, tuple):
+        return
+    host = str(address[0]).split("%", 1)[0]
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise OffMachineConnectionError(
+            f"a test tried to connect to {host}: tests reach only loopback (no real model, no network)"
+        )
+
+
+def _guard_connections() -> None:
+    original_connect = socket.socket.connect
+    original_connect_ex = socket.socket.connect_ex
+
+    def connect(self: socket.socket, address: Any) -> None:
+        refuse_off_machine(address)
+        original_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        refuse_off_machine(address)
+        return original_connect_ex(self, address)
+
+    socket.socket.connect = connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Register this file's markers (the suite runs with --strict-markers)."""
+    """Register this file's markers (the suite runs with --strict-markers); close the way out."""
+    for name in MODEL_KEY_VARIABLES:
+        os.environ.pop(name, None)
+    _guard_connections()
     config.addinivalue_line(
         "markers",
         "event_loop_block_threshold(seconds): fail when the event loop blocks this long",
