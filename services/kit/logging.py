@@ -20,6 +20,15 @@ rendering, whoever logged it:
    `raw`) are replaced by their size. Log identifiers (`event_id`, topic,
    offset) instead; put a body under one of those keys at DEBUG when you need
    to see it.
+3. Input values never reach the output: exceptions are rendered by `safe_exception` (frames, the
+   exception's type and `describe_error`, never a pydantic error's `input_value=` or a quoted
+   value), `input_value=` fragments in any text are cut, and a library's warning or error line
+   shows its message template with placeholders for the values (aiokafka's
+   "'%s' is not a valid topic name" would otherwise echo a topic taken from a message).
+4. Repeated warnings are rate-limited: the same line (logger, level, event) at WARNING or above is
+   written at most `ServiceSettings.log_repeat_burst` times per `log_repeat_window_s`; the next one
+   that gets through says how many were left out (`suppressed`). A wedged consumer once wrote 34
+   lines a second.
 """
 
 from __future__ import annotations
@@ -28,13 +37,16 @@ import itertools
 import logging
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sized
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any, TextIO
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from services.kit.delivery import describe_error
 from services.kit.settings import ServiceSettings
 
 REDACTED = "[REDACTED]"
@@ -101,10 +113,19 @@ def _redact_item(key: object, value: Any) -> Any:
     return _redact_value(value)
 
 
+_INPUT_VALUE = re.compile(r"input_value=.*?(?=, input_type=|\]$|$)", re.MULTILINE)
+"""pydantic's rendering of the value it refused, inside a validation error's text."""
+
+_TRACEBACK_FRAMES = 40
+"""Innermost frames kept of a traceback (a RecursionError's would be a thousand)."""
+
+
 def _redact_value(value: Any) -> Any:
-    """Scrub secret-looking text in a value of any shape (str, mapping, list, tuple)."""
+    """Scrub secret-looking text and input values in a value of any shape (str, mapping, list, tuple)."""
     if isinstance(value, str):
-        return SECRET_VALUE_PATTERN.sub(REDACTED, value)
+        return SECRET_VALUE_PATTERN.sub(REDACTED, _INPUT_VALUE.sub("input_value=<omitted>", value))
+    if isinstance(value, BaseException):
+        return describe_error(value)
     if isinstance(value, Mapping):
         return {key: _redact_item(key, item) for key, item in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
@@ -131,6 +152,117 @@ def _size_of(value: Any) -> str:
     if isinstance(value, Sized):
         return f"<omitted: {len(value)} items>"
     return "<omitted>"
+
+
+def safe_exception(error: BaseException) -> str:
+    """A traceback that shows where and what failed, never what the failing input held.
+
+    Frames (file, line, code) as usual; each exception of the chain as its type and
+    `describe_error`, instead of `str(error)` (a pydantic error lists every refused value).
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    parts = []
+    for exception in reversed(chain):
+        frames = traceback.extract_tb(exception.__traceback__)[-_TRACEBACK_FRAMES:]
+        kind = type(exception)
+        parts.append(
+            "Traceback (most recent call last):\n"
+            + "".join(traceback.format_list(frames))
+            + f"{kind.__module__}.{kind.__qualname__}: {describe_error(exception).partition(': ')[2]}"
+        )
+    return "\n\nWhile handling the above, another exception occurred:\n\n".join(parts)
+
+
+def render_exceptions_safely(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """structlog processor: `exc_info` becomes an `exception` string made by `safe_exception`."""
+    exc_info = event_dict.pop("exc_info", None)
+    if exc_info is None or exc_info is False:
+        return event_dict
+    if isinstance(exc_info, BaseException):
+        error: BaseException | None = exc_info
+    elif isinstance(exc_info, tuple):
+        error = exc_info[1]
+    else:
+        error = sys.exc_info()[1]
+    if error is not None:
+        event_dict["exception"] = safe_exception(error)
+    return event_dict
+
+
+def _placeholder(value: object) -> object:
+    """A library line's argument, as a warning may show it: numbers, else only its kind."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, BaseException):
+        return type(value).__name__
+    return "<value>"
+
+
+def library_values_hidden(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """Foreign-chain processor: a library's warning or error shows its template, not its arguments."""
+    args = event_dict.pop("positional_args", ())
+    # Another handler may have formatted the record first: its rendered text came along as an extra.
+    event_dict.pop("message", None)
+    record = event_dict.get("_record")
+    if not isinstance(record, logging.LogRecord) or record.levelno < logging.WARNING or not args:
+        return event_dict
+    values = args if isinstance(args, tuple) else (args,)
+    try:
+        event_dict["event"] = str(record.msg) % tuple(_placeholder(value) for value in values)
+    except (TypeError, ValueError):
+        event_dict["event"] = str(record.msg)
+    return event_dict
+
+
+class RepeatLimit(logging.Filter):
+    """Lets the same warning through `burst` times per `window_s`; counts what it holds back."""
+
+    def __init__(
+        self,
+        burst: int,
+        window_s: float,
+        *,
+        max_keys: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._burst = burst
+        self._window_s = window_s
+        self._max_keys = max_keys
+        self._windows: dict[tuple[str, int, str], list[float]] = {}
+        """Per line: [window start, lines written in it, lines held back since the last written]."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether to write `record`; a written one carries `suppressed` when others were held back."""
+        if record.levelno < logging.WARNING:
+            return True
+        event = record.msg.get("event", "") if isinstance(record.msg, dict) else record.msg
+        key = (record.name, record.levelno, str(event)[:200])
+        now = self._clock()
+        if len(self._windows) >= self._max_keys and key not in self._windows:
+            self._windows.clear()
+        window = self._windows.setdefault(key, [now, 0, 0])
+        if now - window[0] >= self._window_s:
+            window[0], window[1] = now, 0
+        window[1] += 1
+        if window[1] > self._burst:
+            window[2] += 1
+            return False
+        if window[2]:
+            suppressed = int(window[2])
+            window[2] = 0
+            if isinstance(record.msg, dict):
+                record.msg["suppressed"] = suppressed
+            else:
+                record.suppressed = suppressed
+        return True
 
 
 def _default_service(service: str) -> Processor:
@@ -163,17 +295,14 @@ def _shared_processors(service: str) -> list[Processor]:
 
 def _final_processors(json_lines: bool) -> list[Processor]:
     """Redaction, body omission and rendering: the last steps before a line is written."""
-    renderer: Processor
-    if json_lines:
-        # Tracebacks become a string first so that redaction sees them too.
-        steps: list[Processor] = [structlog.processors.format_exc_info]
-        renderer = structlog.processors.JSONRenderer()
-    else:
-        steps = []
-        renderer = structlog.dev.ConsoleRenderer()
+    renderer: Processor = (
+        structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer()
+    )
     return [
         structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-        *steps,
+        # Tracebacks become a string first (no renderer's own, with its locals), so that redaction
+        # sees them too.
+        render_exceptions_safely,
         omit_bodies,
         redact_secrets,
         renderer,
@@ -201,11 +330,13 @@ def configure_logging(settings: ServiceSettings, *, stream: TextIO | None = None
         cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), library_values_hidden],
         processors=_final_processors(_use_json(settings, output)),
+        pass_foreign_args=True,  # for library_values_hidden
     )
     handler = logging.StreamHandler(output)
     handler.setFormatter(formatter)
+    handler.addFilter(RepeatLimit(settings.log_repeat_burst, settings.log_repeat_window_s))
     setattr(handler, _HANDLER_MARK, True)
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:

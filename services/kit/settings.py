@@ -198,6 +198,19 @@ class ServiceSettings(BaseSettings):
         default=None,
         description="JSON lines if true, a pretty console if false; unset: JSON unless on a TTY.",
     )
+    log_repeat_burst: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "The same warning or error line is written at most this many times per "
+            "`log_repeat_window_s`; the next one written says how many were held back."
+        ),
+    )
+    log_repeat_window_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The window of `log_repeat_burst`, in seconds.",
+    )
 
 
 class ConsumerSettings(BaseSettings):

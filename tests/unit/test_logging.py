@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import structlog
+from pydantic import BaseModel, ValidationError
 
 from services.kit.logging import (
     REDACTED,
+    RepeatLimit,
     bind_ids,
     bound_ids,
     clear_ids,
@@ -146,7 +148,7 @@ def test_library_logs_and_tracebacks_are_redacted_too(log_output: io.StringIO) -
         get_logger("quipu.test").exception("call.failed")
 
     library, failure = _lines(log_output)
-    assert library["event"] == f"auth failed for {REDACTED}"
+    assert library["event"] == "auth failed for <value>", "a library warning shows no values"
     assert library["token"] == REDACTED
     assert library["service"] == "tests"
     assert "ValueError: bad key " + REDACTED in failure["exception"]
@@ -156,3 +158,52 @@ def test_library_logs_and_tracebacks_are_redacted_too(log_output: io.StringIO) -
 def test_a_bound_service_wins_over_the_default(log_output: io.StringIO) -> None:
     get_logger("quipu.planner", service="planner").info("ready")
     assert _lines(log_output)[0]["service"] == "planner"
+
+
+SECRET_INPUT = "tell-no-one-7f3a"
+
+
+class _Count(BaseModel):
+    count: int
+
+
+def test_tracebacks_and_texts_never_show_a_refused_input_value(log_output: io.StringIO) -> None:
+    try:
+        _Count.model_validate({"count": SECRET_INPUT})
+    except ValidationError as error:
+        get_logger("quipu.test").exception("decode.failed", detail=str(error), error=error)
+        logging.getLogger("aiokafka.consumer").error("handler failed", exc_info=True)
+    own, library = _lines(log_output)
+    assert "count: Input should be a valid integer" in own["exception"]
+    assert "input_value=<omitted>" in own["detail"]
+    assert own["error"].startswith("ValidationError: count")
+    assert "ValidationError" in library["exception"]
+    assert SECRET_INPUT not in log_output.getvalue()
+
+
+def test_a_library_error_line_shows_its_template_and_numbers_only(log_output: io.StringIO) -> None:
+    logging.getLogger("aiokafka.cluster").error("'%s' is not a valid topic name", SECRET_INPUT)
+    logging.getLogger("aiokafka").warning("partition %s lagging by %s", 3, 12.5)
+    logging.getLogger("aiokafka").info("joined group %s", "quipu-planner")
+    invalid, lagging, joined = _lines(log_output)
+    assert invalid["event"] == "'<value>' is not a valid topic name"
+    assert lagging["event"] == "partition 3 lagging by 12.5"
+    assert joined["event"] == "joined group quipu-planner", "info lines of libraries keep their values"
+    assert SECRET_INPUT not in log_output.getvalue()
+
+
+def _record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord("aiokafka", level, __file__, 1, message, (), None)
+
+
+def test_a_repeated_warning_is_written_a_burst_per_window_and_says_what_it_held_back() -> None:
+    now = [0.0]
+    limit = RepeatLimit(burst=3, window_s=10.0, clock=lambda: now[0])
+    written = [limit.filter(_record("metadata refresh failed")) for _ in range(34)]
+    assert written.count(True) == 3
+    assert limit.filter(_record("another failure")), "other lines are not held back"
+    assert all(limit.filter(_record("fine", logging.INFO)) for _ in range(50)), "INFO is not limited"
+    now[0] = 10.5
+    record = _record("metadata refresh failed")
+    assert limit.filter(record)
+    assert record.suppressed == 31  # type: ignore[attr-defined]
