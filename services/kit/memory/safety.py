@@ -1,16 +1,25 @@
 """What curated memory must never hold: a filter for fact and profile texts.
 
 Memory ends up in the context of every later call (cross-session-memory seed), so a text is
-refused when it carries:
+refused when it carries (checked in this order; the first that applies names the refusal):
 
-- `credential`: passwords, PINs, API keys, tokens, private keys, connection strings with a user
-  and password, or any string shaped like a secret (`sk-...`, `ghp_...`, `AKIA...`, a JWT, a long
-  hex or mixed-case token);
+- `credential`: a password, passcode, PIN or NIP, API key, token, secret, unlock or door code,
+  combination or security answer given with its value, in English and Spanish and in their short
+  forms ("gmail pass", "pwd", "clave del cajero", "contra del wifi"); a connection string with a
+  user and password; any string shaped like a secret (`sk-...`, `ghp_...`, `AKIA...`, a JWT, a
+  long hex or mixed-case token). Talk about credentials is not one ("password manager",
+  "PIN-code reader", "the password is too short");
+- `national_id`: an identifier whose written form and check digits give it away (US SSN, Spanish
+  DNI/NIE, UK NINO, Italian codice fiscale, Mexican CURP, Brazilian CPF, French NIR, Indian
+  Aadhaar, Chinese resident id, Chilean RUT; validated with python-stdnum), or any number of five
+  digits or more next to the name of an identifier (SIN, BSN, Steuer-ID, PESEL, cédula, passport,
+  "National Insurance number", ...). The name alone is not one ("works at the National Insurance
+  office");
 - `payment_card`: a card number (13-19 digits passing the Luhn check), a CVV/CVC, a card's expiry
   or its last digits;
 - `bank_account`: an IBAN (mod-97 check), or an account, routing or sort-code number;
-- `national_id`: a social-security number or a Spanish DNI/NIE (control letter checked);
-- `health`: conditions, diagnoses, medications, treatments, disabilities, in English and Spanish;
+- `health`: conditions, diagnoses, medications, treatments, devices, disabilities, in English and
+  Spanish;
 - `instruction`: text aimed at the assistant rather than about the person ("ignore previous
   instructions", "always answer...", "you must...", "a partir de ahora...", markup that could
   break out of the memory fence). Memory is data; a fact that reads as a command is not one.
@@ -18,16 +27,29 @@ refused when it carries:
 It is a deliberately cautious, cheap, deterministic net under the model's own instructions: it
 prefers refusing a harmless fact to keeping a secret. Matching is done on a folded copy of the
 text (case-folded, accents removed), so "Contraseña", "CONTRASENA" and "contraseña" are alike.
-Callers log the category only, never the text.
+Callers log the category only, never the text. Its precision and recall are measured on a
+held-out labelled corpus (tests/data/safety_heldout.json) that the patterns were not written
+against.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+
+from stdnum.br import cpf as br_cpf
+from stdnum.cl import rut as cl_rut
+from stdnum.cn import ric as cn_ric
+from stdnum.es import dni as es_dni
+from stdnum.es import nie as es_nie
+from stdnum.fr import nir as fr_nir
+from stdnum.in_ import aadhaar as in_aadhaar
+from stdnum.it import codicefiscale as it_codice_fiscale
+from stdnum.mx import curp as mx_curp
+from stdnum.us import ssn as us_ssn
 
 
 class SensitiveCategory(StrEnum):
@@ -55,8 +77,8 @@ def _words(*alternatives: str) -> str:
 # --- credentials ----------------------------------------------------------------------------------
 
 _SECRET_SHAPES = re.compile(
-    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}"  # Anthropic, OpenAI, Stripe style keys
-    r"|\b(?:ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abposr]|hf|npm|pypi)[-_][A-Za-z0-9_\-]{8,}"
+    r"\b(?:sk|pk|rk)[-_][A-Za-z0-9_\-]{8,}"  # Anthropic, OpenAI, Stripe style keys
+    r"|\b(?:ghp|gho|ghu|ghs|ghr|github_pat|glpat|xox[abposr]|hf|npm|pypi|whsec|tok)[-_][A-Za-z0-9_\-]{6,}"
     r"|\bA(?:KIA|SIA)[0-9A-Z]{16}\b"  # AWS access key ids
     r"|\bAIza[0-9A-Za-z_\-]{30,}"  # Google API keys
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # JWTs
@@ -74,46 +96,127 @@ _MIXED_TOKEN = re.compile(r"(?<![\w@.])[A-Za-z0-9_\-+/=]{20,}(?![\w@])")
 _STRONG_CREDENTIAL = _words(
     r"passwords?",
     r"passwd",
+    r"pwd",
+    r"pw",
+    r"pswd?",
+    r"pword",
     r"passphrase",
     r"pass ?codes?",
-    r"pin(?: codes?)?",
+    r"pins?(?: codes?| numbers?)?",
+    r"nip",
     r"one[- ]time (?:code|password)",
     r"otp",
-    r"2fa codes?",
+    r"(?:2fa|backup|recovery|unlock|door|gate|garage|alarm|keypad|entry|access) codes?",
+    r"unlock pattern",
     r"api[ _-]?keys?",
-    r"secret keys?",
-    r"private keys?",
-    r"access keys?",
+    r"(?:secret|private|access) keys?",
+    r"(?:client|app|webhook|signing|api) secrets?",
     r"(?:access|auth|bearer|api|refresh|session|github|slack|personal access) tokens?",
+    r"tokens? de (?:acceso|autenticacion|sesion|api|la api)",
     r"credentials?",
+    r"security answers?",
+    r"(?:security|secret) questions?",
     r"contrasenas?",
-    r"clave(?:s)? (?:de acceso|privada|secreta|del wifi|de la wifi|de api|api)",
-    r"codigo (?:pin|secreto|de acceso|de verificacion)",
     r"credenciales",
+    r"claves? (?:de acceso|privada|secreta|del wifi|de la wifi|de api|api)",
+    r"(?:codigo|numero) (?:pin|nip|secreto|de acceso|de verificacion|de desbloqueo)",
+    r"patron de desbloqueo",
+    r"(?:respuestas?|preguntas?) (?:de seguridad|secretas?)",
     r"(?:wifi|wi-fi) (?:password|key)",
-    r"security answer",
-    r"respuesta de seguridad",
 )
-"""Words that name a credential whatever follows them."""
+"""Words that name a credential whatever is said about it: one followed by a value is a secret."""
 
-_WEAK_CREDENTIAL = _words(r"tokens?", r"secrets?", r"secretos?", r"claves?", r"login", r"pins")
-"""Words that name a credential only next to a value ("token abc123", "la clave es 'x'")."""
+_SHORT_CREDENTIAL = _words(
+    r"pass",
+    r"claves?",
+    r"contra",
+    r"keys?",
+    r"llaves?",
+    r"codes?",
+    r"codigos?",
+    r"login",
+    r"secrets?",
+    r"tokens?",
+    r"combinations?",
+    r"combinacion",
+)
+"""Words that name a credential only when they say what they open ("gmail pass", "clave del
+cajero"): alone they are a bus pass, a key idea, a postal code or a board-game token."""
 
-_COPULA = r"\s*(?:\bis\b|\bwas\b|\bes\b|\bera\b|\bsera\b|:|=|->)\s*"
+_VALUED_CREDENTIAL = _words(
+    r"tokens?", r"secrets?", r"secretos?", r"claves?", r"login", r"pins", r"combinations?", r"combinacion"
+)
+"""Words that name a credential when a value with a digit or in quotes follows ("token abc123")."""
+
+_OPENED = (
+    r"(?:"
+    r"e-?mail|g?mail|correo|outlook|hotmail|yahoo|icloud|apple id|wifi|wi-fi|router|modem|laptop|"
+    r"portatil|computer|ordenador|pc|mac|tablet|ipad|phone|iphone|movil|telefono|celular|sim|"
+    r"voicemail|buzon de voz|accounts?|cuentas?|bank\w*|banco|banca(?: online)?|online banking|"
+    r"atm|cashpoint|cajero(?: automatico)?|cards?|tarjetas?|debit|credit|paypal|vpn|ssh|servers?|"
+    r"servidor|database|db|nas|admin|root|intranet|app|aplicacion|netflix|spotify|amazon|steam|"
+    r"xbox|playstation|facebook|instagram|twitter|tiktok|linkedin|whatsapp|github|gitlab|jira|"
+    r"slack|aws|door|puerta|gate|garage|garaje|portal|alarm|alarma|safe|caja fuerte|locker|"
+    r"taquilla|padlock|candado|keypad"
+    r")"
+)
+"""What a credential opens: mail, devices, accounts, banks and cards, services, doors and safes."""
+
+_NOT_A_CREDENTIAL = re.compile(
+    # a thing about credentials, not one: "password manager", "PIN-code reader", "token bucket"
+    r"\b(?:passwords?|passcodes?|pins?|pin[- ]codes?|api keys?|tokens?|pass)[- ](?:managers?|polic(?:y|ies)|"
+    r"resets?|hygiene|hashing|hash(?:es)?|generators?|strength|requirements?|rules|readers?|pads?|entry|"
+    r"terminals?|machines?|bucket|based|authentication|rotation|mark)\b"
+    r"|\b(?:gestor|administrador|politica|generador|lector|teclado|cambio|recuperacion)(?:es)? de "
+    r"(?:(?:la|las|los|el) )?(?:contrasenas?|claves?|pins?|passwords?)\b"
+    r"|\b(?:ski|bus|season|day|boarding|train|press|backstage|museum|gym|annual|monthly|zip|post(?:al)?|"
+    r"area|country|dress|source|bar|qr|promo|discount) (?:pass|code|key)s?\b"
+    r"|\bpalabras? clave\b|\bclaves? (?:publica|de sol|de fa|de do)\b|\bes clave\b"
+)
+"""Phrases that use a credential word for something that is not a secret; they are set aside
+before the credential patterns run."""
+
+_DESCRIPTION = (
+    r"(?:"
+    r"not|no|very|too|really|quite|muy|demasiado|bastante|an?|una?|the same|la misma|el mismo|"
+    r"weak|strong|long|short|secure|insecure|safe|expired|wrong|incorrect|invalid|valid|valida|"
+    r"required|stored|saved|kept|managed|in|on|debil|fuerte|segura|insegura|larga|corta|caducada|"
+    r"incorrecta|erronea|obligatoria|guardada|almacenada|en"
+    r")"
+)
+"""What can follow "password is" without being the password ("is too short", "is stored in
+Bitwarden", "es débil"): the filter still refuses anything else after the copula."""
+
+_COPULA = r"\s*(?:\bis\b|\bwas\b|\bare\b|\bes\b|\bera\b|\bsera\b|\bson\b|:|=|->)\s*"
+_OPTIONAL_COPULA = rf"(?:{_COPULA}|\s+)"
+_VALUE = rf"(?!{_DESCRIPTION}\b)\S"
 _QUOTED = r"[\"'«“][^\"'»”]{3,}[\"'»”]"
 _WITH_DIGIT = r"(?=\S*\d)\S{3,}"
+_POSSESSIVE = _words(r"my", r"his", r"her", r"their", r"your", r"mi", r"tu", r"su", r"sus", r"mis")
+_OF = _words(r"for", r"of", r"to", r"on", r"de", r"del", r"al", r"para", r"a")
+
+_NAMED_CREDENTIAL = _words(
+    _STRONG_CREDENTIAL,
+    # "gmail pass", "ATM code", "wifi key"
+    rf"{_OPENED}(?:'s)? {_SHORT_CREDENTIAL}",
+    # "pass for steam", "clave del cajero", "código de la alarma", "contra de mi Gmail"
+    rf"{_SHORT_CREDENTIAL} {_OF} (?:\S+ ){{0,2}}?{_OPENED}",
+    # "mi clave", "my pass"
+    rf"{_POSSESSIVE} (?:clave|contra|pass)",
+)
 
 _CREDENTIAL_VALUE = re.compile(
-    # "password is X", "contraseña del wifi es X", "api key = X"
-    rf"\b{_STRONG_CREDENTIAL}\b(?:\s+\S+){{0,4}}?{_COPULA}\S"
+    # "password is X", "gmail pass: X", "la clave del cajero es X", "api key = X"
+    rf"\b{_NAMED_CREDENTIAL}\b\S*(?:\s+\S+){{0,8}}?{_COPULA}{_VALUE}"
     # "password hunter2", "clave de acceso 1234abcd"
-    rf"|\b{_STRONG_CREDENTIAL}\b\s+[\"'«“]?{_WITH_DIGIT}"
+    rf"|\b{_NAMED_CREDENTIAL}\b\s+[\"'«“]?{_WITH_DIGIT}"
     # a quoted value after the noun
-    rf"|\b{_STRONG_CREDENTIAL}\b[^\"'«“]{{0,30}}{_QUOTED}"
-    # "PIN: 4821", "token abc123def", "la clave es 'perro'"
-    rf"|\b{_WEAK_CREDENTIAL}\b(?:{_COPULA}|\s+)(?:{_WITH_DIGIT}|{_QUOTED})"
-    # "usuario admin y contraseña admin", "user root password toor"
-    r"|\b(?:user(?:name)?|usuario)\s+\S+\s+(?:y|and|/)?\s*(?:password|contrasena|clave)\s+\S+",
+    rf"|\b{_NAMED_CREDENTIAL}\b[^\"'«“]{{0,30}}{_QUOTED}"
+    # "token abc123def", "combination 12-34-56", "la clave es 'perro'"
+    rf"|\b{_VALUED_CREDENTIAL}\b{_OPTIONAL_COPULA}(?:{_WITH_DIGIT}|{_QUOTED})"
+    # "usuario admin y contraseña admin", "username: pedro, password: pedro1"
+    rf"|\b(?:user(?:name)?|usuario|login){_OPTIONAL_COPULA}\S+\s*(?:,|/|;|\band\b|\by\b)?\s*"
+    rf"(?:(?:{_POSSESSIVE}|the|la|el)\s+)?(?:{_STRONG_CREDENTIAL}|{_SHORT_CREDENTIAL}){_OPTIONAL_COPULA}\S"
 )
 
 
@@ -135,7 +238,7 @@ def _looks_like_secret_token(text: str) -> bool:
 def _is_credential(original: str, folded: str) -> bool:
     if _SECRET_SHAPES.search(original) or _looks_like_secret_token(original):
         return True
-    return bool(_CREDENTIAL_VALUE.search(folded))
+    return bool(_CREDENTIAL_VALUE.search(_NOT_A_CREDENTIAL.sub(" ~ ", folded)))
 
 
 # --- payment cards and bank accounts --------------------------------------------------------------
@@ -156,7 +259,13 @@ _CARD_DETAIL = re.compile(
     rf"\b{_CARD_WORD}\b.{{0,40}}?(?:\bending\b|\bends\b|\btermina\w*\b|\bacaba\w*\b|\blast\b|"
     rf"\bultim\w*\b|\bnumber\b|\bnumero\b|\bn\.?o\b|nº|#|\bexpir\w*\b|\bcaduc\w*\b|\bvence\w*\b|"
     rf"\bvalid\w*\b).{{0,20}}?\d{{2,4}}"
+    # "the last four digits of her card are 0043", "los últimos dígitos de su tarjeta son 5566"
+    rf"|\b(?:last|ultim\w*)\s+(?:\w+\s+)?(?:digits|digitos|numbers|numeros|cifras|four|cuatro)\b"
+    rf".{{0,30}}?\b{_CARD_WORD}\b.{{0,20}}?\d{{2,4}}"
     r"|\b(?:cvv2?|cvc2?|csc|security code|codigo de seguridad|card verification|codigo cvv)\b"
+    # the CVV described rather than named
+    r"|\b(?:three|3|tres|four|4|cuatro) (?:digits|digitos|numeros|numbers|cifras) (?:on|at|in|de|del|en) "
+    r"(?:the |la |el )?(?:back|reverse|detras|atras|reverso|dorso)\b"
     r"|\b(?:expir\w*|caduc\w*|vence\w*)\b.{0,15}?\b(?:0[1-9]|1[0-2])\s*/\s*\d{2,4}\b"
 )
 
@@ -237,26 +346,130 @@ def _is_bank(original: str, folded: str) -> bool:
 
 # --- national identifiers -------------------------------------------------------------------------
 
-_SSN = re.compile(r"\b(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}\b")
-_SSN_WORDS = re.compile(
-    r"\b(?:ssn|social security(?: number)?|seguridad social|numero de la seguridad social|nuss|"
-    r"passport number|numero de pasaporte|pasaporte)\b.{0,20}?\d{5,}"
-)
-_DNI = re.compile(r"\b([XYZ]?)(\d{7,8})[ \-]?([A-Z])\b", re.IGNORECASE)
-_DNI_LETTERS = "TRWAGMYFPDXBNJZSQVHLCKE"
 
+def nino_valid(candidate: str) -> bool:
+    """Whether a string is a UK National Insurance number of an allocatable form (HMRC's rules).
 
-def _dni_valid(prefix: str, number: str, letter: str) -> bool:
-    digits = str("XYZ".index(prefix.upper())) + number if prefix else number
-    if len(digits) != 8:
+    python-stdnum has no validator for it: two prefix letters (neither D, F, I, Q, U nor V, the
+    second not O, and not one of the prefixes never issued), six digits and a suffix A-D.
+    """
+    compact = re.sub(r"\s", "", candidate).upper()
+    if not re.fullmatch(r"[A-Z]{2}\d{6}[A-D]", compact):
         return False
-    return _DNI_LETTERS[int(digits) % 23] == letter.upper()
+    first, second = compact[0], compact[1]
+    return (
+        first not in "DFIQUV"
+        and second not in "DFIOQUV"
+        and compact[:2] not in {"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"}
+    )
+
+
+@dataclass(frozen=True)
+class _IdentifierShape:
+    """A national identifier written so that its shape and its check digits alone give it away."""
+
+    pattern: re.Pattern[str]
+    is_valid: Callable[[str], bool]
+
+
+_SELF_EVIDENT_IDENTIFIERS = (
+    _IdentifierShape(re.compile(r"\b\d{3}-\d{2}-\d{4}\b"), us_ssn.is_valid),
+    _IdentifierShape(re.compile(r"\b\d{8}[ -]?[A-Z]\b"), es_dni.is_valid),
+    _IdentifierShape(re.compile(r"\b[XYZ][ -]?\d{7}[ -]?[A-Z]\b"), es_nie.is_valid),
+    _IdentifierShape(re.compile(r"\b[A-Z]{2} ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"), nino_valid),
+    _IdentifierShape(
+        re.compile(r"\b[A-Z]{6}[0-9LMNP-V]{2}[A-Z][0-9LMNP-V]{2}[A-Z][0-9LMNP-V]{3}[A-Z]\b"),
+        it_codice_fiscale.is_valid,
+    ),
+    _IdentifierShape(re.compile(r"\b[A-Z]{4}\d{6}[HMX][A-Z]{5}[A-Z\d]\d\b"), mx_curp.is_valid),
+    _IdentifierShape(re.compile(r"\b\d{3}\.\d{3}\.\d{3}-\d{2}\b"), br_cpf.is_valid),
+    _IdentifierShape(
+        re.compile(r"\b[1-478] ?\d{2} ?\d{2} ?(?:\d{2}|2[AB]) ?\d{3} ?\d{3} ?\d{2}\b"), fr_nir.is_valid
+    ),
+    _IdentifierShape(re.compile(r"(?<!\d)(?<!\d )[2-9]\d{3} \d{4} \d{4}(?! ?\d)"), in_aadhaar.is_valid),
+    _IdentifierShape(re.compile(r"\b\d{17}[\dX]\b"), cn_ric.is_valid),
+    _IdentifierShape(re.compile(r"\b\d{1,2}\.\d{3}\.\d{3}-[\dK]\b"), cl_rut.is_valid),
+)
+"""Identifiers recognised anywhere: the US SSN, the Spanish DNI and NIE, the UK NINO, the Italian
+codice fiscale, the Mexican CURP, the Brazilian CPF, the French NIR, the Indian Aadhaar, the
+Chinese resident id and the Chilean RUT, each in its usual written form and passing its check.
+
+Plain runs of nine to twelve digits (a Dutch BSN, a Canadian SIN, a German Steuer-ID, a Polish
+PESEL) are not among them: a phone or an order number passes a mod-11 or Luhn check one time in
+ten, so those count only next to the identifier's name (`_NAMED_IDENTIFIER`)."""
+
+_IDENTIFIER_NAME = _words(
+    r"ssn",
+    r"social security(?: number| no\.?)?",
+    r"social insurance(?: number| no\.?)?",
+    r"national insurance(?: number| no\.?)?",
+    r"nino",
+    r"seguridad social",
+    r"nuss",
+    r"securite sociale",
+    r"insee",
+    r"dni",
+    r"documento (?:nacional )?de identidad",
+    r"(?:carne|carnet|cedula|tarjeta|documento) de identidad",
+    r"cedula",
+    r"identity (?:card|number|document)",
+    r"id (?:card|number|no\.?)",
+    r"national id(?:entity)?(?: number| card)?",
+    r"numero de identificacion",
+    r"passport(?: number| no\.?)?",
+    r"(?:numero de )?pasaporte",
+    r"tax (?:id|identification number|number|code)",
+    r"steuer-?id",
+    r"steuer(?:identifikations)?nummer",
+    r"fiscal code",
+    r"codice fiscale",
+    r"codigo fiscal",
+    r"bsn",
+    r"burgerservicenummer",
+    r"citizen service number",
+    r"cpf",
+    r"curp",
+    r"aadhaa?r",
+    r"pesel",
+    r"personnummer",
+    r"cuil",
+    r"cuit",
+    r"driver'?s licen[cs]e(?: number| no\.?)?",
+)
+"""Names of national identifiers that no ordinary word shares, matched in any case."""
+
+_IDENTIFIER_ACRONYM = re.compile(r"\b(?:SIN|NI|NIE|NIF|NIR|NSS|RUT|RUN|RFC|TIN|PPS|CPR)\b")
+"""Acronyms that are also words ("sin azúcar", "nie", "rut") count only in capitals."""
+
+_IDENTIFIER_VALUE = r"(?<!\d)(?<!\d[ .\-/])(?>\d(?:[ .\-/]?\d){4,})"
+"""Five digits or more, however grouped: no identifier is shorter, and a year or a count is.
+
+It starts where a number starts and is matched atomically, so a long run of digits costs one pass."""
+
+_NAMED_IDENTIFIER = re.compile(
+    rf"\b{_IDENTIFIER_NAME}\b.{{0,30}}?{_IDENTIFIER_VALUE}|{_IDENTIFIER_VALUE}.{{0,12}}?\b{_IDENTIFIER_NAME}\b"
+)
+_ACRONYM_VALUE = re.compile(rf".{{0,30}}?{_IDENTIFIER_VALUE}")
+
+
+def _has_self_evident_identifier(original: str) -> bool:
+    upper = original.upper()
+    return any(
+        shape.is_valid(match.group(0))
+        for shape in _SELF_EVIDENT_IDENTIFIERS
+        for match in shape.pattern.finditer(upper)
+    )
+
+
+def _has_named_identifier(original: str, folded: str) -> bool:
+    if _NAMED_IDENTIFIER.search(folded):
+        return True
+    acronyms = _IDENTIFIER_ACRONYM.finditer(original)
+    return any(_ACRONYM_VALUE.match(original, acronym.end()) for acronym in acronyms)
 
 
 def _is_national_id(original: str, folded: str) -> bool:
-    if _SSN.search(original) or _SSN_WORDS.search(folded):
-        return True
-    return any(_dni_valid(*match.groups()) for match in _DNI.finditer(original))
+    return _has_self_evident_identifier(original) or _has_named_identifier(original, folded)
 
 
 # --- health ---------------------------------------------------------------------------------------
@@ -278,6 +491,7 @@ _HEALTH = re.compile(
     r"heart (?:disease|attack|condition|failure)|infarto|cardiopatia|arrhythmia|arritmia|"
     r"(?:had|suffered) a stroke|ictus|"
     r"migraines?|migranas?|allerg\w*|alergi\w*|alergic[oa]|celiac\w*|coeliac|celiaquia|"
+    r"lymphoma|linfoma|melanoma|carcinoma|sarcoma|myeloma|mieloma|glioma|metasta\w*|"
     r"crohn\w*|colitis|arthritis|artritis|dementia|demencia|alzheimer\w*|parkinson\w*|"
     r"multiple sclerosis|esclerosis|fibromyalgia|fibromialgia|lupus|covid\w*|"
     r"eating disorder|anorexi\w*|bulimi\w*|ocd|ptsd|tept|insomni\w*|sleep apnea|apnea del sueno|"
@@ -295,9 +509,17 @@ _HEALTH = re.compile(
     r"ibuprofen\w*|paracetamol|opioid\w*|opiaceo\w*|morphine|morfina|"
     r"therapy|terapia|psychiatric|psiquiatric[oa]|"
     r"(?:sees|seeing|visits|goes to) (?:a |an |his |her |their )?(?:psychologist|psychiatrist|therapist|"
-    r"counsel+or)|(?:va|acude|fue) (?:al|a la|a su) (?:psicolog[oa]|psiquiatra|terapeuta)|"
+    r"counsel+or|oncologist|cardiologist|neurologist|rheumatologist|endocrinologist)|"
+    r"(?:va|acude|fue) (?:al|a la|a su) (?:psicolog[oa]|psiquiatra|terapeuta|oncolog[oa]|cardiolog[oa]|"
+    r"neurolog[oa]|reumatolog[oa]|endocrino)|"
+    r"treated for|under treatment|en tratamiento (?:por|de|contra)|(?:se )?esta tratando (?:de |un |una )|"
     r"surgery|cirugia|operad[oa] de|transplant\w*|trasplante|hospitali[sz]\w*|"
     r"dialysis|dialisis|physiotherapy|fisioterapia|"
+    # a device a body depends on, when the person has one (not when they build them)
+    r"(?:has|had|have|wears?|wearing|uses?|using|got|gets|needs?|relies on|lleva|llevaba|tiene|usa|"
+    r"necesita|pusieron|implantaron|puesto)\b(?:\s+\S+){0,3}?\s+(?:pacemaker|marcapasos|defibrillator|"
+    r"desfibrilador|hearing aids?|audifonos?|insulin pump|bomba de insulina|prosthe\w*|protesis|stent|"
+    r"cpap|colostom\w*|glucose monitor)|"
     r"blood (?:type|group|test)|grupo sanguineo|analisis de sangre"
     r")\b"
     r"|\b\d+(?:[.,]\d+)?\s?(?:mg|mcg)\b"
@@ -448,9 +670,9 @@ def sensitive_category(text: str) -> SensitiveCategory | None:
     folded = fold(text)
     checks: tuple[tuple[SensitiveCategory, bool], ...] = (
         (SensitiveCategory.CREDENTIAL, _is_credential(text, folded)),
+        (SensitiveCategory.NATIONAL_ID, _is_national_id(text, folded)),
         (SensitiveCategory.PAYMENT_CARD, _is_payment(text, folded)),
         (SensitiveCategory.BANK_ACCOUNT, _is_bank(text, folded)),
-        (SensitiveCategory.NATIONAL_ID, _is_national_id(text, folded)),
         (SensitiveCategory.HEALTH, _is_health(folded)),
         (SensitiveCategory.INSTRUCTION, _is_instruction(folded)),
     )
