@@ -2,13 +2,19 @@
 
 Each command names a `Store` method; its arguments are exactly the command's own fields, so the
 owner dispatches with `getattr(store, command.method)(**command.arguments())`.
+
+The framing (docs/wire.md): a command is one JSON object decoded strictly by `decode_command`;
+its reply goes to the deployment's replies topic, on the partition its `quipu-reply-partition`
+header names (never to a topic a message names).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contracts.errors import ErrorBody
 from contracts.memory_commands import MemoryCommand
@@ -224,6 +230,49 @@ StoreCommand = Annotated[
 """The payload of `storage.commands`: one of the store or memory operations, discriminated on `op`."""
 
 STORE_COMMAND = TypeAdapter[StoreCommand](StoreCommand)
+"""Decodes a command leniently (the models' own configuration); the owner decodes with `STRICT_COMMAND`."""
+
+REPLY_PARTITION_HEADER = "quipu-reply-partition"
+"""Header of a command: the partition of the replies topic its reply goes to (ASCII decimal)."""
+
+REPLY_TO_HEADER = "quipu-reply-to"
+"""Header of older clients: accepted only when it names the deployment's own replies topic."""
+
+
+def _refuse(error_type: str, message: str) -> ValidationError:
+    detail = InitErrorDetails(type=PydanticCustomError(error_type, message), loc=(), input=None)
+    return ValidationError.from_exception_data("StoreCommand", [detail])
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        # The key itself is input, so it is not named.
+        raise _refuse("duplicate_key", "a JSON object in the command repeats a key")
+    return value
+
+
+class StrictCommandDecoder:
+    """The owner's decoding of `storage.commands`: one strictness for the whole command.
+
+    Unknown fields are refused at every level (top level and nested alike, as records always
+    were), so are duplicate keys anywhere in the JSON, and a command needs a non-empty
+    `correlation_id`, the only way its reply can be matched. Every refusal is a
+    `ValidationError` whose messages carry no input value.
+    """
+
+    def validate_json(self, data: bytes | str) -> StoreCommand:
+        """Decode one command, or raise `ValidationError` naming the broken rule."""
+        command = STORE_COMMAND.validate_json(data, extra="forbid")
+        # Only a valid command gets here, so this second parse cannot fail on the JSON itself.
+        json.loads(data, object_pairs_hook=_unique_keys)
+        if not command.correlation_id:
+            raise _refuse("missing_correlation_id", "a command needs a non-empty correlation_id")
+        return command
+
+
+STRICT_COMMAND = StrictCommandDecoder()
+"""The decoder the storage owner applies to every message on `storage.commands`."""
 
 
 class StoreReply(BaseModel):

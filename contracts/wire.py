@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -24,11 +25,20 @@ def has_sub_millisecond(value: datetime) -> bool:
     return value.microsecond % 1000 != 0
 
 
+_FRACTION = re.compile(r"[T ]\d\d:\d\d:\d\d\.(\d+)")
+
+
 def _require_aware(value: Any) -> Any:
     if isinstance(value, datetime) and value.tzinfo is None:
         raise ValueError("timestamps must carry a UTC offset")
-    if isinstance(value, str) and not (value.endswith("Z") or value[-6:-5] in ("+", "-")):
-        raise ValueError("timestamps must be RFC 3339 with a UTC offset")
+    if isinstance(value, str):
+        if not (value.endswith("Z") or value[-6:-5] in ("+", "-")):
+            raise ValueError("timestamps must be RFC 3339 with a UTC offset")
+        fraction = _FRACTION.search(value)
+        # A datetime holds microseconds: finer digits would be cut off silently, so they are
+        # refused here (sub-millisecond microseconds are refused by the rules that need ms).
+        if fraction is not None and fraction.group(1)[6:].strip("0"):
+            raise ValueError("timestamps are never truncated: a non-zero digit beyond the microsecond")
     return value
 
 

@@ -18,15 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 from pymongo import AsyncMongoClient, monitoring
 
-from contracts.commands import AppendRunRecord, CreateSession, RecordRunTerminal, StartRootRun, StoreOperation
+from contracts.commands import (
+    REPLY_PARTITION_HEADER,
+    REPLY_TO_HEADER,
+    AppendRunRecord,
+    CreateSession,
+    RecordRunTerminal,
+    StartRootRun,
+    StoreOperation,
+)
 from contracts.errors import ErrorCode, StoreError
 from contracts.store import Record, RunStart
 from deploy.local.services import ServiceProcess
 from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.store.client import REPLY_TO_HEADER, KafkaStore
+from services.kit.store.client import KafkaStore
 from services.storage_owner.adapters import client_options
 from tests.conformance.builders import (
     all_run_records,
@@ -125,21 +132,12 @@ async def wait_until_serving(store: KafkaStore, owner: Owner, within: float = 30
 # --- topics -----------------------------------------------------------------------------------
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int = 8) -> None:
-    """Create one extra topic (a test's own reply topic); the prefix fixture deletes it later."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, partitions, 1)])
-    finally:
-        await admin.close()
-
-
 class TopicReader:
-    """Reads every partition of one topic from the beginning, outside any consumer group."""
+    """Reads every partition of one topic (or the `only` ones) from the beginning, outside any group."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, only: Iterable[int] | None = None) -> None:
         self.topic = topic
+        self._only = None if only is None else set(only)
         self.records: list[ConsumerRecord[bytes, bytes]] = []
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -150,6 +148,7 @@ class TopicReader:
         )
         self._arrived = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self.partitions: list[int] = []
 
     async def start(self) -> TopicReader:
         """Assign every partition, positioned at the beginning, and read in the background."""
@@ -162,7 +161,8 @@ class TopicReader:
             await self._consumer._client.force_metadata_update()
             await asyncio.sleep(0.05)
         assert partitions, f"topic {self.topic} does not exist"
-        assigned = [TopicPartition(self.topic, number) for number in sorted(partitions)]
+        self.partitions = sorted(partitions if self._only is None else partitions & self._only)
+        assigned = [TopicPartition(self.topic, number) for number in self.partitions]
         self._consumer.assign(assigned)
         await self._consumer.seek_to_beginning(*assigned)
         self._task = asyncio.create_task(self._read(), name=f"read {self.topic}")
@@ -233,8 +233,8 @@ async def wait_while_progressing(
 class ReplyReader(TopicReader):
     """A `TopicReader` of a reply topic that groups the raw replies by correlation id."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        super().__init__(bootstrap, topic)
+    def __init__(self, bootstrap: str, topic: str, *, only: Iterable[int] | None = None) -> None:
+        super().__init__(bootstrap, topic, only=only)
         self._grouped: dict[str, list[dict[str, Any]]] = {}
         self._parsed = 0
 
@@ -291,23 +291,36 @@ class RawPublisher:
         *,
         key: bytes | None = None,
         headers: Mapping[str, bytes | None] | None = None,
+        partition: int | None = None,
     ) -> tuple[int, int]:
         """Publish and wait for the broker; return (partition, offset)."""
         metadata = await self._producer.send_and_wait(
-            topic, value, key=key, headers=list((headers or {}).items())
+            topic, value, key=key, headers=list((headers or {}).items()), partition=partition
         )
         return metadata.partition, metadata.offset
 
     async def send_command(
-        self, topic: str, command: StoreOperation | bytes, reply_to: str, key: str = ""
+        self,
+        topic: str,
+        command: StoreOperation | bytes,
+        reply_to: str,
+        key: str = "",
+        *,
+        reply_partition: int | None = None,
     ) -> tuple[int, int]:
-        """Publish a command (a model, or raw bytes) with the reply header, as KafkaStore does."""
+        """Publish a command (a model, or raw bytes) with a reply route.
+
+        `reply_to` goes in the header older clients send (`quipu-reply-to`, which the owner only
+        accepts naming its own replies topic); `reply_partition` adds the partition route
+        KafkaStore sends (`quipu-reply-partition`).
+        """
         if isinstance(command, StoreOperation):
             key = key or command.partition_key()
             command = command.model_dump_json().encode()
-        return await self.send(
-            topic, command, key=key.encode() or None, headers={REPLY_TO_HEADER: reply_to.encode()}
-        )
+        headers = {REPLY_TO_HEADER: reply_to.encode()}
+        if reply_partition is not None:
+            headers[REPLY_PARTITION_HEADER] = str(reply_partition).encode()
+        return await self.send(topic, command, key=key.encode() or None, headers=headers)
 
 
 # --- the owner's database ---------------------------------------------------------------------

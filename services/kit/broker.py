@@ -99,6 +99,7 @@ class SubscriberOptions(TypedDict):
     heartbeat_interval_ms: int
     max_poll_interval_ms: int
     ack_policy: AckPolicy
+    no_reply: bool
 
 
 def topic(settings: KafkaSettings, name: str) -> str:
@@ -166,6 +167,9 @@ def subscriber_options(
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         ack_policy=ack_policy,
+        # FastStream publishes a handler's return value to the topic a `reply_to` header names:
+        # a message must never choose where anything goes (replies have their own routes).
+        no_reply=True,
     )
 
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import structlog
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from contracts.errors import StoreError
 from contracts.topics import dead_letter_topic
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 logger = structlog.get_logger(__name__)
 
@@ -59,6 +60,14 @@ class ConsumedMessage(Protocol):
 
     async def nack(self) -> None:
         """Rewind so the message is delivered again."""
+        ...
+
+
+class PayloadDecoder(Protocol[T_co]):
+    """Decodes a message body (a pydantic `TypeAdapter`, or a stricter decoder built on one)."""
+
+    def validate_json(self, data: bytes, /) -> T_co:
+        """The decoded payload; raises (`ValidationError` for a payload that breaks the contract)."""
         ...
 
 
@@ -209,7 +218,7 @@ class Delivery:
     async def handle(
         self,
         message: ConsumedMessage,
-        payload_type: TypeAdapter[T],
+        payload_type: PayloadDecoder[T],
         effect: Callable[[T], Awaitable[None]],
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
     ) -> None:
@@ -230,7 +239,7 @@ class Delivery:
     async def _handle(
         self,
         message: ConsumedMessage,
-        payload_type: TypeAdapter[T],
+        payload_type: PayloadDecoder[T],
         effect: Callable[[T], Awaitable[None]],
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None,
         log: Any,

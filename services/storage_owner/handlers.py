@@ -4,26 +4,35 @@ Commands are applied concurrently across keys (`kit.concurrent_delivery`): a com
 session (else its run), so one session's commands apply in the order sent while other sessions'
 run beside them, each in its own transaction (the store's rules hold under any interleaving; the
 conformance races prove it). Offsets are committed only up to the oldest command not yet replied.
+
+Replies go only to the replies topic of the owner's settings, on the partition a command's
+`quipu-reply-partition` header names; a command whose route is anything else is refused before
+it is applied (docs/wire.md).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from faststream.kafka import KafkaBroker
 
-from contracts.commands import STORE_COMMAND, StoreOperation, StoreReply
+from contracts.commands import STRICT_COMMAND, StoreOperation, StoreReply
 from contracts.errors import ErrorCode, StoreError
 from contracts.topics import Topic
 from services.kit.broker import topic
 from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from services.kit.delivery import ConsumedMessage, Delivery
+from services.kit.delivery import ConsumedMessage, Delivery, PermanentError
 from services.kit.memory.protocol import MemoryStore
 from services.kit.settings import KafkaSettings
-from services.kit.store.client import REPLY_TO_HEADER
+from services.kit.store.client import partition_count
 from services.kit.store.protocol import Store
-from services.storage_owner.logic import apply_command, correlation_of
+from services.storage_owner.logic import apply_command, correlation_of, reply_partition
 from services.storage_owner.settings import OwnerSettings
+
+_RECOUNT_AFTER_S = 5.0
 
 
 @dataclass
@@ -40,6 +49,40 @@ class OwnerDeps:
         return self.store
 
 
+class RepliesTopic:
+    """The replies topic of the owner's settings, and the partition count the broker reports."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.name = topic(settings, Topic.STORAGE_REPLIES)
+        self._settings = settings
+        self._partitions = 0
+        self._counted_at = -_RECOUNT_AFTER_S
+
+    async def route(self, headers: Mapping[str, Any]) -> int | None:
+        """The partition a command's reply goes to; StoreError INVALID_ARGUMENT when it has none."""
+        try:
+            return reply_partition(headers, self.name, self._partitions)
+        except StoreError:
+            if time.monotonic() - self._counted_at < _RECOUNT_AFTER_S:
+                raise
+        # Not counted yet, or partitions were added since: ask the broker (at most every few seconds).
+        self._partitions = await partition_count(self._settings, self.name)
+        self._counted_at = time.monotonic()
+        return reply_partition(headers, self.name, self._partitions)
+
+    async def route_or_any(self, headers: Mapping[str, Any]) -> int | None:
+        """The command's partition when its route is valid, else None (any partition)."""
+        try:
+            return await self.route(headers)
+        except StoreError:
+            return None
+
+
+def refusal(correlation_id: str, error: StoreError, op: str = "") -> StoreReply:
+    """The reply refusing a command with `error`."""
+    return StoreReply(correlation_id=correlation_id, op=op, error=error.to_body())
+
+
 def register(
     broker: KafkaBroker,
     settings: KafkaSettings,
@@ -48,17 +91,23 @@ def register(
     owner: OwnerSettings,
 ) -> ConcurrentConsumer:
     """Subscribe the owner to `storage.commands`: sessions side by side, each session's in order."""
-    replies_default = topic(settings, Topic.STORAGE_REPLIES)
+    replies = RepliesTopic(settings)
 
     async def on_command(message: ConsumedMessage) -> None:
-        reply_to = message.headers.get(REPLY_TO_HEADER) or replies_default
-
-        async def publish_reply(reply: StoreReply) -> None:
-            await broker.publish(reply.model_dump_json().encode(), topic=str(reply_to))
+        async def publish_reply(reply: StoreReply, partition: int | None) -> None:
+            await broker.publish(reply.model_dump_json().encode(), topic=replies.name, partition=partition)
 
         async def apply(command: StoreOperation) -> None:
+            try:
+                partition = await replies.route(message.headers)
+            except StoreError as error:
+                if error.retryable:
+                    raise
+                # The refusal itself goes to the replies topic, on whichever partition.
+                await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
+                raise PermanentError(error.message) from error
             reply, publications = await apply_command(deps.opened_store(), command, deps.memory)
-            await publish_reply(reply)
+            await publish_reply(reply, partition)
             for publication in publications:
                 await broker.publish(
                     publication.payload.model_dump_json().encode(),
@@ -69,10 +118,11 @@ def register(
         async def refuse(body: bytes, reason: str) -> None:
             correlation_id = correlation_of(body)
             if correlation_id:
-                invalid = StoreError(ErrorCode.INVALID_ARGUMENT, reason)
-                await publish_reply(StoreReply(correlation_id=correlation_id, error=invalid.to_body()))
+                error = StoreError(ErrorCode.INVALID_ARGUMENT, reason)
+                partition = await replies.route_or_any(message.headers)
+                await publish_reply(refusal(correlation_id, error), partition)
 
-        await delivery.handle(message, STORE_COMMAND, apply, on_invalid=refuse)
+        await delivery.handle(message, STRICT_COMMAND, apply, on_invalid=refuse)
 
     return consume_concurrently(
         broker, settings, Topic.STORAGE_COMMANDS, on_command, group=owner.group, settings=owner

@@ -8,12 +8,16 @@ memory events on their `event_id` (derived from the turn, or recorded with the f
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from contracts.commands import (
+    REPLY_PARTITION_HEADER,
+    REPLY_TO_HEADER,
     AppendRunRecord,
     RecordRunSuspension,
     RecordRunTerminal,
@@ -208,3 +212,32 @@ def correlation_of(body: bytes) -> str:
         return ""
     correlation_id = value.get("correlation_id") if isinstance(value, dict) else None
     return correlation_id if isinstance(correlation_id, str) else ""
+
+
+_PARTITION_NUMBER = re.compile(r"0|[1-9][0-9]{0,5}")
+
+
+def reply_partition(headers: Mapping[str, Any], replies_topic: str, partitions: int) -> int | None:
+    """The partition of the owner's replies topic a command's reply goes to (None: any partition).
+
+    The topic is never the message's to choose: `replies_topic` comes from the owner's settings.
+    `quipu-reply-to`, sent by older clients, may only repeat that very name. A route that names
+    another topic, or a partition the topic does not have, is INVALID_ARGUMENT (nothing applied);
+    the messages name the rule, never the header's value.
+    """
+    named_topic = headers.get(REPLY_TO_HEADER)
+    if named_topic is not None and named_topic != replies_topic:
+        raise StoreError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{REPLY_TO_HEADER} may only name this deployment's replies topic; "
+            f"route a reply with {REPLY_PARTITION_HEADER}",
+        )
+    route = headers.get(REPLY_PARTITION_HEADER)
+    if route is None:
+        return None
+    if not isinstance(route, str) or not _PARTITION_NUMBER.fullmatch(route) or int(route) >= partitions:
+        raise StoreError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{REPLY_PARTITION_HEADER} must be a partition number of the replies topic (0..{partitions - 1})",
+        )
+    return int(route)

@@ -122,6 +122,7 @@ def register(
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
         # Outside a group there is nothing to commit: the offsets are never stored.
         ack_policy=AckPolicy.MANUAL,
+        no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
     )
     async def on_control(message: KafkaMessage) -> None:
         try:

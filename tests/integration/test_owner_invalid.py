@@ -18,12 +18,21 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from contracts.commands import AppendRunRecord, CreateSession
+from contracts.commands import (
+    REPLY_PARTITION_HEADER,
+    REPLY_TO_HEADER,
+    AppendRunRecord,
+    CreateSession,
+    LoadSessionStatus,
+)
 from contracts.errors import ErrorCode, StoreError
+from contracts.memory import MemoryScope
+from contracts.memory_commands import ListFacts
 from contracts.topics import Topic
 from deploy.local.stack import EmbeddedStack
+from services.kit.memory.client import KafkaMemoryStore
 from services.kit.settings import KafkaSettings
-from services.kit.store.client import REPLY_TO_HEADER, KafkaStore
+from services.kit.store.client import KafkaStore
 from tests.conformance.builders import (
     all_run_records,
     ms,
@@ -33,6 +42,7 @@ from tests.conformance.builders import (
     running_root,
     uid,
 )
+from tests.conformance.memory_builders import new
 from tests.owner_support import Owner, RawPublisher, ReplyReader, Served, TopicReader, wait_until_serving
 
 pytestmark = pytest.mark.slow
@@ -170,6 +180,34 @@ def _cases() -> list[tuple[str, bytes | None, bool, dict[str, bytes]]]:
             True,
             {"trace": b"\xff\xfe"},
         ),
+        # One strictness for the whole command (docs/wire.md): never truncated, never last-wins.
+        (
+            "timestamp with digits beyond the microsecond",
+            _json(
+                {
+                    "op": "CreateSession",
+                    "correlation_id": "CID",
+                    "session_id": "s",
+                    "created_at": "2025-03-14T09:26:53.1230004Z",
+                }
+            ),
+            True,
+            {},
+        ),
+        (
+            "a repeated key",
+            b'{"op": "LoadRun", "correlation_id": "CID", "run_id": "r", "run_id": "q"}',
+            True,
+            {},
+        ),
+        (
+            "an unknown top-level field",
+            _json({"op": "LoadRun", "correlation_id": "CID", "run_id": "r", "added_later": True}),
+            True,
+            {},
+        ),
+        ("no correlation id", _json({"op": "LoadRun", "run_id": "r"}), False, {}),
+        ("an empty correlation id", _json({"op": "LoadRun", "correlation_id": "", "run_id": "r"}), False, {}),
     ]
 
 
@@ -255,6 +293,148 @@ def _is_json(value: bytes | None) -> bool:
     except (ValueError, RecursionError):  # RecursionError: the deeply nested case
         return False
     return True
+
+
+# --- reply routes: only the deployment's own replies topic --------------------------------------
+
+
+async def _dead_letter_at(harness: InvalidHarness, position: tuple[int, int]) -> dict[str, str]:
+    """The headers of the dead letter of the command published at `position`."""
+    records = await harness.dead_letters.wait_for(
+        lambda records: any(_position_of(record) == position for record in records), within=8.0
+    )
+    letter = next(record for record in records if _position_of(record) == position)
+    return {name: (value or b"").decode(errors="replace") for name, value in letter.headers}
+
+
+async def _refusal_of(harness: InvalidHarness, correlation_id: str) -> dict[str, object]:
+    await harness.replies.wait_for_replies([correlation_id], within=10.0)
+    [reply] = harness.replies.replies()[correlation_id]
+    return reply
+
+
+async def test_a_reply_route_naming_another_topic_is_refused_and_nothing_lands_there(
+    harness: InvalidHarness, stack: EmbeddedStack
+) -> None:
+    """A ListFacts asking for its reply on the topic behind the live streams gets none there."""
+    memory = KafkaMemoryStore(harness.served.store)
+    who = MemoryScope(tenant_id=uid("tenant"), principal_id=uid("principal"))
+    fact_text = uid("likes green tea")
+    await memory.apply_fact_operations(who, [new(uid("fact"), fact_text)], uid("remembered"))
+    assert [fact.text for fact in await memory.list_facts(who)] == [fact_text]
+
+    events_topic = harness.served.topic(Topic.RUNS_EVENTS.value)
+    async with TopicReader(stack.bootstrap, events_topic) as events:
+        command = ListFacts(scope=who, tenant_id=who.tenant_id, correlation_id=uid("steal"))
+        position = await harness.publisher.send_command(harness.commands_topic, command, events_topic)
+
+        letter_headers = await _dead_letter_at(harness, position)
+        assert letter_headers["x-dlq-reason"] == "permanent_error"
+        assert REPLY_PARTITION_HEADER in letter_headers["x-dlq-error"], "the reason names the rule"
+        assert events_topic not in letter_headers["x-dlq-error"], "never the header's value"
+        reply = await _refusal_of(harness, command.correlation_id)
+        assert reply["result"] is None
+        assert reply["error"]["code"] == ErrorCode.INVALID_ARGUMENT.value  # type: ignore[index]
+
+        leaked = await _landed_after(harness, events, [fact_text, command.correlation_id])
+        assert leaked == [], "nothing of the command may land on another topic"
+
+
+async def _landed_after(
+    harness: InvalidHarness, reader: TopicReader, needles: list[str]
+) -> list[bytes | None]:
+    """What `reader`'s topic holds that carries one of `needles`, or is empty, once the owner is
+    done with the commands sent so far (a marker on every partition after them has been read)."""
+    markers = {uid("marker").encode(): number for number in reader.partitions}
+    for marker, number in markers.items():
+        await harness.publisher.send(reader.topic, marker, partition=number)
+    await reader.wait_for(lambda records: set(markers) <= {record.value for record in records})
+    return [
+        record.value
+        for record in reader.records
+        if not record.value or any(needle.encode() in record.value for needle in needles)
+    ]
+
+
+async def test_a_faststream_reply_to_header_sends_nothing_anywhere(
+    harness: InvalidHarness, stack: EmbeddedStack
+) -> None:
+    """FastStream publishes a handler's return value to a `reply_to` header's topic; not here."""
+    events_topic = harness.served.topic(Topic.RUNS_EVENTS.value)
+    async with TopicReader(stack.bootstrap, events_topic) as events:
+        command = LoadSessionStatus(session_id=uid("absent"), correlation_id=uid("cid"))
+        await harness.publisher.send(
+            harness.commands_topic,
+            command.model_dump_json().encode(),
+            headers={"reply_to": events_topic.encode()},
+        )
+        reply = await _refusal_of(harness, command.correlation_id)
+        assert reply["error"]["code"] == ErrorCode.SESSION_NOT_FOUND.value  # type: ignore[index]
+        assert await _landed_after(harness, events, [command.correlation_id]) == []
+
+
+ROUTES = [
+    ("another topic", {REPLY_TO_HEADER: b"runs.events"}),
+    ("a partition the topic lacks", {REPLY_PARTITION_HEADER: b"8"}),
+    ("a negative partition", {REPLY_PARTITION_HEADER: b"-1"}),
+    ("not a number", {REPLY_PARTITION_HEADER: b"storage.replies"}),
+]
+
+
+@pytest.mark.parametrize(("case", "headers"), ROUTES, ids=[route[0] for route in ROUTES])
+async def test_a_command_with_an_invalid_route_is_refused_dead_lettered_and_not_applied(
+    harness: InvalidHarness, case: str, headers: dict[str, bytes]
+) -> None:
+    command = CreateSession(session_id=uid("routed"), created_at=ms(0), correlation_id=uid("cid"))
+    position = await harness.publisher.send(
+        harness.commands_topic, command.model_dump_json().encode(), key=b"k", headers=headers
+    )
+    letter_headers = await _dead_letter_at(harness, position)
+    assert letter_headers["x-dlq-reason"] == "permanent_error"
+    reply = await _refusal_of(harness, command.correlation_id)
+    assert reply["error"]["code"] == ErrorCode.INVALID_ARGUMENT.value  # type: ignore[index]
+    with pytest.raises(StoreError) as caught:
+        await harness.served.store.load_session_status(command.session_id)
+    assert caught.value.code is ErrorCode.SESSION_NOT_FOUND, "nothing was applied"
+
+
+async def test_a_reply_lands_on_the_partition_its_route_names(harness: InvalidHarness) -> None:
+    partitions = {uid("cid"): number for number in (0, 5, 7)}
+    for correlation_id, number in partitions.items():
+        await harness.publisher.send(
+            harness.commands_topic,
+            LoadSessionStatus(session_id=uid("absent"), correlation_id=correlation_id)
+            .model_dump_json()
+            .encode(),
+            headers={REPLY_PARTITION_HEADER: str(number).encode()},
+        )
+    # The store client names its own partition and reads only that one.
+    client_call = LoadSessionStatus(session_id=uid("absent"), correlation_id=uid("client"))
+    with pytest.raises(StoreError):
+        await harness.served.store.call(client_call)
+    partitions[client_call.correlation_id] = harness.served.store.reply_partition  # type: ignore[assignment]
+
+    await harness.replies.wait_for_replies(partitions, within=10.0)
+    landed = {
+        json.loads(record.value)["correlation_id"]: record.partition
+        for record in harness.replies.records
+        if _is_json(record.value) and json.loads(record.value or b"{}").get("correlation_id") in partitions
+    }
+    assert landed == partitions
+
+
+async def test_a_command_without_a_correlation_id_is_dead_lettered_and_not_applied(
+    harness: InvalidHarness,
+) -> None:
+    session_id = uid("uncorrelated")
+    body = _json({"op": "CreateSession", "session_id": session_id, "created_at": "2025-03-14T09:26:53.000Z"})
+    position = await harness.publisher.send(harness.commands_topic, body, key=session_id.encode())
+    letter_headers = await _dead_letter_at(harness, position)
+    assert letter_headers["x-dlq-reason"] == "invalid_payload"
+    assert "correlation_id" in letter_headers["x-dlq-error"]
+    with pytest.raises(StoreError) as caught:
+        await harness.served.store.load_session_status(session_id)
+    assert caught.value.code is ErrorCode.SESSION_NOT_FOUND, "nothing was applied"
 
 
 # --- no owner: UNAVAILABLE, then the resent command ---------------------------------------------

@@ -74,7 +74,6 @@ from tests.owner_support import (
     ReplyReader,
     Served,
     TopicReader,
-    create_topic,
     database_dump,
     mongo_client,
 )
@@ -375,13 +374,14 @@ async def test_replaying_every_command_returns_the_original_answers_and_writes_n
     stack: EmbeddedStack, served: Served
 ) -> None:
     replies_topic = served.topic(Topic.STORAGE_REPLIES.value)
-    replay_topic = served.topic("replay.replies")
-    await create_topic(stack.bootstrap, replay_topic)
     mix = Mix(served)
     async with (
         ReplyReader(stack.bootstrap, replies_topic) as replies,
         TopicReader(stack.bootstrap, served.topic(Topic.STORAGE_COMMANDS.value)) as wire,
     ):
+        # The replays answer on a partition of the replies topic the originals (the client's) never used.
+        assert served.store.reply_partition is not None
+        replay_partition = (served.store.reply_partition + 1) % len(replies.partitions)
         await drive(mix)
         assert len(mix.sent) == COMMANDS
         ids = [command.correlation_id for command in mix.sent]
@@ -407,7 +407,7 @@ async def test_replaying_every_command_returns_the_original_answers_and_writes_n
         assert len(database_before["records"]) > 50 and len(database_before["runs"]) == len(mix.runs)
 
         async with (
-            ReplyReader(stack.bootstrap, replay_topic) as replayed,
+            ReplyReader(stack.bootstrap, replies_topic, only=[replay_partition]) as replayed,
             RawPublisher(stack.bootstrap) as publisher,
         ):
             for command in mix.sent:
@@ -415,8 +415,9 @@ async def test_replaying_every_command_returns_the_original_answers_and_writes_n
                 await publisher.send_command(
                     served.topic(Topic.STORAGE_COMMANDS.value),
                     record.value,
-                    replay_topic,
+                    replies_topic,
                     key=(record.key or b"").decode(),
+                    reply_partition=replay_partition,
                 )
             await replayed.wait_for_replies(ids, within=30.0)
         answers = replayed.replies()

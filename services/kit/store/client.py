@@ -1,15 +1,18 @@
 """The `Store` as seen by every service: commands to the storage owner over Kafka, replies back.
 
 Request/reply is built by hand because FastStream's `broker.request()` works only in its test
-broker (PLATFORM_NOTES). Each client instance reads every partition of the replies topic
-without a consumer group (no slow group join) from the end, and resolves one future per
-correlation id. A timeout resends the identical command — same correlation id, same bytes — so
-the owner answers it as an exact retry; when every attempt times out the caller gets UNAVAILABLE.
+broker (PLATFORM_NOTES). Each client instance picks one partition of the deployment's replies
+topic, names it in the `quipu-reply-partition` header of every command (the owner never takes a
+topic from a message), reads that partition alone without a consumer group (no slow group join)
+from the end, and resolves one future per correlation id. A timeout resends the identical
+command — same correlation id, same bytes — so the owner answers it as an exact retry; when every
+attempt times out the caller gets UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from datetime import datetime
 from typing import Any
@@ -19,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from contracts.commands import (
+    REPLY_PARTITION_HEADER,
     AppendRunRecord,
     CreateSession,
     EndSession,
@@ -57,8 +61,21 @@ from services.kit.settings import KafkaSettings
 
 logger = structlog.get_logger(__name__)
 
-# Not FastStream's own `reply_to`, which would make it publish the handler's return value too.
-REPLY_TO_HEADER = "quipu-reply-to"
+
+async def partition_count(settings: KafkaSettings, topic: str, *, timeout_s: float = 10.0) -> int:
+    """How many partitions the broker reports for `topic`; UNAVAILABLE when it cannot say."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap,
+        client_id=f"{settings.client_id}-metadata",
+        request_timeout_ms=int(timeout_s * 1000),
+    )
+    try:
+        await producer.start()
+        return len(await producer.partitions_for(topic))
+    except KafkaError as error:
+        raise StoreError(ErrorCode.UNAVAILABLE, f"no partition count for topic {topic}") from error
+    finally:
+        await producer.stop()
 
 
 class KafkaStore:
@@ -82,6 +99,7 @@ class KafkaStore:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._reply_partition: int | None = None
 
     async def start(self) -> None:
         """Connect, and be positioned on the replies topic before the first command is sent."""
@@ -101,21 +119,27 @@ class KafkaStore:
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
         )
         await self._consumer.start()
-        partitions = await self._reply_partitions()
-        self._consumer.assign(partitions)
+        # Any partition will do; spreading clients over them spreads the reading.
+        self._reply_partition = random.choice(await self._reply_partitions())
+        partition = TopicPartition(self._replies_topic, self._reply_partition)
+        self._consumer.assign([partition])
         # Tansu may under-report the end offset; starting a little early only re-reads replies
-        # that no pending call waits for. Resolving positions now means none is missed later.
-        await self._consumer.seek_to_end(*partitions)
-        for partition in partitions:
-            await self._consumer.position(partition)
+        # that no pending call waits for. Resolving the position now means none is missed later.
+        await self._consumer.seek_to_end(partition)
+        await self._consumer.position(partition)
         self._reader = asyncio.create_task(self._read_replies(), name="store-replies")
 
-    async def _reply_partitions(self) -> list[TopicPartition]:
+    @property
+    def reply_partition(self) -> int | None:
+        """The partition of the replies topic this client reads (set by `start`)."""
+        return self._reply_partition
+
+    async def _reply_partitions(self) -> list[int]:
         assert self._consumer is not None
         for _ in range(50):
             numbers = self._consumer.partitions_for_topic(self._replies_topic)
             if numbers:
-                return [TopicPartition(self._replies_topic, number) for number in sorted(numbers)]
+                return sorted(numbers)
             await self._consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
         raise StoreError(ErrorCode.UNAVAILABLE, f"topic {self._replies_topic} does not exist")
@@ -187,7 +211,7 @@ class KafkaStore:
                     self._commands_topic,
                     body,
                     key=command.partition_key().encode(),
-                    headers=[(REPLY_TO_HEADER, self._replies_topic.encode())],
+                    headers=[(REPLY_PARTITION_HEADER, str(self._reply_partition).encode())],
                 )
                 return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
             except (TimeoutError, KafkaError) as error:
