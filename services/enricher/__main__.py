@@ -6,15 +6,17 @@ import asyncio
 
 from services.enricher.app import SERVICE, create_app
 from services.enricher.settings import EnricherSettings
+from services.kit.lifecycle import serve
 from services.kit.logging import configure_logging
 from services.kit.settings import KafkaSettings, ServiceSettings
 
 
 def main() -> None:
-    """Read the settings once, configure logging and serve until interrupted."""
+    """Read the settings once, configure logging and serve until SIGTERM (then stop within the grace)."""
     configure_logging(ServiceSettings(service_name=SERVICE))
-    app = create_app(KafkaSettings(client_id=SERVICE), EnricherSettings())
-    asyncio.run(app.run())
+    settings = EnricherSettings()
+    app = create_app(KafkaSettings(client_id=SERVICE), settings)
+    asyncio.run(serve(app, settings))
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@ import asyncio
 
 from services.fact_extractor.app import SERVICE, create_app
 from services.fact_extractor.settings import FactExtractorSettings
+from services.kit.lifecycle import serve
 from services.kit.logging import configure_logging
 from services.kit.settings import KafkaSettings, ServiceSettings
 
 
 def main() -> None:
-    """Read the settings once, configure logging and serve until interrupted."""
+    """Read the settings once, configure logging and serve until SIGTERM (then stop within the grace)."""
     configure_logging(ServiceSettings(service_name=SERVICE))
-    app = create_app(KafkaSettings(), FactExtractorSettings())
-    asyncio.run(app.run())
+    settings = FactExtractorSettings()
+    app = create_app(KafkaSettings(), settings)
+    asyncio.run(serve(app, settings))
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def create_app(
 
     async def drain() -> None:
         # Before the broker stops: messages in flight can still reach the owner and commit.
-        await consumer.drain(settings.shutdown_grace_s)
+        await consumer.drain(settings.drain_grace_s)
 
     async def close() -> None:
         for client in opened:

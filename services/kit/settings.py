@@ -228,7 +228,17 @@ class ConsumerSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0,
         ge=0,
-        description="On shutdown, how long messages in flight may finish; the rest are delivered again.",
+        description=(
+            "SIGTERM to exit: the longest a stop takes, wedged or not. Messages in flight get "
+            "`drain_share` of it to finish (the rest are delivered again); leaving the consumer "
+            "groups and closing clients get the remainder."
+        ),
+    )
+    drain_share: float = Field(
+        default=0.6,
+        gt=0,
+        lt=1,
+        description="The part of `shutdown_grace_s` that messages in flight get to finish on shutdown.",
     )
     revoke_grace_s: float = Field(
         default=10.0,
@@ -238,3 +248,8 @@ class ConsumerSettings(BaseSettings):
             "commit first; one still running after it is handled again by the new owner (an exact retry)."
         ),
     )
+
+    @property
+    def drain_grace_s(self) -> float:
+        """How long messages in flight may finish on shutdown (`drain_share` of the grace)."""
+        return self.shutdown_grace_s * self.drain_share

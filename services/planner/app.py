@@ -113,7 +113,7 @@ def create_app(
 
     async def drain() -> None:
         # Before the broker stops: messages in flight can still reach the store and commit.
-        await asyncio.gather(*(consumer.drain(settings.shutdown_grace_s) for consumer in consumers))
+        await asyncio.gather(*(consumer.drain(settings.drain_grace_s) for consumer in consumers))
 
     async def close() -> None:
         for client in opened:

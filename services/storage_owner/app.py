@@ -67,7 +67,7 @@ def create_app(
 
     async def drain() -> None:
         # Before the broker stops: commands in flight can still reply and commit.
-        await consumer.drain(owner.shutdown_grace_s)
+        await consumer.drain(owner.drain_grace_s)
 
     async def close_store() -> None:
         for store_opened in opened:

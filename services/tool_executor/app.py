@@ -53,6 +53,6 @@ def create_app(
 
     async def drain() -> None:
         # Before the broker stops: calls in flight can still publish and commit.
-        await calls.drain(settings.shutdown_grace_s)
+        await calls.drain(settings.drain_grace_s)
 
     return FastStream(broker, on_shutdown=[drain])

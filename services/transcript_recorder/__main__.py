@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from services.kit.lifecycle import serve
 from services.kit.logging import configure_logging
 from services.kit.settings import KafkaSettings, ServiceSettings
 from services.transcript_recorder.app import SERVICE, create_app
@@ -11,10 +12,11 @@ from services.transcript_recorder.settings import TranscriptRecorderSettings
 
 
 def main() -> None:
-    """Read the settings once, configure logging and serve until interrupted."""
+    """Read the settings once, configure logging and serve until SIGTERM (then stop within the grace)."""
     configure_logging(ServiceSettings(service_name=SERVICE))
-    app = create_app(KafkaSettings(), TranscriptRecorderSettings())
-    asyncio.run(app.run())
+    settings = TranscriptRecorderSettings()
+    app = create_app(KafkaSettings(), settings)
+    asyncio.run(serve(app, settings))
 
 
 if __name__ == "__main__":
