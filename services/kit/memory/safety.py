@@ -189,6 +189,7 @@ Bitwarden", "es débil"): the filter still refuses anything else after the copul
 
 _COPULA = r"\s*(?:\bis\b|\bwas\b|\bare\b|\bes\b|\bera\b|\bsera\b|\bson\b|:|=|->)\s*"
 _OPTIONAL_COPULA = rf"(?:{_COPULA}|\s+)"
+_IN_SENTENCE = r"[^\s.;!?]"
 _VALUE = rf"(?!{_DESCRIPTION}\b)\S"
 _QUOTED = r"[\"'«“][^\"'»”]{3,}[\"'»”]"
 _WITH_DIGIT = r"(?=\S*\d)\S{3,}"
@@ -207,7 +208,8 @@ _NAMED_CREDENTIAL = _words(
 
 _CREDENTIAL_VALUE = re.compile(
     # "password is X", "gmail pass: X", "la clave del cajero es X", "api key = X"
-    rf"\b{_NAMED_CREDENTIAL}\b\S*(?:\s+\S+){{0,8}}?{_COPULA}{_VALUE}"
+    # (up to eight words between, none ending a sentence: "Reset her password. Her cat is Tom" is two)
+    rf"\b{_NAMED_CREDENTIAL}\b{_IN_SENTENCE}*(?:\s+{_IN_SENTENCE}+){{0,8}}?{_COPULA}{_VALUE}"
     # "password hunter2", "clave de acceso 1234abcd"
     rf"|\b{_NAMED_CREDENTIAL}\b\s+[\"'«“]?{_WITH_DIGIT}"
     # a quoted value after the noun
