@@ -74,6 +74,7 @@ class _Key:
     name: str
     check: Callable[[Any, str], Any]
     required: bool = True
+    nested: tuple[_Key, ...] = ()
 
 
 def _string(value: Any, where: str) -> str:
@@ -177,11 +178,38 @@ _SCHEMAS: dict[LifecycleType, list[_Key]] = {
     LifecycleType.RUN_COMPLETED: [
         _Key("status", _string),
         _Key("phase", _string),
-        _Key("failure", _object(_FAILURE_KEYS), required=False),
-        _Key("cancellation", _object(_CANCELLATION_KEYS), required=False),
+        _Key("failure", _object(_FAILURE_KEYS), required=False, nested=tuple(_FAILURE_KEYS)),
+        _Key("cancellation", _object(_CANCELLATION_KEYS), required=False, nested=tuple(_CANCELLATION_KEYS)),
         _Key("labels", _labels, required=False),
     ],
 }
+
+_WIRE_TYPES: dict[Callable[[Any, str], Any], str] = {
+    _string: "string",
+    _non_empty: "non-empty string",
+    _integer: "integer literal",
+    _boolean: "boolean",
+    _labels: "object of string to string",
+    _strings: "array of strings",
+}
+
+
+def _wire_type(key: _Key) -> str:
+    if key.nested:
+        inner = ", ".join(
+            f"`{item.name}`{'' if item.required else '?'}: {_wire_type(item)}" for item in key.nested
+        )
+        return f"object {{{inner}}}"
+    return _WIRE_TYPES[key.check]
+
+
+def lifecycle_payload_keys() -> dict[str, list[tuple[str, str, bool]]]:
+    """Each lifecycle record type's payload keys in canonical order: (name, JSON type, required)."""
+    return {
+        record_type.value: [(key.name, _wire_type(key), key.required) for key in keys]
+        for record_type, keys in _SCHEMAS.items()
+    }
+
 
 _TERMINAL_STATUS = {
     "success": RunStatus.COMPLETED,

@@ -28,6 +28,7 @@ from contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, StoreCom
 from contracts.envelope import Envelope
 from contracts.errors import ErrorCode
 from contracts.events import RunEvent
+from contracts.lifecycle import lifecycle_payload_keys
 from contracts.memory import FactChanged, HistoryRecorded
 from contracts.runs import CancelRun, RunRequested, TurnCompleted
 from contracts.store_operation import Backend, StoreOperation
@@ -365,6 +366,27 @@ def _errors_table() -> list[str]:
     return [*lines, ""]
 
 
+_LIFECYCLE = """\
+### Lifecycle record payloads
+
+A record's `payload` is opaque bytes for ordinary types. The five lifecycle types are written only
+by their operations, and their payload (the bytes behind the base64) is decoded strictly before
+anything is read or written: valid UTF-8 (no lone surrogates, escaped or not), exactly one JSON
+object, exactly the keys below (no unknown, repeated, differently-cased or `null` key), integers as
+integer literals, no Unicode normalisation. Writers encode canonically, so a retry repeats the
+bytes: compact UTF-8, keys in the order below, label keys sorted, empty optional keys left out.
+"""
+
+
+def _lifecycle_tables() -> list[str]:
+    lines = [_LIFECYCLE]
+    for record_type, keys in lifecycle_payload_keys().items():
+        lines += [f"`{record_type}`:", "", "| key | type | required |", "| --- | --- | --- |"]
+        lines += [f"| `{name}` | {kind} | {'yes' if required else 'no'} |" for name, kind, required in keys]
+        lines.append("")
+    return lines
+
+
 def render() -> str:
     """The whole document, from the contracts."""
     topic_payloads = [payload for topic, payload in PAYLOADS.items() if payload is not StoreCommand]
@@ -376,7 +398,8 @@ def render() -> str:
     route_headers = ["| header | value | meaning |", "| --- | --- | --- |"]
     route_headers += [f"| `{name}` | {value} | {meaning} |" for name, value, meaning in ROUTE_HEADERS]
     commands = _COMMANDS.replace("{route_headers}", "\n".join(route_headers))
-    lines = [_INTRO, *_topics_table(), commands, *_operations_table(), *_errors_table(), _DEAD_LETTERS]
+    lines = [_INTRO, *_topics_table(), commands, *_operations_table(), *_lifecycle_tables()]
+    lines += [*_errors_table(), _DEAD_LETTERS]
     lines += ["| header | value |", "| --- | --- |"]
     lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in DEAD_LETTER_HEADERS]
     lines += ["", "## Payloads", ""]

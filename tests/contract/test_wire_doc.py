@@ -7,6 +7,7 @@ from typing import Any
 
 from contracts import wire_doc
 from contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, STORE_COMMAND
+from contracts.store import LifecycleType
 from contracts.topics import TOPICS
 from services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
 
@@ -25,6 +26,8 @@ def test_the_document_covers_every_topic_command_and_route_header() -> None:
         assert f"### {command.__name__}" in text
     assert f"`{REPLY_PARTITION_HEADER}`" in text and f"`{REPLY_TO_HEADER}`" in text
     assert set(wire_doc.PAYLOADS) == {spec.topic for spec in TOPICS}
+    for record_type in LifecycleType:
+        assert f"`{record_type.value}`:" in text
 
 
 @dataclass
