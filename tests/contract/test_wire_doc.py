@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import wire_doc
@@ -10,6 +9,7 @@ from contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, STORE_CO
 from contracts.store import LifecycleType
 from contracts.topics import TOPICS
 from services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
+from tests.unit.test_delivery import Broker, Message
 
 
 def test_the_committed_wire_document_is_the_generated_one() -> None:
@@ -30,47 +30,12 @@ def test_the_document_covers_every_topic_command_and_route_header() -> None:
         assert f"`{record_type.value}`:" in text
 
 
-@dataclass
-class _Record:
-    topic: str = "t.storage.commands"
-    partition: int = 1
-    offset: int = 7
-    key: bytes | None = b"session"
-
-
-@dataclass
-class _Message:
-    body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
-    raw_message: _Record = field(default_factory=_Record)
-
-    async def ack(self) -> None:
-        return None
-
-    async def nack(self) -> None:
-        return None
-
-
-@dataclass
-class _Broker:
-    """Takes letters up to `max_bytes`; refuses the first `refuse` letters for good (not healing)."""
-
-    max_bytes: int
-    refuse: int = 0
-    headers: list[dict[str, str]] = field(default_factory=list)
-
-    async def __call__(self, body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
-        if self.refuse > 0:
-            self.refuse -= 1
-            raise ValueError("refused")
-        self.headers.append(headers)
-
-
-async def _letter_headers(body: bytes, *, max_bytes: int = 1_048_576, refuse: int = 0) -> set[str]:
-    broker = _Broker(max_bytes, refuse)
-    delivery = Delivery(broker, RetryPolicy(attempts=1), DeadLetterLimits(max_bytes=max_bytes, attempts=1))
-    await delivery.handle(_Message(body, {"trace": "t"}), STORE_COMMAND, _never)
-    [headers] = broker.headers
+async def _letter_headers(body: bytes, **limits: Any) -> set[str]:
+    """The x-dlq-* headers of the dead letter Delivery writes for an undecodable `body`."""
+    broker = Broker()
+    delivery = Delivery(broker, RetryPolicy(attempts=1), DeadLetterLimits(attempts=1, **limits))
+    await delivery.handle(Message(body, headers={"trace": "t"}), STORE_COMMAND, _never)
+    [(_, _, _, headers)] = broker.sent
     return {name for name in headers if name.startswith("x-dlq-")}
 
 
@@ -82,7 +47,7 @@ async def test_the_dead_letter_headers_documented_are_the_ones_delivery_writes()
     written = (
         await _letter_headers(b"not json")
         | await _letter_headers(b"x" * 20_000, max_bytes=10_000)
-        | await _letter_headers(b"not json", refuse=1)
+        | await _letter_headers(b"not json", max_original_headers_bytes=1)
     )
     documented = {name for name, _ in wire_doc.DEAD_LETTER_HEADERS}
     assert written == documented

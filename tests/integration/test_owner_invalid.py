@@ -408,6 +408,14 @@ async def test_a_reply_lands_on_the_partition_its_route_names(harness: InvalidHa
             .encode(),
             headers={REPLY_PARTITION_HEADER: str(number).encode()},
         )
+    # A command that does not decode is refused on its route too, when the route is valid.
+    refused = uid("refused")
+    await harness.publisher.send(
+        harness.commands_topic,
+        _json({"op": "LoadRun", "correlation_id": refused, "run_id": "r", "added_later": 1}),
+        headers={REPLY_PARTITION_HEADER: b"3"},
+    )
+    partitions[refused] = 3
     # The store client names its own partition and reads only that one.
     client_call = LoadSessionStatus(session_id=uid("absent"), correlation_id=uid("client"))
     with pytest.raises(StoreError):
@@ -421,6 +429,8 @@ async def test_a_reply_lands_on_the_partition_its_route_names(harness: InvalidHa
         if _is_json(record.value) and json.loads(record.value or b"{}").get("correlation_id") in partitions
     }
     assert landed == partitions
+    [refusal] = harness.replies.replies()[refused]
+    assert refusal["error"]["code"] == ErrorCode.INVALID_ARGUMENT.value
 
 
 async def test_a_command_without_a_correlation_id_is_dead_lettered_and_not_applied(
