@@ -20,14 +20,18 @@ import pytest
 
 from contracts.events import RunEvent, StreamEventType
 from contracts.memory import FactChanged, FactChangeKind, HistoryRole, MemoryScope
-from contracts.runs import RunRequested
+from contracts.runs import RunRequested, TurnCompleted
 from contracts.topics import Topic
+from contracts.transcript import Message, TextPart
 from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from services.enricher.app import create_app as create_enricher
 from services.fact_extractor.app import FactExtractorDeps
 from services.fact_extractor.app import create_app as create_extractor
 from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.summary import SUMMARY_HEADER, neutralise
+from services.kit.models.estimate import estimate_text_tokens
+from services.kit.models.port import ModelRequest
 from services.kit.models.scripted import ScriptedModel
 from services.kit.settings import KafkaSettings
 from services.kit.store.client import KafkaStore
@@ -36,6 +40,7 @@ from services.planner.app import create_app as create_planner
 from services.storage_owner.app import create_app as create_owner
 from services.transcript_recorder.app import RecorderDeps
 from services.transcript_recorder.app import create_app as create_recorder
+from services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import eventually, scaled
 
@@ -175,3 +180,92 @@ async def test_a_fact_said_again_with_a_new_value_is_updated_not_duplicated(syst
     assert "green" in request.system and "blue" not in request.system
     answer = await system.answer(asking, run_id)
     assert "green" in answer and "blue" not in answer
+
+
+# A conversation nobody tuned the summary on: facts (each with a word found nowhere else) every
+# third turn, in English and Spanish, among questions, commands and markup.
+FACTS = {
+    1: ("My sister Lucia lives in Valparaiso.", "Valparaiso"),
+    4: ("Our team deploys with Argo on Fridays.", "Argo"),
+    7: ("Mi hermano trabaja en Zaragoza desde 2019.", "Zaragoza"),
+    10: ("The budget for the trip is 2400 euros & no more.", "2400"),
+    13: ("I switched from vim to Helix last year.", "Helix"),
+    16: ("Mi perro se llama Trufa.", "Trufa"),
+    19: ("The review with Hugo is on the 14th of March.", "Hugo"),
+    22: ("Prefiero el café sin azúcar.", "azúcar"),
+    25: ("Our staging cluster is called <kestrel>.", "<kestrel>"),
+    28: ("I keep my notes in Obsidian.", "Obsidian"),
+    31: ("My flight lands in Osaka at 07:40.", "Osaka"),
+    34: ("La contraseña del wifi no te la voy a decir, pero la red se llama Pampa.", "Pampa"),
+    37: ("My bike is a green Brompton.", "Brompton"),
+    40: ("I'm reading Middlemarch.", "Middlemarch"),
+}
+OTHERS = [
+    "What is 17 < 20 & why?",
+    "calculate 6*7",
+    "Can you format <b>this</b> for me?",
+    "thanks!",
+    "¿Qué tal el día?",
+    "what time is it?",
+    "Tell me something about R&D teams.",
+]
+TURNS = 40
+WINDOW_TURNS = 6
+ESCAPES = ("&lt;", "&gt;", "&amp;")
+
+
+def user_said(number: int) -> str:
+    return FACTS[number][0] if number in FACTS else OTHERS[number % len(OTHERS)]
+
+
+@pytest.mark.timeout(900)
+async def test_a_forty_turn_conversation_keeps_the_substance_of_what_it_folds(system: System) -> None:
+    session = await system.new_session()
+    person = ""  # a session without a known person: its summary is what is checked, not facts
+    offline = ScriptedModel()
+    for number in range(1, TURNS + 1):
+        said = user_said(number)
+        asked = ModelRequest(system="", messages=[Message(role="user", parts=(TextPart(text=said),))])
+        answered = "".join(p.text for p in offline.respond(asked).parts if isinstance(p, TextPart))
+        finished = TurnCompleted(
+            event_id=f"{session}-turn-{number}",
+            session_id=session,
+            run_id=f"{session}-run-{number}",
+            agent_id="assistant",
+            principal_id=person,
+            user_text=said,
+            assistant_text=answered,
+        )
+        topic = system.settings.topic_prefix + Topic.HISTORY_TURNS.value
+        await system.publisher.send(topic, finished.model_dump_json().encode(), key=session.encode())
+
+    folded_to = 2 * (TURNS - WINDOW_TURNS)
+    cursor = 0
+
+    async def moved() -> bool:
+        summary = await system.memory.load_summary(session)
+        return summary is not None and summary.cursor > cursor
+
+    # A busy machine folds slowly, a stuck recorder not at all: wait while the cursor moves.
+    while cursor < folded_to:
+        await eventually(moved, within=60.0, what=f"the summary cursor moving past {cursor}")
+        summary = await system.memory.load_summary(session)
+        assert summary is not None
+        cursor = summary.cursor
+    summary = await system.memory.load_summary(session)
+    assert summary is not None
+    missing = [
+        word
+        for number, (_, word) in FACTS.items()
+        if number <= TURNS - WINDOW_TURNS and word not in summary.text
+    ]
+    assert missing == []
+    assert estimate_text_tokens(summary.text) <= TranscriptRecorderSettings().summary_max_tokens
+    assert [escape for escape in ESCAPES if escape in summary.text] == []
+
+    # The next turn is given the summary escaped exactly once, above the history.
+    run_id = await system.turn(session, person, "Where does my sister live?")
+    [request] = [r for r in system.planner_model.requests if r.call_key.startswith(f"{run_id}/")]
+    block = request.system[request.system.index(SUMMARY_HEADER) :]
+    assert neutralise(summary.text) in block
+    assert "&amp;lt;" not in block and "&amp;amp;" not in block

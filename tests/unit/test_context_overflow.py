@@ -38,8 +38,9 @@ from services.kit.memory.context import MemoryContextSource
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.rules import build_index_entry
 from services.kit.memory.summary import SUMMARY_HEADER, SUMMARY_SCHEMA, summary_of_block
-from services.kit.models.estimate import estimate_request_tokens
+from services.kit.models.estimate import estimate_request_tokens, estimate_text_tokens
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
+from services.kit.models.scripted import ScriptedModel
 from services.kit.store.memory import InMemoryStore
 from services.kit.tool_catalog import default_catalog
 from services.planner.adapters import Planner, PublishedTurns, ReadyDeps, load_records
@@ -141,8 +142,13 @@ class Harness:
         return decode_run_completed(found.payload)
 
 
-async def harness(budget: int = 150_000, *, turns: int = 6, words: int = 80, **model: Any) -> Harness:
-    store, memory, bus, language = InMemoryStore(), InMemoryMemoryStore(), Bus(), Model(**model)
+async def harness(
+    budget: int = 150_000, *, turns: int = 6, words: int = 80, language: Any = None, **model: Any
+) -> Harness:
+    """A planner over in-memory stores and `language` (default: `Model(**model)`), with `turns`
+    old turns of `words` words on each side already recorded."""
+    store, memory, bus = InMemoryStore(), InMemoryMemoryStore(), Bus()
+    language = language if language is not None else Model(**model)
     published = PublishedTurns(bus)
     context = MemoryContextSource(memory, recent_turns=published)
     settings = PlannerSettings(request_budget_tokens=budget, compaction_summary_tokens=100)
@@ -288,6 +294,32 @@ async def test_the_session_summary_is_compacted_together_with_the_dropped_turns(
     assert summary is not None
     assert summary.startswith("Ana introduced herself. Compacted old turns 1")
     assert h.model.planner_requests[0].system.count(SUMMARY_HEADER) == 1
+
+
+async def test_the_offline_model_compacts_the_dropped_turns_into_what_they_said() -> None:
+    h = await harness(budget=900, turns=0, language=ScriptedModel())
+    for number in range(1, 7):
+        await h.memory.append_history_turn(
+            HistoryTurn(
+                session_id=h.session_id,
+                turn_id=f"run-{number}",
+                scope=MemoryScope(principal_id="ana", agent_id="assistant"),
+                user_text=f"My locker {number} is in hall H{number}0. " + "tell me more " * 80,
+                assistant_text=f"Locker {number} noted. " + "here is more " * 80,
+                created_at=AT,
+            )
+        )
+
+    await h.turn("Where is my locker 1?")
+
+    compaction = await h.record("step/1/compacted")
+    assert compaction["dropped_turns"] >= 1
+    assert compaction["tokens_after"] <= 900
+    lost = [
+        n for n in range(1, compaction["dropped_turns"] + 1) if f"hall H{n}0" not in compaction["summary"]
+    ]
+    assert lost == []
+    assert estimate_text_tokens(compaction["summary"]) <= 100
 
 
 async def test_a_redelivered_turn_reuses_the_compaction_and_the_stream_hears_it_again() -> None:

@@ -5,7 +5,11 @@ before it is folded into the session summary exactly once, through a cursor that
 forward: the rows to fold are those after the cursor and before the window (`rows_to_fold`),
 the new summary is the model's rewrite of *the summary so far plus those rows*, capped
 (`cap_text`), and it is saved with the cursor on the last folded row. The same summarizer
-compacts the history a planner drops from one overflowing request.
+compacts the history a planner drops from one overflowing request. Summaries are stored as plain
+text: they are escaped once, where they are rendered into a prompt (`summarizer_request`,
+`summary_block`), and a model's answer is decoded once (`Summarizer.summarize`), so escapes
+never compound from fold to fold. Without a model key the scripted model answers with an
+extractive summary (`services.kit.memory.extractive`).
 
 Pure helpers first (window, turns, cap, the summary block the planner shows), then `Summarizer`,
 which asks a `ModelClient` through the port (structured output, so the offline scripted model
@@ -121,6 +125,17 @@ _SENTENCE_END = re.compile(
 )
 
 
+def sentences(text: str) -> list[str]:
+    """The sentences of `text`, in order, whitespace collapsed (a text without an end is one)."""
+    flat = one_line(text)
+    found, start = [], 0
+    for match in _SENTENCE_END.finditer(flat):
+        found.append(flat[start : match.end()].strip())
+        start = match.end()
+    found.append(flat[start:].strip())
+    return [sentence for sentence in found if sentence]
+
+
 def cap_text(text: str, max_tokens: int) -> str:
     """`text` within `max_tokens` of the local estimate: cut after the last whole sentence that fits.
 
@@ -186,27 +201,75 @@ SUMMARIZER_PROMPT = (
 )
 
 
+NOTHING_YET = "(nothing yet)"
+_ROLE_NAMES = {HistoryRole.USER: "User", HistoryRole.ASSISTANT: "Assistant"}
+_SO_FAR = re.compile(r"<summary_so_far>\n(.*?)\n</summary_so_far>", re.DOTALL)
+_MESSAGES = re.compile(r"<messages>\n(.*?)\n?</messages>", re.DOTALL)
+_WORD_BUDGET = re.compile(r"at most (\d+) words")
+
+
+def _words_for(max_tokens: int) -> int:
+    return max(20, max_tokens * 3 // 4)
+
+
 def summarizer_request(
     existing: str, new: Sequence[Utterance], *, max_tokens: int, call_key: str
 ) -> ModelRequest:
-    """The model request that folds `new` into `existing` (structured output, one user message)."""
+    """The model request that folds `new` into `existing` (structured output, one user message).
+
+    The only place the summarizer's input is escaped (`neutralise`): stored text is plain, and
+    `Summarizer.summarize` decodes the answer once, so no escape sequence survives into storage.
+    """
     lines = [
-        f"{'User' if item.role is HistoryRole.USER else 'Assistant'}: {neutralise(one_line(item.text))}"
-        for item in new
-        if item.text.strip()
+        f"{_ROLE_NAMES[item.role]}: {neutralise(one_line(item.text))}" for item in new if item.text.strip()
     ]
     content = (
         "Summary so far:\n<summary_so_far>\n"
-        f"{neutralise(existing.strip()) or '(nothing yet)'}\n</summary_so_far>\n\n"
+        f"{neutralise(existing.strip()) or NOTHING_YET}\n</summary_so_far>\n\n"
         "Messages that left the window, oldest first:\n<messages>\n" + "\n".join(lines) + "\n</messages>"
     )
     return ModelRequest(
-        system=SUMMARIZER_PROMPT.format(words=max(20, max_tokens * 3 // 4)),
+        system=SUMMARIZER_PROMPT.format(words=_words_for(max_tokens)),
         messages=[Message(role="user", parts=(TextPart(text=content),))],
         # Room to overshoot a little: the cap is applied afterwards, at a sentence boundary.
         max_tokens=max(256, max_tokens * 2),
         output_schema=SUMMARY_SCHEMA,
         call_key=call_key,
+    )
+
+
+@dataclass(frozen=True)
+class FoldRequest:
+    """What a summarizer request asks to fold, read back from its text, unescaped."""
+
+    existing: str
+    new: tuple[Utterance, ...]
+    max_tokens: int
+    """The summary's budget the request states (in words), as tokens of the local estimate."""
+
+
+def read_summarizer_request(request: ModelRequest) -> FoldRequest | None:
+    """The inverse of `summarizer_request` (how an offline model reads it); None for other requests."""
+    if request.output_schema != SUMMARY_SCHEMA or not request.messages:
+        return None
+    content = "".join(part.text for part in request.messages[-1].parts if isinstance(part, TextPart))
+    so_far, messages, words = (
+        _SO_FAR.search(content),
+        _MESSAGES.search(content),
+        _WORD_BUDGET.search(request.system),
+    )
+    if so_far is None or messages is None or words is None:
+        return None
+    existing = restore(so_far.group(1).strip())
+    new = []
+    for line in messages.group(1).splitlines():
+        name, _, text = line.partition(": ")
+        role = HistoryRole.USER if name == _ROLE_NAMES[HistoryRole.USER] else HistoryRole.ASSISTANT
+        new.append(Utterance(role, restore(text)))
+    return FoldRequest(
+        existing="" if existing == NOTHING_YET else existing,
+        new=tuple(new),
+        max_tokens=int(words.group(1)) * 4 // 3,
     )
 
 
@@ -274,7 +337,8 @@ class Summarizer:
         if response.stop_reason is StopReason.REFUSAL:
             raise SummaryError(f"the model refused to summarise ({call_key})")
         answer = "".join(part.text for part in response.parts if isinstance(part, TextPart))
-        text = cap_text(summary_from_answer(answer), self.max_tokens)
+        # The model read neutralised text and may have copied its escapes: decode them once.
+        text = cap_text(restore(summary_from_answer(answer)), self.max_tokens)
         if not text:
             raise SummaryError(f"the model gave an empty summary ({call_key})")
         return Summary(text=text, model=response.model, input_tokens=response.usage.input_tokens)

@@ -11,7 +11,10 @@ Rules, first match wins:
    given, after every exact key). An entry is a `ModelResponse` (returned as is) or a callable
    `(request) -> ModelResponse | None` (None falls through to the rules below).
 2. **Structured output** (`request.output_schema` set): one JSON text part, from the
-   `structured_output` hook if it returns a value, else from `example_for_schema` (see there).
+   `structured_output` hook if it returns a value; else, for a fact-extraction request, each
+   "my X is Y" the user said (`fact_operations`); for a summarizer request, the extractive
+   summary (`services.kit.memory.extractive`: the key sentences of what is folded, within the
+   budget); else `example_for_schema` (see there).
 3. **Nothing to answer**: no messages, or the last message is not a user message →
    "I have nothing to answer yet."
 4. **Tool results** (the last user message holds `tool_result` parts): a final answer, one
@@ -68,6 +71,7 @@ from contracts.transcript import (
     encode_json_value,
     encode_messages,
 )
+from services.kit.memory.extractive import summary_answer
 from services.kit.models.estimate import estimate_parts_tokens, estimate_request_tokens
 from services.kit.models.port import ModelRequest, ModelResponse, StopReason, TextDelta, ToolSpec, Usage
 from services.kit.transcript import tool_result_text
@@ -168,6 +172,8 @@ class ScriptedModel:
         value = self._structured_output(request) if self._structured_output is not None else None
         if value is None:
             value = fact_operations(request)
+        if value is None:
+            value = summary_answer(request)
         if value is None:
             value = example_for_schema(request.output_schema, digest=transcript_digest(request.messages))
         return encode_json_value(value).decode("utf-8")
