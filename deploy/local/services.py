@@ -1,18 +1,26 @@
 """Quipu services as child processes: what `quipu up --processes`, tests and fault drills start.
 
 Each service runs as `python -m services.<name>` with the environment that points it at a stack.
+`ServiceProcess` is one such process, started and stopped by its caller (tests, fault drills);
+`Supervisor` runs a set of them the way `docker compose up` does: output shown line by line,
+each exit noticed at once and followed by a restart with backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from deploy.local.stack import die_with_parent
 
 
 class ServiceProcess:
@@ -69,3 +77,190 @@ class ServiceProcess:
         except subprocess.TimeoutExpired:
             return False
         return True
+
+
+# --- supervision: what `quipu up --processes` runs ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How long a supervisor waits before starting a service that exited again.
+
+    The first restart comes quickly (a crash is healed before a person notices); each further
+    exit in a row doubles the wait up to `max_delay_s`, so a service that cannot start does not
+    spin; a run of `stable_after_s` without an exit starts the count again.
+    """
+
+    initial_delay_s: float = 0.5
+    max_delay_s: float = 10.0
+    stable_after_s: float = 30.0
+
+    def delay(self, exits_in_a_row: int) -> float:
+        """The wait before the next start after `exits_in_a_row` (>= 1) exits in a row."""
+        return float(min(self.max_delay_s, self.initial_delay_s * 2 ** max(0, exits_in_a_row - 1)))
+
+
+def describe_exit(returncode: int) -> str:
+    """`exit code 1`, or the signal that ended the process (`killed by SIGKILL`)."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
+@dataclass
+class ServiceState:
+    """What a supervisor knows about one service right now."""
+
+    name: str
+    module: str
+    pid: int | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    """Wall-clock time (`time.time()`) of the current process's start."""
+    last_exit: str = ""
+
+    @property
+    def running(self) -> bool:
+        """Whether a process of the service is alive now."""
+        return self.pid is not None
+
+    def as_json(self) -> dict[str, Any]:
+        """The state as written to `quipu up`'s state file (read by `quipu status`)."""
+        return {
+            "module": self.module,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "started_at": self.started_at,
+            "last_exit": self.last_exit,
+        }
+
+
+LineSink = Callable[[str, str], None]
+"""Receives (service name, one line of its output or a supervisor notice)."""
+
+
+class Supervisor:
+    """Runs services as child processes and keeps them running, like `docker compose up`.
+
+    Each child's output is read line by line and handed to `on_output` with the service's name;
+    an exit is noticed the moment the process ends (its `wait()` resolves, no polling), reported
+    to `on_notice` and followed by a restart after the policy's backoff. `on_change` is called
+    whenever a pid changes, so the caller can publish the state (the state file).
+    """
+
+    def __init__(
+        self,
+        services: Sequence[tuple[str, str]],
+        environment: Mapping[str, str],
+        *,
+        on_output: LineSink,
+        on_notice: LineSink,
+        on_change: Callable[[], None] = lambda: None,
+        policy: RestartPolicy | None = None,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        self.states = {name: ServiceState(name, module) for name, module in services}
+        self._environment = {**os.environ, **environment}
+        self._on_output = on_output
+        self._on_notice = on_notice
+        self._on_change = on_change
+        self._policy = policy or RestartPolicy()
+        self._stop_timeout_s = stop_timeout_s
+        self._processes: dict[str, asyncio.subprocess.Process] = {}
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Start every service (in the given order) and begin watching each."""
+        for name in self.states:
+            await self._spawn(name)
+        self._watchers = [
+            asyncio.create_task(self._watch(name), name=f"supervise-{name}") for name in self.states
+        ]
+
+    async def stop(self) -> None:
+        """Stop watching, then SIGTERM every service (last started first) and reap it."""
+        self._stopping = True
+        for name in reversed(list(self.states)):
+            process = self._processes.get(name)
+            if process is not None and process.returncode is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(process.wait(), self._stop_timeout_s)
+                except TimeoutError:
+                    self._on_notice(name, f"did not stop within {self._stop_timeout_s:g} s; killed")
+                    _signal_group(process.pid, signal.SIGKILL)
+                    await process.wait()
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def _spawn(self, name: str) -> asyncio.subprocess.Process:
+        state = self.states[name]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            state.module,
+            env=self._environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: a Ctrl-C reaches `quipu up`, which stops it
+            preexec_fn=die_with_parent(),
+            limit=_LINE_LIMIT,
+        )
+        self._processes[name] = process
+        state.pid, state.started_at = process.pid, time.time()
+        self._on_change()
+        return process
+
+    async def _watch(self, name: str) -> None:
+        state, exits_in_a_row = self.states[name], 0
+        while True:
+            process = self._processes[name]
+            output = asyncio.create_task(self._pump(name, process))
+            returncode = await process.wait()
+            _signal_group(process.pid, signal.SIGKILL)  # whatever it left behind goes with it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(output), _DRAIN_S)
+            output.cancel()
+            if self._stopping:
+                return
+            lived_s = time.time() - state.started_at
+            exits_in_a_row = 1 if lived_s >= self._policy.stable_after_s else exits_in_a_row + 1
+            delay = self._policy.delay(exits_in_a_row)
+            state.pid, state.last_exit = None, describe_exit(returncode)
+            self._on_change()
+            self._on_notice(
+                name, f"exited ({state.last_exit}) after {lived_s:.1f} s; restarting in {delay:g} s"
+            )
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            state.restarts += 1
+            restarted = await self._spawn(name)
+            self._on_notice(name, f"restarted (pid {restarted.pid}, restart {state.restarts})")
+
+    async def _pump(self, name: str, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        while True:
+            try:
+                line = await process.stdout.readline()
+            except ValueError:  # a line longer than the limit: show what there is of it
+                line = await process.stdout.read(_LINE_LIMIT)
+            if not line:
+                return
+            self._on_output(name, line.decode(errors="replace").rstrip("\n"))
+
+
+_LINE_LIMIT = 1 << 20
+_DRAIN_S = 1.0
+"""After an exit, how long the last lines of output may take to arrive."""
+
+
+def _signal_group(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)

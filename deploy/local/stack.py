@@ -121,7 +121,7 @@ def _remove_stale_workdirs() -> None:
             continue  # not ours to judge: unreadable, half-written, or another user's
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """A preexec hook that makes the child get SIGTERM when its parent dies (Linux only).
 
     The signal fires when the *thread* that forked exits, which is why the
@@ -147,7 +147,7 @@ def _spawn(name: str, argv: Sequence[str], log_path: Path, port: int) -> _Child:
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - only calls prctl, resolved pre-fork
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only calls prctl, resolved pre-fork
         )
     return _Child(name=name, process=process, port=port, log_path=log_path)
 
@@ -408,7 +408,7 @@ class EmbeddedStack:
         try:
             for _attempt in range(_SPAWN_ATTEMPTS):
                 # Waiting runs on a private loop in a worker thread; respawning stays
-                # on this thread (see _die_with_parent).
+                # on this thread (see die_with_parent).
                 if not self._respawn(_run_blocking(self._wait_listening())):
                     break
             _run_blocking(self._wait_and_prepare())
@@ -419,7 +419,7 @@ class EmbeddedStack:
 
     async def astart(self) -> Self:
         """Start what is needed and wait until it answers, without blocking the event loop."""
-        # Spawning takes milliseconds and must happen on this thread (see _die_with_parent).
+        # Spawning takes milliseconds and must happen on this thread (see die_with_parent).
         self._spawn_all()
         try:
             for _attempt in range(_SPAWN_ATTEMPTS):
