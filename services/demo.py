@@ -26,7 +26,9 @@ from rich.text import Text
 from contracts.memory import MemoryScope
 from contracts.runs import RunRequested
 from deploy.local.stack import EmbeddedStack, create_topics
-from services.cli import EventPrinter, RunFollower, connected, ensure_session, pending_inputs
+from services.cli.client import RunFollower, connected, ensure_session, pending_inputs
+from services.cli.launch import quipu_command
+from services.cli.render import EventPrinter, count_by_status
 from services.enricher.app import create_app as create_enricher
 from services.fact_extractor.app import create_app as create_fact_extractor
 from services.gateway.logic import RunRequest, resume_request, turn_request
@@ -143,7 +145,7 @@ async def run_demo() -> bool:
                 console.print(
                     Text(
                         f"\nsession {session_id}: {len(runs)} runs "
-                        f"({', '.join(sorted({run.status.value for run in runs}))}), "
+                        f"({count_by_status(run.status.value for run in runs)}), "
                         f"{sum(1 for run in runs if run.parent_run_id)} child run(s)",
                         style="dim",
                     )
@@ -153,6 +155,10 @@ async def run_demo() -> bool:
                 await service.stop()
     ok = all(results)
     console.rule("[bold green]demo finished" if ok else "[bold red]a turn did not complete")
+    quipu = quipu_command()
+    console.print(
+        f'your turn: {quipu} up   (then, in another terminal: {quipu} run "calculate 6*7")', soft_wrap=True
+    )
     return ok
 
 

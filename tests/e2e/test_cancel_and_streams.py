@@ -36,6 +36,7 @@ from contracts.lifecycle import decode_run_completed, decode_run_started
 from contracts.store import LifecycleType, RunStatus
 from deploy.local.stack import EmbeddedStack
 from services import cli
+from services.cli.render import EventPrinter
 from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
 from services.planner.logic import final_text
 from tests.e2e.agent_support import (
@@ -299,13 +300,13 @@ async def test_quipu_run_shows_the_same_events_as_the_sse_stream(
     deployment: Deployment, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shown: list[RunEvent] = []
-    show = cli.EventPrinter.show
+    show = EventPrinter.show
 
-    def recording(printer: cli.EventPrinter, event: RunEvent) -> None:
+    def recording(printer: EventPrinter, event: RunEvent) -> None:
         shown.append(event)
         show(printer, event)
 
-    monkeypatch.setattr(cli.EventPrinter, "show", recording)
+    monkeypatch.setattr(EventPrinter, "show", recording)
     environment = {
         "QUIPU_KAFKA_BOOTSTRAP": deployment.stack.bootstrap,
         "QUIPU_KAFKA_FLAVOUR": deployment.stack.kafka_flavour,

@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 
 from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack
-from services.cli import STATE_FILE_ENV, app
+from services.cli import app
+from services.cli.state import STATE_FILE_ENV
 from tests.integration.test_gateway_support import (
     QUESTION,
     ServedStack,
@@ -236,3 +237,26 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             up.wait()
         log.close()
     assert "stopped" in (tmp_path / "up.log").read_text()
+
+
+async def test_a_200_kb_prompt_is_read_from_stdin_or_a_file(
+    served: ServedStack, planner: StandInPlanner, tmp_path: Path
+) -> None:
+    prompt = (
+        "hello " + "lorem ipsum dolor sit amet, " * 7_000
+    )  # ~196 KB: too long for an argv on many systems
+    session = session_id()
+    piped = await quipu(served, "run", "-", "--session", session, input=prompt + "\n")
+    assert piped.exit_code == 0, piped.output[-2000:]
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(prompt.upper())
+    filed = await quipu(served, "run", "--file", str(prompt_file), "--session", session)
+    assert filed.exit_code == 0, filed.output[-2000:]
+    texts = [r.text for r in planner.requests if r.session_id == session]
+    assert texts == [prompt, prompt.upper()]
+
+
+async def test_a_prompt_over_the_limit_is_refused_in_one_line(served: ServedStack) -> None:
+    result = await quipu(served, "run", "-", "--session", session_id(), input="x" * 200_001)
+    assert result.exit_code == 2
+    assert "at most 200000 characters" in result.output and "200,001 characters" in result.output

@@ -5,20 +5,30 @@ Commands against a real owner and planner are in tests/e2e/test_cli.py.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
 from contracts.events import RunEvent, StreamEventType
+from contracts.store import RunMeta, RunStatus, StartOutcome
 from contracts.wire import utc_now_ms
 from services import cli
-from services.cli import EventPrinter, app
+from services.cli import app, client, launch, render, state
+from services.cli import output as cli_output
+from services.cli.render import EventPrinter
+from services.cli.settings import CliSettings
+from services.kit.settings import KafkaSettings
 
 runner = CliRunner()
 
@@ -28,7 +38,7 @@ NO_KAFKA = {"QUIPU_KAFKA_BOOTSTRAP": ""}
 def invoke(*args: str, state_file: Path | None = None, **env: str) -> Any:
     environment = {**NO_KAFKA, **env}
     if state_file is not None:
-        environment[cli.STATE_FILE_ENV] = str(state_file)
+        environment[state.STATE_FILE_ENV] = str(state_file)
     return runner.invoke(app, list(args), env=environment)
 
 
@@ -61,8 +71,8 @@ def test_bad_arguments_are_usage_errors(args: tuple[str, ...], tmp_path: Path) -
 def test_an_answer_given_as_json_must_be_json(tmp_path: Path) -> None:
     result = invoke("answer", "run-1", "{not json", "--json", state_file=tmp_path / "none.json")
     assert result.exit_code == 2 and "not JSON" in result.output
-    assert cli._parse_answer('{"ok": true}', as_json=True) == {"ok": True}
-    assert cli._parse_answer('{"ok": true}', as_json=False) == '{"ok": true}'
+    assert cli.parse_answer('{"ok": true}', as_json=True) == {"ok": True}
+    assert cli.parse_answer('{"ok": true}', as_json=False) == '{"ok": true}'
 
 
 def test_without_kafka_a_client_command_says_how_to_get_one(tmp_path: Path) -> None:
@@ -74,31 +84,31 @@ def test_without_kafka_a_client_command_says_how_to_get_one(tmp_path: Path) -> N
 def test_settings_come_from_the_state_of_a_running_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state = tmp_path / "up.json"
-    monkeypatch.setenv(cli.STATE_FILE_ENV, str(state))
+    path = tmp_path / "up.json"
+    monkeypatch.setenv(state.STATE_FILE_ENV, str(path))
     monkeypatch.delenv("QUIPU_KAFKA_BOOTSTRAP", raising=False)
     environment = {
         "QUIPU_KAFKA_BOOTSTRAP": "127.0.0.1:1234",
         "QUIPU_KAFKA_FLAVOUR": "tansu",
         "QUIPU_KAFKA_TOPIC_PREFIX": "p.",
     }
-    state.write_text(json.dumps({"pid": os.getpid(), "environment": environment}))
-    settings = cli.client_settings()
+    path.write_text(json.dumps({"pid": os.getpid(), "environment": environment}))
+    settings = state.client_settings()
     assert (settings.bootstrap, settings.flavour, settings.topic_prefix) == ("127.0.0.1:1234", "tansu", "p.")
     assert settings.fetch_max_wait_ms == 10  # the Tansu values follow the flavour
 
-    state.write_text(json.dumps({"pid": 2**22 + 12345, "environment": environment}))  # a dead process
-    assert cli.read_state() is None
-    state.write_text("{half")
-    assert cli.read_state() is None
+    path.write_text(json.dumps({"pid": 2**22 + 12345, "environment": environment}))  # a dead process
+    assert state.read_state() is None
+    path.write_text("{half")
+    assert state.read_state() is None
 
 
 def test_the_environment_wins_over_the_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    state = tmp_path / "up.json"
-    state.write_text(json.dumps({"pid": os.getpid(), "environment": {"QUIPU_KAFKA_BOOTSTRAP": "a:1"}}))
-    monkeypatch.setenv(cli.STATE_FILE_ENV, str(state))
+    path = tmp_path / "up.json"
+    path.write_text(json.dumps({"pid": os.getpid(), "environment": {"QUIPU_KAFKA_BOOTSTRAP": "a:1"}}))
+    monkeypatch.setenv(state.STATE_FILE_ENV, str(path))
     monkeypatch.setenv("QUIPU_KAFKA_BOOTSTRAP", "b:2")
-    assert cli.client_settings().bootstrap == "b:2"
+    assert state.client_settings().bootstrap == "b:2"
 
 
 # --- showing events -----------------------------------------------------------------------------------
@@ -210,5 +220,203 @@ def test_choices_are_found_in_the_payload_or_its_details() -> None:
     asked = event(
         StreamEventType.AWAIT_CLARIFICATION, "a", {"prompt": "ok?", "details": {"choices": ["yes", "no"]}}
     )
-    assert cli._choices(asked) == ["yes", "no"]
-    assert cli._choices(event(StreamEventType.AWAIT_QUESTIONS, "a", {"choices": [1, 2]})) == []
+    assert client.choices_of(asked) == ["yes", "no"]
+    assert client.choices_of(event(StreamEventType.AWAIT_QUESTIONS, "a", {"choices": [1, 2]})) == []
+
+
+# --- starting fast ------------------------------------------------------------------------------------
+
+HEAVY = (
+    "aiokafka",
+    "faststream",
+    "pydantic_settings",
+    "services.kit",
+    "services.gateway",
+    "contracts",
+    "rich.markdown",
+)
+"""What `quipu --help` or a mistyped command must not import: a command imports what it does when it runs."""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["no-such-command"], ["sessions", "--help"]])
+def test_help_and_a_mistyped_command_do_not_import_the_runtime(argv: list[str]) -> None:
+    probe = (
+        "import sys\n"
+        "from services.cli import app\n"
+        "try:\n"
+        f"    app({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+# --- the message, from an argument, stdin or a file ---------------------------------------------------
+
+
+def test_the_message_comes_from_the_argument_a_file_or_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("x" * 200_000 + "\n")
+    assert cli.message_text(None, prompt) == "x" * 200_000  # the editor's final newline dropped
+    assert cli.message_text("hello", None) == "hello"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("from a pipe\n\n"))
+    assert cli.message_text("-", None) == "from a pipe\n"
+    with pytest.raises(typer.BadParameter, match="not both"):
+        cli.message_text("hello", prompt)
+    prompt.write_text("  \n")
+    with pytest.raises(typer.BadParameter, match="empty"):
+        cli.message_text(None, prompt)
+
+
+def test_run_reads_stdin_when_told_to(tmp_path: Path) -> None:
+    empty = runner.invoke(
+        app, ["run", "-"], input="\n", env={**NO_KAFKA, state.STATE_FILE_ENV: str(tmp_path / "n")}
+    )
+    assert empty.exit_code == 2 and "the message is empty" in empty.output
+    missing = invoke("run", "--file", str(tmp_path / "nope.txt"), state_file=tmp_path / "n")
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+
+
+# --- which stack, and `quipu up`'s start-up edges -----------------------------------------------------
+
+
+def test_a_client_says_which_stack_it_talks_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "up.json"
+    monkeypatch.setenv(state.STATE_FILE_ENV, str(path))
+    monkeypatch.delenv("QUIPU_KAFKA_BOOTSTRAP", raising=False)
+    path.write_text(json.dumps({"pid": os.getpid(), "environment": {"QUIPU_KAFKA_BOOTSTRAP": "127.0.0.1:9"}}))
+    state.client_settings()
+    said = capsys.readouterr().err
+    assert f"stack: quipu up (pid {os.getpid()}, {path})" in said and "kafka 127.0.0.1:9" in said
+
+
+def test_up_refuses_to_take_over_a_live_stack(tmp_path: Path) -> None:
+    path = tmp_path / "up.json"
+    path.write_text(json.dumps({"pid": os.getpid(), "environment": {"QUIPU_KAFKA_BOOTSTRAP": "127.0.0.1:9"}}))
+    result = invoke("up", "--gateway-port", "0", state_file=path)
+    assert result.exit_code == 1, result.output
+    assert f"another `quipu up` (pid {os.getpid()}) is running" in result.output
+    assert "QUIPU_STATE_FILE=" in result.output
+    assert json.loads(path.read_text())["pid"] == os.getpid()  # the live stack's file is left alone
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_up_fails_fast_when_the_gateway_port_is_taken(tmp_path: Path, processes: bool) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke(
+            "up",
+            "--gateway-port",
+            str(port),
+            *(["--processes"] if processes else []),
+            state_file=tmp_path / "up.json",
+        )
+    assert result.exit_code == 1, result.output
+    assert f"port {port} is taken" in result.output and "--gateway-port 0" in result.output
+    assert "starting the embedded broker" not in result.output
+    assert not (tmp_path / "up.json").exists()
+
+
+def test_the_command_shown_is_one_that_works_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Path(sys.executable).parent / "quipu"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    shown = launch.quipu_command()
+    if script.exists():
+        assert Path(shown).resolve() == script.resolve() and os.access(shown, os.X_OK)
+    else:
+        assert shown == f"{sys.executable} -m services.cli"
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert launch.quipu_command() == ("quipu" if script.exists() else f"{sys.executable} -m services.cli")
+
+
+# --- ids whole, counts per status ---------------------------------------------------------------------
+
+
+def test_run_ids_are_never_cut_at_80_columns() -> None:
+    run_id = "0f8c2a8e-6b1d-4c59-9a0e-3f1d2b7c9e41"
+    metas = [
+        RunMeta(
+            run_id=run_id if index == 0 else f"{run_id[:-2]}x{index}",
+            agent_id="a-rather-long-agent-name",
+            session_id="s-1",
+            parent_run_id="",
+            started_at=utc_now_ms(),
+            labels={},
+            status=status,
+            start_outcome=StartOutcome.PROCEED,
+            successor_run_id="",
+            cancellation_reason="",
+            updated_at=utc_now_ms(),
+        )
+        for index, status in enumerate([RunStatus.COMPLETED, RunStatus.COMPLETED, RunStatus.SUSPENDED])
+    ]
+    out = io.StringIO()
+    terminal = Console(file=out, width=80, color_system=None)
+    terminal.print(render.runs_table(metas))
+    terminal.print(render.meta_lines(metas[0]))
+    text = out.getvalue()
+    assert text.count(run_id) == 2, text
+    assert "2 completed, 1 suspended" in text
+    printer = EventPrinter(terminal)
+    long_id = "child-" + run_id + "-" + run_id
+    printer.show(event(StreamEventType.CHILD_RUN_LINKED, "l", {"tool_name": "ask", "child_run_id": long_id}))
+    assert long_id in out.getvalue().replace("\n", "") and long_id in out.getvalue()
+
+
+def test_runs_are_counted_per_status() -> None:
+    assert render.count_by_status(["completed", "suspended", "completed", "failed"]) == (
+        "2 completed, 1 failed, 1 suspended"
+    )
+    assert render.count_by_status([]) == ""
+
+
+# --- hints say what was observed ----------------------------------------------------------------------
+
+
+class SilentReader:
+    """A stream with no event at all."""
+
+    async def read(self, timeout_s: float = 1.0) -> list[Any]:
+        await asyncio.sleep(min(timeout_s, 0.05))
+        return []
+
+
+async def test_a_silent_run_says_what_the_planner_group_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    async def diagnosis() -> str:
+        return "no planner is consuming (group planner-requests on runs.requested has no member)"
+
+    follower = client.RunFollower(
+        SilentReader(),  # type: ignore[arg-type]
+        EventPrinter(Console(file=io.StringIO())),
+        quiet_diagnosis=diagnosis,
+    )
+    with pytest.raises(cli_output.CliError, match=r"did not finish within 0\.6 s"):
+        await follower.until_closed("run-1", timeout_s=0.6, hint_after_s=0.2)
+    said = capsys.readouterr().err
+    assert (
+        "no event of the run after" in said
+        and "group planner-requests on runs.requested has no member" in said
+    )
+
+    guessing = client.RunFollower(SilentReader(), EventPrinter(Console(file=io.StringIO())))  # type: ignore[arg-type]
+    with pytest.raises(cli_output.CliError):
+        await guessing.until_closed("run-1", timeout_s=0.6, hint_after_s=0.2)
+    assert "is the planner running" not in capsys.readouterr().err  # no guess without an observation
+
+
+def test_the_store_timeouts_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUIPU_CLI_STORE_REPLY_TIMEOUT_S", "30")
+    monkeypatch.setenv("QUIPU_CLI_STORE_ATTEMPTS", "5")
+    settings = CliSettings()
+    store = client.store_client(KafkaSettings(bootstrap="127.0.0.1:9"), settings)
+    assert (store._reply_timeout_s, store._attempts) == (30.0, 5)

@@ -1,0 +1,314 @@
+"""The work of each client command (`run`, `answer`, `cancel`, `runs`, `sessions`, `memory`, `status`).
+
+`services.cli` declares the commands and imports this module only when one of them runs, so that
+`quipu --help` or a mistyped command does not load Kafka, pydantic models and the gateway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+from rich.panel import Panel
+from rich.text import Text
+
+from contracts.errors import StoreError
+from contracts.memory import MemoryScope
+from contracts.store import CancellationReason
+from contracts.transcript import Message, TranscriptError
+from contracts.wire import format_timestamp, utc_now_ms
+from services.cli.client import (
+    connected,
+    drive,
+    ensure_session,
+    one_line_error,
+    run_command,
+    store_client,
+)
+from services.cli.output import CliError, console
+from services.cli.render import message_panel, meta_lines, runs_table, session_line
+from services.cli.settings import CliSettings
+from services.cli.state import client_settings, client_target
+from services.gateway.logic import RunRequest, cancel_request, resume_request, turn_request
+from services.kit.memory.client import KafkaMemoryStore
+from services.kit.memory.reindex import Principal, principals_from_changes, reindex
+
+
+def _cli_settings() -> CliSettings:
+    try:
+        return CliSettings()
+    except ValidationError as error:
+        raise typer.BadParameter(one_line_error(error), param_hint="QUIPU_CLI_*") from error
+
+
+def run(
+    text: str, *, session: str | None, agent: str, principal: str, timeout: float, interactive: bool
+) -> int:
+    """Send a turn and follow its run; the exit code."""
+    settings = _cli_settings()
+    kafka = client_settings()
+    session_id = session or f"cli-{os.urandom(6).hex()}"
+    try:
+        body = RunRequest(agent_id=agent, text=text, session_id=session_id, principal_id=principal)
+    except ValidationError as error:
+        raise typer.BadParameter(
+            f"{one_line_error(error)} (the message has {len(text):,} characters)", param_hint="MESSAGE"
+        ) from error
+
+    async def work() -> int:
+        async with connected(kafka, settings) as (store, publisher):
+            await ensure_session(store, session_id)
+            if session is None:
+                console.print(
+                    Text(f"new session {session_id} (continue it with --session {session_id})", style="dim"),
+                    soft_wrap=True,
+                )
+            return await drive(
+                kafka,
+                store,
+                publisher,
+                turn_request(body),
+                interactive=interactive,
+                timeout_s=timeout,
+                settings=settings,
+            )
+
+    code: int = run_command(work, kafka, settings)
+    return code
+
+
+def answer(run_id: str, value: Any, *, follow: bool, timeout: float, interactive: bool) -> int:
+    """Answer a suspended run, following its continuation unless told not to; the exit code."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> int:
+        async with connected(kafka, settings) as (store, publisher):
+            request = resume_request(await store.load_run(run_id), value)
+            if follow:
+                return await drive(
+                    kafka,
+                    store,
+                    publisher,
+                    request,
+                    interactive=interactive,
+                    timeout_s=timeout,
+                    settings=settings,
+                )
+            await publisher.publish(request)
+            console.print(f"continuation run {request.run_id} requested", soft_wrap=True)
+            return 0
+
+    code: int = run_command(work, kafka, settings)
+    return code
+
+
+def cancel(run_id: str, reason: str) -> None:
+    """Ask for a run to be canceled."""
+    try:
+        why = CancellationReason(reason)
+    except ValueError as error:
+        choices = ", ".join(member.value for member in CancellationReason)
+        raise typer.BadParameter(f"{reason!r} is not one of {choices}", param_hint="--reason") from error
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        async with connected(kafka, settings) as (store, publisher):
+            await publisher.publish(cancel_request(await store.load_run(run_id), why))
+        console.print(f"cancellation of {run_id} requested", soft_wrap=True)
+
+    run_command(work, kafka, settings)
+
+
+def show_run(run_id: str) -> None:
+    """A run's metadata and transcript."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        from services.kit.transcript import build_messages_from_run_log  # noqa: PLC0415 - only here
+
+        async with store_client(kafka, settings) as store:
+            meta = await store.load_run(run_id)
+            try:
+                messages: list[Message] | str = await build_messages_from_run_log(store, run_id)
+            except TranscriptError as error:
+                messages = str(error)
+        console.print(Panel(meta_lines(meta), title=f"run {run_id}", title_align="left"))
+        if isinstance(messages, str):
+            console.print(Text(f"no transcript: {messages}", style="dim"))
+            return
+        for message in messages:
+            console.print(message_panel(message))
+
+    run_command(work, kafka, settings)
+
+
+def show_session(session_id: str) -> None:
+    """A session's status and its runs, counted per status."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        async with store_client(kafka, settings) as store:
+            session = await store.load_session_status(session_id)
+            runs = await store.list_runs_by_session(session_id, [])
+        console.print(session_line(session), soft_wrap=True)
+        if runs:
+            console.print(runs_table(runs))
+
+    run_command(work, kafka, settings)
+
+
+def end_session(session_id: str) -> None:
+    """End a session."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        async with store_client(kafka, settings) as store:
+            session = await store.end_session(session_id, utc_now_ms())
+        console.print(session_line(session), soft_wrap=True)
+
+    run_command(work, kafka, settings)
+
+
+def purge_session(session_id: str) -> None:
+    """Purge an ended session."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        async with store_client(kafka, settings) as store:
+            await store.purge_session(session_id)
+        console.print(f"session {session_id}: purged", soft_wrap=True)
+
+    run_command(work, kafka, settings)
+
+
+def _memory(kafka: Any, settings: CliSettings) -> KafkaMemoryStore:
+    return KafkaMemoryStore.connect(
+        kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=settings.store_attempts
+    )
+
+
+def memory_list(principal: str, tenant: str, agent: str) -> None:
+    """The person's current facts."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        async with _memory(kafka, settings) as memory:
+            facts = await memory.list_facts(
+                MemoryScope(tenant_id=tenant, principal_id=principal, agent_id=agent)
+            )
+        if not facts:
+            console.print(Text(f"nothing remembered about {principal}", style="dim"))
+        for fact in facts:
+            console.print(Text.assemble((fact.fact_id, "bold"), f"  {fact.text}"), soft_wrap=True)
+            where = f"session {fact.provenance.session_id}, turn {fact.provenance.turn_id}"
+            owner = f"agent {fact.scope.agent_id} · " if fact.scope.agent_id else ""
+            updated = format_timestamp(fact.updated_at)
+            console.print(
+                Text(f"    {owner}v{fact.version} · from {where} · updated {updated}", style="dim"),
+                soft_wrap=True,
+            )
+
+    run_command(work, kafka, settings)
+
+
+def memory_delete(principal: str, fact_id: str, tenant: str) -> None:
+    """Delete one fact."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        scope = MemoryScope(tenant_id=tenant, principal_id=principal)
+        async with _memory(kafka, settings) as memory:
+            await memory.delete_fact(scope, fact_id)
+            with contextlib.suppress(StoreError):  # derived: the enricher or a reindex drops it too
+                await memory.delete_index_entries(scope, [fact_id])
+        console.print(f"fact {fact_id}: deleted", soft_wrap=True)
+
+    run_command(work, kafka, settings)
+
+
+def memory_export(principal: str, tenant: str, output: Path | None) -> None:
+    """Everything remembered about the person, as JSON."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> str:
+        async with _memory(kafka, settings) as memory:
+            exported = await memory.export_principal(MemoryScope(tenant_id=tenant, principal_id=principal))
+        return exported.model_dump_json(indent=2)
+
+    text: str = run_command(work, kafka, settings)
+    if output is None:
+        print(text)
+    else:
+        output.write_text(text + "\n")
+        console.print(f"written to {output}")
+
+
+def memory_forget(principal: str, tenant: str) -> None:
+    """Forget the person for good."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        async with _memory(kafka, settings) as memory:
+            erased = await memory.forget_principal(tenant, principal)
+        console.print(f"{principal}: forgotten ({erased} documents erased)")
+
+    run_command(work, kafka, settings)
+
+
+def memory_reindex(principal: str | None, tenant: str | None) -> None:
+    """Rebuild the derived retrieval index."""
+    settings = _cli_settings()
+    kafka = client_settings()
+
+    async def work() -> None:
+        if principal is not None:
+            principals = [Principal(tenant_id=tenant or "", principal_id=principal)]
+        else:
+            try:
+                principals = await principals_from_changes(kafka, tenant_id=tenant)
+            except TimeoutError as error:
+                raise CliError(str(error)) from error
+        async with _memory(kafka, settings) as memory:
+            report = await reindex(memory, principals)
+        console.print(
+            f"reindexed {report.principals} principal(s): {report.indexed} entries written, "
+            f"{report.dropped} dropped"
+        )
+
+    run_command(work, kafka, settings)
+
+
+def status() -> None:
+    """What runs (from `quipu up`'s state) and each consumer group's members and lag."""
+    from services.cli.status import lag_table, measure, services_table  # noqa: PLC0415
+
+    settings = _cli_settings()
+    target = client_target()
+    console.print(Text(f"stack: {target.source} · kafka {target.kafka.bootstrap}"), soft_wrap=True)
+    if target.state is not None:
+        mode = target.state.get("mode", "?")
+        console.print(Text(f"services ({mode}; gateway {target.state.get('gateway_url') or '-'})"))
+        console.print(services_table(target.state))
+    else:
+        console.print(Text("services: not started by `quipu up` (QUIPU_KAFKA_BOOTSTRAP is set)", style="dim"))
+
+    async def work() -> Any:
+        return await measure(target.kafka, timeout_s=settings.status_timeout_s)
+
+    measured = run_command(work, target.kafka, settings)
+    console.print(Text("consumer lag = fetch high-watermark - committed offset, summed over partitions"))
+    console.print(lag_table(measured))
