@@ -80,8 +80,13 @@ def registry_topics() -> dict[str, int]:
 
 
 def service_modules() -> set[str]:
-    """Every service that runs alone: `python -m services.<name>`."""
-    return {path.parent.name for path in (ROOT / "services").glob("*/__main__.py")}
+    """Every service that runs alone: `python -m services.<name>` of a package with an `app.py`
+    (`services/cli` runs with `-m` too, but is the `quipu` command, not a service)."""
+    return {
+        path.parent.name
+        for path in (ROOT / "services").glob("*/__main__.py")
+        if (path.parent / "app.py").exists()
+    }
 
 
 def model_services() -> set[str]:
