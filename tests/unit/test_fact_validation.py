@@ -310,6 +310,23 @@ def test_another_attribute_stays_a_fact_of_its_own(held: str, proposed: str) -> 
     assert [op.kind for op in validated.operations] == [FactOperationKind.NEW]
 
 
+def test_older_values_of_the_attribute_stored_before_the_rule_are_retired() -> None:
+    blue = fact("f-blue", "My favourite colour is blue")
+    red = fact("f-red", "My favourite colour is red").model_copy(update={"updated_at": NOW.replace(hour=13)})
+    changed = validate(
+        rows("my favourite colour is green"), new("My favourite colour is green"), facts=[red, blue]
+    )
+    assert [(op.kind, op.fact_id) for op in changed.operations] == [
+        (FactOperationKind.UPDATE, "f-red"),
+        (FactOperationKind.DELETE, "f-blue"),
+    ]
+    restated = validate(
+        rows("my favourite colour is blue"), new("My favourite colour is blue"), facts=[red, blue]
+    )
+    assert [(op.kind, op.fact_id) for op in restated.operations] == [(FactOperationKind.DELETE, "f-red")]
+    assert reasons(restated) == [RefusalReason.UNCHANGED]
+
+
 def test_two_values_for_one_attribute_in_one_turn_keep_the_first() -> None:
     validated = validate(
         rows("my favourite colour is blue, well, my favourite colour is green"),
