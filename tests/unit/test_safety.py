@@ -18,6 +18,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from stdnum import verhoeff
+from stdnum.br import cpf
+from stdnum.es import dni, nie
+from stdnum.fr import nir
+from stdnum.in_ import aadhaar
+from stdnum.it import codicefiscale
+from stdnum.mx import curp
+from stdnum.us import ssn
 
 from services.kit.memory.safety import (
     SensitiveCategory,
@@ -197,3 +207,99 @@ def test_nino() -> None:
 )
 def test_identifiers_need_their_check_or_their_name(text: str, category: SensitiveCategory | None) -> None:
     assert sensitive_category(text) is category
+
+
+def _digits(size: int) -> st.SearchStrategy[str]:
+    return st.text("0123456789", min_size=size, max_size=size)
+
+
+def _letters(size: int, alphabet: str = "ABCDEFGHIJKLMNOPQRSTUVWXYZ") -> st.SearchStrategy[str]:
+    return st.text(alphabet, min_size=size, max_size=size)
+
+
+def _cpf(digits: str) -> str:
+    # python-stdnum has no public calculator for the CPF's two check digits; one pair of 100 fits
+    written = next(digits + f"{check:02d}" for check in range(100) if cpf.is_valid(digits + f"{check:02d}"))
+    return cpf.format(written)
+
+
+_WRITTEN_IDENTIFIERS: dict[str, st.SearchStrategy[str]] = {
+    "US SSN": st.builds(
+        "{:03d}-{:02d}-{:04d}".format,
+        st.integers(1, 665),
+        st.integers(1, 99),
+        st.integers(1, 9999),
+    ).filter(ssn.is_valid),
+    "Spanish DNI": _digits(8).map(lambda digits: digits + dni.calc_check_digit(digits)),
+    "Spanish NIE": st.builds(str.__add__, st.sampled_from("XYZ"), _digits(7)).map(
+        lambda base: base + nie.calc_check_digit(base)
+    ),
+    "UK NINO": st.builds(
+        "{}{} {} {} {} {}".format,
+        st.sampled_from("ABCEGHJKLMNOPRSTWXYZ"),
+        st.sampled_from("ABCEGHJKLMNPRSTWXYZ"),
+        _digits(2),
+        _digits(2),
+        _digits(2),
+        st.sampled_from("ABCD"),
+    ).filter(nino_valid),
+    "Italian codice fiscale": st.builds(
+        "{}{:02d}{}{:02d}{}{}".format,
+        _letters(6),
+        st.integers(0, 99),
+        st.sampled_from("ABCDEHLMPRST"),
+        st.sampled_from([*range(1, 29), *range(41, 69)]),
+        st.sampled_from("ABCDEFGHLMZ"),
+        _digits(3),
+    ).map(lambda base: base + codicefiscale.calc_check_digit(base)),
+    "Mexican CURP": st.builds(
+        "{}{}{:02d}{:02d}{:02d}{}{}{}0".format,
+        _letters(1, "BCDFGLMNPRSTVZ"),
+        _letters(3, "AEIOUBCDFGLMNPRSTVZ"),
+        st.integers(0, 99),
+        st.integers(1, 12),
+        st.integers(1, 28),
+        st.sampled_from("HM"),
+        st.sampled_from(["DF", "JC", "NL", "PL", "GT", "VZ", "BC", "YN"]),
+        _letters(3, "BCDFGLMNPRSTVZ"),
+    )
+    .map(lambda base: base + curp.calc_check_digit(base))
+    .filter(curp.is_valid),
+    "Brazilian CPF": _digits(9).filter(lambda digits: len(set(digits)) > 1).map(_cpf),
+    "French NIR": st.builds(
+        "{}{:02d}{:02d}{:02d}{}".format,
+        st.sampled_from("12"),
+        st.integers(0, 99),
+        st.integers(1, 12),
+        st.integers(1, 95),
+        _digits(6),
+    )
+    .map(lambda base: nir.format(base + nir.calc_check_digits(base)))
+    .filter(nir.is_valid),
+    "Indian Aadhaar": st.builds(str.__add__, st.sampled_from("23456789"), _digits(10))
+    .map(lambda base: base + verhoeff.calc_check_digit(base))
+    .filter(aadhaar.is_valid)
+    .map(lambda number: f"{number[:4]} {number[4:8]} {number[8:]}"),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(_WRITTEN_IDENTIFIERS))
+def test_any_identifier_of_a_checked_scheme_is_refused_without_its_name(scheme: str) -> None:
+    @given(_WRITTEN_IDENTIFIERS[scheme])
+    def check(identifier: str) -> None:
+        assert sensitive_category(f"Reference {identifier}, filed in March") is C.NATIONAL_ID
+
+    check()
+
+
+@given(
+    st.sampled_from(["Her BSN is", "SIN:", "Steuer-ID", "Su PESEL es", "Su cédula es la", "Passport no."]),
+    st.integers(10_000, 999_999_999_999),
+)
+def test_a_number_next_to_an_identifier_name_is_refused(name: str, number: int) -> None:
+    assert sensitive_category(f"{name} {number}") is C.NATIONAL_ID
+
+
+@given(st.integers(10_000, 999_999_999_999))
+def test_an_order_number_is_kept(number: int) -> None:
+    assert sensitive_category(f"Order {number} arrived late") is None
