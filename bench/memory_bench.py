@@ -3,9 +3,9 @@
 One session of `TURNS` turns runs through the real planner (`Planner` on the in-memory runtime
 store, context from `MemoryContextSource` over the in-memory `MemoryStore`) and the real
 transcript recorder logic (each `TurnCompleted` the planner publishes is recorded and folded
-before the next turn starts). The model is the offline `ScriptedModel`; its summaries come from
-a deterministic extractive hook (one short sentence per user message folded, appended to the
-summary so far), so the summary grows until the cap holds it, as a real model's would.
+before the next turn starts). The model is the offline `ScriptedModel`, summaries included: its
+extractive summary (the key sentences of what is folded, the newest first) grows until the cap
+holds it, as a real model's would.
 
 In-memory stores are deliberate: these figures are about what the model is sent (token counts
 by the local estimate) and how often the summarizer reads each message, not about broker or
@@ -35,7 +35,7 @@ from contracts.wire import utc_now_ms
 from services.kit.agents import ASSISTANT, AgentRegistry, AgentSpec
 from services.kit.memory.context import MemoryContextSource
 from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.summary import SUMMARY_SCHEMA, Summarizer
+from services.kit.memory.summary import Summarizer, read_summarizer_request
 from services.kit.models.estimate import estimate_request_tokens
 from services.kit.models.port import ModelRequest, ModelResponse, TextDelta
 from services.kit.models.scripted import ScriptedModel
@@ -55,9 +55,6 @@ AGENT = AgentSpec(agent_id="assistant", system_prompt=ASSISTANT.system_prompt)
 building five tool schemas per turn would make the run about schema generation, not memory."""
 
 _TURN_MARK = re.compile(r"\bturn (\d+)\b")
-_PARCEL = re.compile(r"parcel (\d+) weighs (\d+) kilos and goes to warehouse (\d+)")
-_SO_FAR = re.compile(r"<summary_so_far>\n(.*?)\n</summary_so_far>", re.DOTALL)
-_MESSAGES = re.compile(r"<messages>\n(.*?)\n</messages>", re.DOTALL)
 
 
 def user_words(turn: int) -> str:
@@ -68,30 +65,12 @@ def user_words(turn: int) -> str:
     )
 
 
-def extractive_summary(request: ModelRequest) -> dict[str, str] | None:
-    """A deterministic summarizer: the summary so far plus one sentence per user line folded."""
-    if request.output_schema != SUMMARY_SCHEMA:
-        return None
-    content = "".join(part.text for part in request.messages[-1].parts if hasattr(part, "text"))
-    so_far_match, messages_match = _SO_FAR.search(content), _MESSAGES.search(content)
-    so_far = so_far_match.group(1).strip() if so_far_match else ""
-    if so_far == "(nothing yet)":
-        so_far = ""
-    sentences = [
-        f"Parcel {mark.group(1)} weighs {mark.group(2)} kilos and goes to warehouse {mark.group(3)}; "
-        "the assistant acknowledged it."
-        for line in (messages_match.group(1).splitlines() if messages_match else [])
-        if line.startswith("User:") and (mark := _PARCEL.search(line))
-    ]
-    return {"summary": " ".join(part for part in [so_far, *sentences] if part)}
-
-
 class CountingModel:
     """The scripted model, remembering the input tokens of every call and which turns each
     summarizer call read."""
 
     def __init__(self) -> None:
-        self.inner = ScriptedModel(structured_output=extractive_summary)
+        self.inner = ScriptedModel()
         self.name = self.inner.name
         self.planner_tokens: dict[str, int] = {}
         """call_key -> input tokens, for the planner's calls."""
@@ -101,14 +80,12 @@ class CountingModel:
 
     async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
         tokens = estimate_request_tokens(request)
-        if request.output_schema == SUMMARY_SCHEMA:
+        fold = read_summarizer_request(request)
+        if fold is not None:
             self.summary_tokens.append(tokens)
-            content = "".join(part.text for part in request.messages[-1].parts if hasattr(part, "text"))
-            messages = _MESSAGES.search(content)
-            for line in messages.group(1).splitlines() if messages else []:
-                role = "user" if line.startswith("User:") else "assistant"
-                for mark in dict.fromkeys(_TURN_MARK.findall(line)):
-                    self.summary_reads[f"{int(mark)}/{role}"] += 1
+            for utterance in fold.new:
+                for mark in dict.fromkeys(_TURN_MARK.findall(utterance.text)):
+                    self.summary_reads[f"{int(mark)}/{utterance.role.value}"] += 1
         else:
             self.planner_tokens[request.call_key] = tokens
         return await self.inner.complete(request, on_text)
