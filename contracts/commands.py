@@ -27,6 +27,7 @@ from contracts.store import (
     RunStart,
     RunStatus,
     Session,
+    SessionOwner,
     StartResult,
 )
 from contracts.store_operation import StoreOperation as StoreOperation  # noqa: PLC0414  re-exported
@@ -41,6 +42,11 @@ class CreateSession(StoreOperation):
     op: Literal["CreateSession"] = Field(default="CreateSession", description="Operation name.")
     session_id: str = Field(description="Session to create.")
     created_at: Timestamp = Field(description="Creation time (millisecond precision).")
+    owner: SessionOwner | None = Field(
+        default=None,
+        exclude_if=lambda owner: owner is None,  # a command without one encodes as before the field
+        description="Owner recorded on a new session; an existing one keeps its first owner.",
+    )
 
 
 class EndSession(StoreOperation):

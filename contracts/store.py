@@ -68,6 +68,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class SessionOwner(_Frozen):
+    """Who a session belongs to: the tenant and principal of the credential that created it."""
+
+    tenant_id: str = Field(description="Tenant of the creator (empty: the default tenant).")
+    principal_id: str = Field(
+        description="The creator; only they (or their tenant's admin) reach the session."
+    )
+
+
 class Session(_Frozen):
     """A conversation container administered by the host."""
 
@@ -75,6 +84,11 @@ class Session(_Frozen):
     status: SessionStatus = Field(description="active until ended; one way.")
     created_at: Timestamp = Field(description="First accepted creation time.")
     ended_at: Timestamp | None = Field(default=None, description="First accepted end time; null until ended.")
+    owner: SessionOwner | None = Field(
+        default=None,
+        exclude_if=lambda owner: owner is None,  # encodes as before the field when there is none
+        description="The first creation's owner, never changed; null when created without one (by a worker).",
+    )
 
 
 class RunStart(_Frozen):

@@ -100,7 +100,7 @@ async def _second_session(kafka: KafkaSettings, store: KafkaStore, publish: Any)
     text = "what is my favourite colour?"
     console.print(Text(f"\n> user, in a new session {session_id}: {text}", style="bold"))
     request = turn_request(
-        RunRequest(agent_id="assistant", text=text, session_id=session_id, principal_id=PRINCIPAL)
+        RunRequest(agent_id="assistant", text=text, session_id=session_id), principal_id=PRINCIPAL
     )
     return await _turn(kafka, store, publish, request, None)
 
@@ -135,9 +135,8 @@ async def run_demo() -> bool:
                 for text, answer in TURNS:
                     console.print(Text(f"\n> user: {text}", style="bold"))
                     request = turn_request(
-                        RunRequest(
-                            agent_id="assistant", text=text, session_id=session_id, principal_id="demo-user"
-                        )
+                        RunRequest(agent_id="assistant", text=text, session_id=session_id),
+                        principal_id="demo-user",
                     )
                     results.append(await _turn(kafka, store, publisher.publish, request, answer))
                 results.append(await _second_session(kafka, store, publisher.publish))

@@ -9,6 +9,7 @@
     quipu runs show RUN_ID                 # a run's state and transcript
     quipu sessions end|purge|show ID       # session administration
     quipu memory list|export|forget P      # what Quipu remembers about a person; delete P FACT; reindex
+    quipu keys create|list|revoke          # the gateway's API keys (services/cli/keys.py)
     quipu serve planner                    # one service alone, against QUIPU_KAFKA_* / QUIPU_MONGO_*
 
 Client commands find Kafka in `QUIPU_KAFKA_*`, or else in the state file a running `quipu up`
@@ -49,6 +50,9 @@ memory_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(memory_app, name="memory")
+from services.cli.keys import keys_app  # noqa: E402 - declared in its own module, registered here
+
+app.add_typer(keys_app, name="keys")
 
 SERVICE_NAMES = (
     "storage_owner",

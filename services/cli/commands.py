@@ -53,7 +53,7 @@ def run(
     kafka = client_settings()
     session_id = session or f"cli-{os.urandom(6).hex()}"
     try:
-        body = RunRequest(agent_id=agent, text=text, session_id=session_id, principal_id=principal)
+        body = RunRequest(agent_id=agent, text=text, session_id=session_id)
     except ValidationError as error:
         raise typer.BadParameter(
             f"{one_line_error(error)} (the message has {len(text):,} characters)", param_hint="MESSAGE"
@@ -71,7 +71,7 @@ def run(
                 kafka,
                 store,
                 publisher,
-                turn_request(body),
+                turn_request(body, principal_id=principal),
                 interactive=interactive,
                 timeout_s=timeout,
                 settings=settings,

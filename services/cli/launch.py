@@ -28,6 +28,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
+from services.cli.keys import local_gateway_access
 from services.cli.output import CliError, console, warn
 from services.cli.state import read_state, remove_state, shown_path, state_file, write_state
 from services.kit.settings import KafkaSettings, MongoSettings
@@ -115,7 +116,7 @@ def _load_service(name: str) -> Any | None:
 
 
 async def _start_in_process(
-    kafka: KafkaSettings, mongo: MongoSettings, gateway_port: int, started: list[Started]
+    kafka: KafkaSettings, mongo: MongoSettings, gateway_port: int, started: list[Started], keys_file: Path
 ) -> str:
     for name in SERVICES:
         create_app = _load_service(name)
@@ -135,7 +136,7 @@ async def _start_in_process(
     from services.gateway.app import create_app as create_gateway  # noqa: PLC0415
     from services.gateway.settings import GatewaySettings  # noqa: PLC0415
 
-    settings = GatewaySettings(host=GATEWAY_HOST, port=gateway_port)
+    settings = GatewaySettings(host=GATEWAY_HOST, port=gateway_port, api_keys_file=keys_file)
     server = EmbeddedServer(create_gateway(kafka, settings=settings), settings.host, settings.port)
     try:
         await server.start()
@@ -191,7 +192,12 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
         kafka = KafkaSettings(bootstrap=stack.bootstrap, flavour=stack.kafka_flavour, client_id="quipu")
         mongo = MongoSettings(uri=stack.mongo_uri)
         await create_topics(stack.bootstrap, kafka.topic_prefix)
-        environment = {**stack.environment(), "QUIPU_KAFKA_TOPIC_PREFIX": kafka.topic_prefix}
+        keys_file, local_key = local_gateway_access()  # the embedded default lets its own user in
+        environment = {
+            **stack.environment(),
+            "QUIPU_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
+            "QUIPU_GATEWAY_API_KEYS_FILE": str(keys_file),
+        }
         state: dict[str, Any] = {"pid": os.getpid(), "environment": environment, "services": {}}
         started: list[Started] = []
         supervisor: Supervisor | None = None
@@ -213,10 +219,10 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
                     console.print(Text(f"  ✓ {name} (pid {child.pid})", style="green"))
             else:
                 state |= {"mode": "in-process"}
-                state["gateway_url"] = await _start_in_process(kafka, mongo, port, started)
+                state["gateway_url"] = await _start_in_process(kafka, mongo, port, started, keys_file)
                 state["services"] = {s.name: {"pid": os.getpid(), "restarts": 0} for s in started}
             _publish(path, state, supervisor)
-            console.print(_panel(stack.bootstrap, stack.mongo_uri, state, path))
+            _show_up(stack.bootstrap, stack.mongo_uri, state, path, local_key)
             await stop.wait()
         finally:
             console.print(Text("stopping…", style="dim"))
@@ -239,13 +245,23 @@ def _publish(path: Path, state: dict[str, Any], supervisor: Any) -> None:
         write_state(path, state)
 
 
-def _panel(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path) -> Panel:
+def _show_up(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, local_key: str) -> None:
+    """The panel saying where everything is, then the page's link signed in with the local key."""
+    console.print(_panel(bootstrap, mongo_uri, state, path, local_key))
+    if state.get("gateway_url"):
+        # Unwrapped, so it can be clicked or copied; the key rides in the fragment, never sent.
+        console.print(f"the page, signed in: {state['gateway_url']}/#key={local_key}", soft_wrap=True)
+
+
+def _panel(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, local_key: str) -> Panel:
     quipu = quipu_command()
     environment: dict[str, str] = state["environment"]
     return Panel(
         Group(
             Text(f"kafka {bootstrap} · mongodb {mongo_uri.split('?', maxsplit=1)[0]}"),
             Text(f"gateway {state.get('gateway_url') or '(not started)'}"),
+            Text("gateway admin key (shown once; `quipu keys` issues others):"),
+            Text(local_key, style="bold"),
             Text(f'in another terminal: {quipu} run "hello"   ·   {quipu} status', style="bold"),
             Text(f"clients find this stack through {shown_path(path)} (QUIPU_STATE_FILE)", style="dim"),
             Text("other programs: " + " ".join(f"{k}={v}" for k, v in environment.items()), style="dim"),

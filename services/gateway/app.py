@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from contracts.errors import StoreError
 from services.gateway import logic, memory_routes
 from services.gateway.adapters import EventStreams, KafkaRunPublisher
-from services.gateway.auth import TokenCheck, parse_tokens
+from services.gateway.auth import Authenticator, authenticate
+from services.gateway.body_limit import BodyLimit
 from services.gateway.handlers import GatewayDeps, health_router, router
 from services.gateway.logic import GatewayError
 from services.gateway.settings import GatewaySettings
@@ -124,16 +125,21 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.deps = app.state.memory = None
-    check = TokenCheck(parse_tokens(settings.api_tokens.get_secret_value() if settings.api_tokens else ""))
-    if check.open:
-        logger.warning("the gateway lets every caller in: set QUIPU_GATEWAY_API_TOKENS")
-    app.include_router(router, dependencies=[Depends(check)])
-    app.include_router(memory_routes.router, dependencies=[Depends(check)])
+    app.state.authenticator = Authenticator.from_settings(settings)
+    if not app.state.authenticator.configured:
+        logger.warning(
+            "the gateway accepts no credential: issue keys (`quipu keys create`) and set "
+            "QUIPU_GATEWAY_API_KEYS_FILE, or configure QUIPU_GATEWAY_OIDC_*"
+        )
+    # Every /v1 route authenticates (its own dependency then checks scope and ownership).
+    app.include_router(router, dependencies=[Depends(authenticate)])
+    app.include_router(memory_routes.router, dependencies=[Depends(authenticate)])
     app.include_router(health_router)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

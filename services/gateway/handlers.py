@@ -10,11 +10,14 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from contracts.errors import ErrorCode, StoreError
 from contracts.store import Page, RunMeta, Session
 from contracts.transcript import TranscriptError, encode_messages
 from contracts.wire import utc_now_ms
-from services.gateway import logic
+from services.gateway import access, logic
+from services.gateway.access import Caller
 from services.gateway.adapters import EventStreams
+from services.gateway.auth import RunsReader, RunsWriter
 from services.gateway.logic import (
     AnswerRequest,
     CancelRequest,
@@ -40,6 +43,29 @@ class GatewayDeps:
     publisher: RunPublisher
     streams: EventStreams
     tenant_id: str = ""
+    """The default tenant: where sessions created without an owner belong."""
+
+    async def session(self, caller: Caller, session_id: str) -> Session:
+        """A session the caller may reach; 404 otherwise, as if it did not exist."""
+        session = await self.store.load_session_status(session_id)
+        return access.require_session(caller, session, default_tenant=self.tenant_id)
+
+    async def own_session(self, caller: Caller, session_id: str) -> Session:
+        """A session the caller may add turns to: their own."""
+        session = await self.store.load_session_status(session_id)
+        return access.require_own_session(caller, session, default_tenant=self.tenant_id)
+
+    async def run(self, caller: Caller, run_id: str) -> RunMeta:
+        """A run the caller may reach (its session's owner, or a one-shot run's); 404 otherwise."""
+        meta = await self.store.load_run(run_id)
+        if meta.session_id:
+            try:
+                await self.session(caller, meta.session_id)
+            except GatewayError as error:
+                raise access.unknown_run(run_id) from error
+        elif not access.reaches(caller, access.labelled_owner(meta), default_tenant=self.tenant_id):
+            raise access.unknown_run(run_id)
+        return meta
 
 
 def _deps(request: Request) -> GatewayDeps:
@@ -52,7 +78,7 @@ def _deps(request: Request) -> GatewayDeps:
 Deps = Annotated[GatewayDeps, Depends(_deps)]
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 409, 410, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 410, 503)
 }
 
 router = APIRouter(prefix="/v1", responses=_ERRORS)
@@ -61,33 +87,46 @@ router = APIRouter(prefix="/v1", responses=_ERRORS)
 
 
 @router.post("/sessions", status_code=201, response_model=Session, tags=["sessions"])
-async def create_session(deps: Deps, body: Annotated[CreateSessionRequest | None, Body()] = None) -> Session:
-    """Create a session (an active one with the same id is returned as it is)."""
+async def create_session(
+    deps: Deps, caller: RunsWriter, body: Annotated[CreateSessionRequest | None, Body()] = None
+) -> Session:
+    """Create a session owned by the caller (an active one of theirs with that id is returned as it is)."""
     session_id = (body.session_id if body else None) or logic.new_id()
-    return await deps.store.create_session(session_id, utc_now_ms())
+    session = await deps.store.create_session(session_id, utc_now_ms(), caller.owner)
+    if session.owner != caller.owner:
+        raise GatewayError(409, logic.SESSION_ID_TAKEN, f"session id {session_id!r} is taken; choose another")
+    return session
 
 
 @router.get("/sessions/{session_id}", response_model=Session, tags=["sessions"])
-async def get_session(deps: Deps, session_id: str) -> Session:
+async def get_session(deps: Deps, caller: RunsReader, session_id: str) -> Session:
     """A session's status."""
-    return await deps.store.load_session_status(session_id)
+    return await deps.session(caller, session_id)
 
 
 @router.post("/sessions/{session_id}/end", response_model=Session, tags=["sessions"])
-async def end_session(deps: Deps, session_id: str) -> Session:
+async def end_session(deps: Deps, caller: RunsWriter, session_id: str) -> Session:
     """End a session: its running runs may still finish; new runs stop at once."""
+    await deps.session(caller, session_id)
     return await deps.store.end_session(session_id, utc_now_ms())
 
 
 @router.delete("/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])
-async def purge_session(deps: Deps, session_id: str) -> None:
+async def purge_session(deps: Deps, caller: RunsWriter, session_id: str) -> None:
     """Purge an ended session with no running run: everything is deleted, the id is never reusable."""
+    try:
+        await deps.session(caller, session_id)
+    except StoreError as error:
+        if error.code is not ErrorCode.SESSION_PURGED:
+            raise
+        return  # purged already (whose it was is gone with it): purging is idempotent
     await deps.store.purge_session(session_id)
 
 
 @router.get("/sessions/{session_id}/runs", response_model=list[RunMeta], tags=["sessions"])
-async def list_session_runs(deps: Deps, session_id: str) -> list[RunMeta]:
+async def list_session_runs(deps: Deps, caller: RunsReader, session_id: str) -> list[RunMeta]:
     """Every run of the session, in start order."""
+    await deps.session(caller, session_id)
     return await deps.store.list_runs_by_session(session_id, [])
 
 
@@ -99,6 +138,7 @@ async def list_session_runs(deps: Deps, session_id: str) -> list[RunMeta]:
 )
 async def session_events(
     deps: Deps,
+    caller: RunsReader,
     session_id: str,
     start: Annotated[StartAt, Query(alias="from", description="Without a resume position.")] = (
         StartAt.BEGINNING
@@ -114,7 +154,7 @@ async def session_events(
     with `Last-Event-ID` resumes just after that event; otherwise the stream starts at the
     beginning of the session's history, or at `?from=now`. Idle streams get a comment every ~15 s.
     """
-    await deps.store.load_session_status(session_id)  # 404 / 410 before any stream opens
+    await deps.session(caller, session_id)  # 404 / 410 before any stream opens
     resume = last_event_id or after
     try:
         position = EventPosition.parse(resume) if resume else None
@@ -135,38 +175,42 @@ async def session_events(
 
 
 @router.post("/runs", status_code=202, response_model=RunAccepted, tags=["runs"])
-async def request_run(deps: Deps, body: RunRequest) -> RunAccepted:
-    """Ask an agent for a turn; follow it on the session's event stream."""
+async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAccepted:
+    """Ask an agent for a turn as the caller; follow it on the session's event stream."""
+    labels = access.owner_labels(caller, body.labels)
     if body.session_id:
-        logic.require_open(await deps.store.load_session_status(body.session_id))
-    message = logic.turn_request(body, tenant_id=deps.tenant_id)
+        logic.require_open(await deps.own_session(caller, body.session_id))
+    stamped = body.model_copy(update={"labels": labels})
+    message = logic.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
     await deps.publisher.publish(message)
     return logic.accepted(message)
 
 
 @router.get("/runs/{run_id}", response_model=RunMeta, tags=["runs"])
-async def get_run(deps: Deps, run_id: str) -> RunMeta:
+async def get_run(deps: Deps, caller: RunsReader, run_id: str) -> RunMeta:
     """A run's identity and current state."""
-    return await deps.store.load_run(run_id)
+    return await deps.run(caller, run_id)
 
 
 @router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunAccepted, tags=["runs"])
 async def cancel_run(
-    deps: Deps, run_id: str, body: Annotated[CancelRequest | None, Body()] = None
+    deps: Deps, caller: RunsWriter, run_id: str, body: Annotated[CancelRequest | None, Body()] = None
 ) -> RunAccepted:
     """Ask for a run to be canceled; the first accepted reason is permanent."""
-    meta = await deps.store.load_run(run_id)
-    message = logic.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=deps.tenant_id)
+    meta = await deps.run(caller, run_id)
+    message = logic.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=caller.tenant_id)
     await deps.publisher.publish(message)
     return logic.accepted(message)
 
 
 @router.post("/runs/{run_id}/answer", status_code=202, response_model=RunAccepted, tags=["runs"])
-async def answer_run(deps: Deps, run_id: str, body: AnswerRequest) -> RunAccepted:
-    """Answer a suspended run: its continuation starts in the same session."""
-    meta = await deps.store.load_run(run_id)
+async def answer_run(deps: Deps, caller: RunsWriter, run_id: str, body: AnswerRequest) -> RunAccepted:
+    """Answer a suspended run as the caller: its continuation starts in the same session."""
+    meta = await deps.run(caller, run_id)
+    if meta.session_id:
+        await deps.own_session(caller, meta.session_id)
     message = logic.resume_request(
-        meta, body.answer, principal_id=body.principal_id, run_id=body.run_id, tenant_id=deps.tenant_id
+        meta, body.answer, principal_id=caller.principal_id, run_id=body.run_id, tenant_id=caller.tenant_id
     )
     await deps.publisher.publish(message)
     return logic.accepted(message)
@@ -175,11 +219,13 @@ async def answer_run(deps: Deps, run_id: str, body: AnswerRequest) -> RunAccepte
 @router.get("/runs/{run_id}/records", response_model=Page, tags=["runs"])
 async def list_run_records(
     deps: Deps,
+    caller: RunsReader,
     run_id: str,
     cursor: Annotated[str, Query(description="From a previous page's next_cursor; empty: the start.")] = "",
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
 ) -> Page:
     """A page of the run's records in order (payloads are base64 JSON bytes)."""
+    await deps.run(caller, run_id)
     return await deps.store.list_run_records(run_id, cursor, limit)
 
 
@@ -189,8 +235,9 @@ async def list_run_records(
     tags=["runs"],
     responses={200: {"model": TranscriptResponse, "description": "The run's messages, in order."}},
 )
-async def get_transcript(deps: Deps, run_id: str) -> Response:
+async def get_transcript(deps: Deps, caller: RunsReader, run_id: str) -> Response:
     """The run's transcript, rebuilt from its records (exact JSON: numbers keep their digits)."""
+    await deps.run(caller, run_id)
     try:
         messages = await build_messages_from_run_log(deps.store, run_id)
     except TranscriptError as error:

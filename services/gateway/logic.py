@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.envelope import derive_id
 from contracts.errors import ErrorCode, StoreError
 from contracts.runs import CancelRun, RunKind, RunRequested
-from contracts.store import CancellationReason, Page, RunMeta, RunStatus, Session, SessionStatus
+from contracts.store import CancellationReason, Page, RunMeta, RunStatus, Session, SessionOwner, SessionStatus
 from contracts.transcript import Message
 
 # --- ports --------------------------------------------------------------------------------------
@@ -24,8 +24,10 @@ from contracts.transcript import Message
 class GatewayStore(Protocol):
     """The store operations the gateway uses (every `Store` has them; the Kafka client in production)."""
 
-    async def create_session(self, session_id: str, created_at: datetime) -> Session:
-        """CreateSession."""
+    async def create_session(
+        self, session_id: str, created_at: datetime, owner: SessionOwner | None = None
+    ) -> Session:
+        """CreateSession (with the owner recorded on a new session)."""
         ...
 
     async def end_session(self, session_id: str, ended_at: datetime) -> Session:
@@ -87,6 +89,8 @@ RUN_NOT_SUSPENDED = "RUN_NOT_SUSPENDED"
 """Code of an answer to a run that is not waiting for one."""
 ROUTE_NOT_FOUND = "NOT_FOUND"
 """Code of a path the gateway does not serve."""
+SESSION_ID_TAKEN = "SESSION_ID_TAKEN"
+"""Code of a new session whose id another principal's session already has."""
 TRANSCRIPT_UNAVAILABLE = "TRANSCRIPT_UNAVAILABLE"
 """Code of a run whose transcript cannot be rebuilt (none recorded yet, or undecodable)."""
 
@@ -142,7 +146,6 @@ class RunRequest(_Body):
         max_length=256,
         description="Session of the turn; omitted: a one-shot run.",
     )
-    principal_id: str = Field(default="", max_length=256, description="The person the agent acts for.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels recorded on the run.")
     run_id: str | None = Field(
         default=None,
@@ -165,7 +168,6 @@ class AnswerRequest(_Body):
     """The user's answer to a suspended run: starts its continuation."""
 
     answer: Any = Field(description="The answer (any JSON value: text, a choice, a confirmation...).")
-    principal_id: str = Field(default="", max_length=256, description="The person answering.")
     run_id: str | None = Field(
         default=None,
         min_length=1,
@@ -217,8 +219,8 @@ def require_open(session: Session) -> None:
         )
 
 
-def turn_request(body: RunRequest, *, tenant_id: str = "") -> RunRequested:
-    """The RunRequested (kind turn) a POST /v1/runs publishes."""
+def turn_request(body: RunRequest, *, tenant_id: str = "", principal_id: str = "") -> RunRequested:
+    """The RunRequested (kind turn) a POST /v1/runs publishes, for the credential's tenant and principal."""
     run_id = body.run_id or new_id()
     return RunRequested(
         event_id=request_event_id(run_id),
@@ -228,7 +230,7 @@ def turn_request(body: RunRequest, *, tenant_id: str = "") -> RunRequested:
         run_id=run_id,
         session_id=body.session_id or "",
         agent_id=body.agent_id,
-        principal_id=body.principal_id,
+        principal_id=principal_id,
         text=body.text,
         labels=body.labels,
     )

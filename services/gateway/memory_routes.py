@@ -7,7 +7,8 @@
     POST   /v1/memory/reindex                                rebuild the derived index
 
 Memory is reached through any `MemoryStore` (the owner's Kafka client in production, the
-in-memory store in tests). `tenant_id` defaults to the gateway's tenant; `agent_id` narrows a
+in-memory store in tests). A caller reaches their own principal; an admin every principal of
+their tenant; nothing of another tenant (404). `tenant_id` defaults to the caller's; `agent_id` narrows a
 listing to one agent's facts plus the principal-wide ones. Deleting a fact also drops its index
 entry at once, without waiting for the enricher (search would drop the stale entry anyway: it
 rehydrates every hit from the authority).
@@ -25,6 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.memory import Fact, MemoryScope, PrincipalExport
+from services.gateway import access
+from services.gateway.access import Caller
+from services.gateway.auth import Admin, MemoryReader, MemoryWriter
 from services.gateway.logic import ErrorResponse, GatewayError
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.protocol import MemoryStore
@@ -91,8 +95,7 @@ class ReindexRequest(BaseModel):
     tenant_id: str | None = Field(
         default=None,
         max_length=256,
-        description="Tenant of the principal (default: the gateway's); without principal_id, only this "
-        "tenant's principals (omitted: every tenant).",
+        description="The caller's own tenant (the only one an admin reindexes); omitted: the caller's.",
     )
 
 
@@ -106,27 +109,23 @@ def _memory(request: Request) -> MemoryDeps:
     return memory
 
 
-def _default_tenant(request: Request) -> str:
-    deps = getattr(request.app.state, "deps", None)
-    tenant: str = getattr(deps, "tenant_id", "") or ""
-    return tenant
-
-
 Memory = Annotated[MemoryDeps, Depends(_memory)]
 TenantQuery = Annotated[
-    str | None, Query(max_length=256, description="Tenant of the principal; default: the gateway's.")
+    str | None, Query(max_length=256, description="Tenant of the principal: the caller's own (the default).")
 ]
 AgentQuery = Annotated[
     str, Query(max_length=256, description="Only this agent's facts and the principal-wide ones.")
 ]
 
 
-def _scope(request: Request, principal_id: str, tenant_id: str | None, agent_id: str = "") -> MemoryScope:
-    tenant = _default_tenant(request) if tenant_id is None else tenant_id
+def _scope(caller: Caller, principal_id: str, tenant_id: str | None, agent_id: str = "") -> MemoryScope:
+    tenant = access.require_principal(caller, principal_id, tenant_id)
     return MemoryScope(tenant_id=tenant, principal_id=principal_id, agent_id=agent_id)
 
 
-_ERRORS: dict[int | str, dict[str, object]] = {status: {"model": ErrorResponse} for status in (400, 404, 503)}
+_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 503)
+}
 
 router = APIRouter(prefix="/v1", responses=_ERRORS, tags=["memory"])
 
@@ -137,27 +136,27 @@ router = APIRouter(prefix="/v1", responses=_ERRORS, tags=["memory"])
 @router.get("/principals/{principal_id}/facts", response_model=FactList)
 async def list_facts(
     memory: Memory,
-    request: Request,
+    caller: MemoryReader,
     principal_id: str,
     tenant_id: TenantQuery = None,
     agent_id: AgentQuery = "",
 ) -> FactList:
     """What Quipu remembers about the person now, with the session and turn each fact came from."""
-    scope = _scope(request, principal_id, tenant_id, agent_id)
+    scope = _scope(caller, principal_id, tenant_id, agent_id)
     return FactList(scope=scope, facts=await memory.store.list_facts(scope))
 
 
 @router.delete("/principals/{principal_id}/facts/{fact_id}", response_model=FactDeleted)
 async def delete_fact(
     memory: Memory,
-    request: Request,
+    caller: MemoryWriter,
     principal_id: str,
     fact_id: str,
     tenant_id: TenantQuery = None,
     agent_id: AgentQuery = "",
 ) -> FactDeleted:
     """Delete one fact: it leaves retrieval and future prompts at once; its wording stays in the audit."""
-    scope = _scope(request, principal_id, tenant_id, agent_id)
+    scope = _scope(caller, principal_id, tenant_id, agent_id)
     try:
         change = await memory.store.delete_fact(scope, fact_id)
     except StoreError as error:
@@ -177,14 +176,14 @@ async def delete_fact(
 @router.get("/principals/{principal_id}/export", response_model=PrincipalExport)
 async def export_principal(
     memory: Memory,
-    request: Request,
+    caller: MemoryReader,
     response: Response,
     principal_id: str,
     tenant_id: TenantQuery = None,
     agent_id: AgentQuery = "",
 ) -> PrincipalExport:
     """Everything remembered about the person: facts, previous versions and the profile (JSON)."""
-    scope = _scope(request, principal_id, tenant_id, agent_id)
+    scope = _scope(caller, principal_id, tenant_id, agent_id)
     exported = await memory.store.export_principal(scope)
     response.headers["Content-Disposition"] = 'attachment; filename="quipu-memory-export.json"'
     return exported
@@ -192,26 +191,26 @@ async def export_principal(
 
 @router.delete("/principals/{principal_id}", response_model=PrincipalForgotten)
 async def forget_principal(
-    memory: Memory, request: Request, principal_id: str, tenant_id: TenantQuery = None
+    memory: Memory, caller: MemoryWriter, principal_id: str, tenant_id: TenantQuery = None
 ) -> PrincipalForgotten:
     """Forget the person: facts, audit, profile, history, summaries and index entries, for every agent."""
-    tenant = _scope(request, principal_id, tenant_id).tenant_id
+    tenant = access.require_principal(caller, principal_id, tenant_id)
     erased = await memory.store.forget_principal(tenant, principal_id)
     return PrincipalForgotten(tenant_id=tenant, principal_id=principal_id, erased=erased)
 
 
 @router.post("/memory/reindex", response_model=ReindexReport)
 async def reindex_memory(
-    memory: Memory, request: Request, body: Annotated[ReindexRequest | None, Body()] = None
+    memory: Memory, caller: Admin, body: Annotated[ReindexRequest | None, Body()] = None
 ) -> ReindexReport:
-    """Rebuild the derived index from the authority: entries for current facts, none for deleted ones."""
+    """Rebuild the derived index from the authority (the caller's tenant, as its admin)."""
     wanted = body or ReindexRequest()
+    tenant = access.require_admin_tenant(caller, wanted.tenant_id)
     if wanted.principal_id is not None:
-        tenant = _default_tenant(request) if wanted.tenant_id is None else wanted.tenant_id
         principals = [Principal(tenant_id=tenant, principal_id=wanted.principal_id)]
     else:
         try:
-            principals = await memory.principals(wanted.tenant_id)
+            principals = await memory.principals(tenant)
         except TimeoutError as error:
             raise GatewayError(503, ErrorCode.UNAVAILABLE.value, str(error)) from error
     report = await reindex(memory.store, principals)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 
 from contracts.errors import ErrorCode
-from contracts.store import SessionStatus
+from contracts.store import SessionOwner, SessionStatus
 from services.kit.store.protocol import Store
 from tests.conformance.builders import (
     ms,
@@ -35,6 +35,24 @@ async def test_create_session_again_returns_the_stored_session_unchanged(store: 
     assert again == first
     assert again.created_at == ms(7)
     assert (await store.load_session_status(session_id)).created_at == ms(7)
+
+
+async def test_a_session_keeps_the_owner_of_its_first_creation(store: Store) -> None:
+    session_id = uid("session")
+    ana = SessionOwner(tenant_id="t1", principal_id="ana")
+    created = await store.create_session(session_id, ms(7), ana)
+    assert created.owner == ana
+    again = await store.create_session(session_id, ms(8), SessionOwner(tenant_id="t2", principal_id="bo"))
+    assert again.owner == ana
+    ended = await store.end_session(session_id, ms(9))
+    assert ended.owner == ana
+    assert (await store.load_session_status(session_id)).owner == ana
+
+
+async def test_a_session_created_without_an_owner_has_none(store: Store) -> None:
+    session_id = uid("session")
+    assert (await store.create_session(session_id, ms(7))).owner is None
+    assert (await store.load_session_status(session_id)).owner is None
 
 
 async def test_end_session_ends_it_once_and_keeps_the_first_ended_at(store: Store) -> None:

@@ -122,6 +122,7 @@ from deploy.local.stack import EmbeddedStack, create_topics, delete_topics  # no
 from services.kit.store.client import KafkaStore  # noqa: E402
 from services.planner.adapters import load_records  # noqa: E402
 from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving  # noqa: E402
+from tests.support.gateway_keys import TestKeys  # noqa: E402
 
 # --- waiting ------------------------------------------------------------------------------------
 
@@ -222,6 +223,7 @@ class Deployment:
     executors: list[ServiceProcess] = field(default_factory=list)
     gateway: ServiceProcess | None = None
     gateway_url: str = ""
+    gateway_headers: dict[str, str] = field(default_factory=dict)
     store: KafkaStore = field(init=False)
     events: TopicReader = field(init=False)
     turns: TopicReader = field(init=False)
@@ -342,10 +344,16 @@ class Deployment:
         """The gateway process on a free port."""
         port = _free_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
+        keys = TestKeys(self.log_dir)
+        self.gateway_headers = keys.admin()
         self.gateway = self._process(
             "services.gateway",
             "gateway",
-            {"QUIPU_GATEWAY_PORT": str(port), "QUIPU_GATEWAY_HOST": "127.0.0.1"},
+            {
+                "QUIPU_GATEWAY_PORT": str(port),
+                "QUIPU_GATEWAY_HOST": "127.0.0.1",
+                "QUIPU_GATEWAY_API_KEYS_FILE": str(keys.file.path),
+            },
         )
         return self.gateway
 

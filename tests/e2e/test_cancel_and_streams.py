@@ -56,11 +56,13 @@ CALCULATOR_DELAY_S = 1.7
 class SseFollower:
     """A client of `GET /v1/sessions/{id}/events`: every event received, with its SSE id."""
 
-    def __init__(self, base_url: str, session_id: str) -> None:
+    def __init__(self, base_url: str, session_id: str, headers: dict[str, str]) -> None:
         self.session_id = session_id
         self.events: list[RunEvent] = []
         self.ids: list[str] = []
-        self._client = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(10.0, read=None))
+        self._client = httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(10.0, read=None), headers=headers
+        )
         self._opened = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -148,7 +150,9 @@ async def deployment(
 
 @pytest.fixture
 async def http(deployment: Deployment) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=deployment.gateway_url, timeout=15.0) as client:
+    async with httpx.AsyncClient(
+        base_url=deployment.gateway_url, timeout=15.0, headers=deployment.gateway_headers
+    ) as client:
         yield client
 
 
@@ -157,7 +161,8 @@ async def session_stream(deployment: Deployment, http: httpx.AsyncClient) -> Asy
     """A new session (through the gateway) and its event stream, followed from its beginning."""
     created = await http.post("/v1/sessions", json={})
     assert created.status_code == 201, created.text
-    follower = await SseFollower(deployment.gateway_url, created.json()["session_id"]).start()
+    session_id = created.json()["session_id"]
+    follower = await SseFollower(deployment.gateway_url, session_id, deployment.gateway_headers).start()
     try:
         yield follower
     finally:

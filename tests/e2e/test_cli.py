@@ -37,6 +37,7 @@ from tests.integration.test_gateway_support import (
     eventually,
     unique_name,
 )
+from tests.timing import scaled
 
 runner = CliRunner()
 
@@ -196,6 +197,18 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes], within: float) -> di
     raise AssertionError(f"quipu up did not write {path} within {within} s")
 
 
+def _printed_key(log: Path, process: subprocess.Popen[bytes], within: float) -> str:
+    """The local admin key `quipu up` printed (in the page's link)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "quipu up exited early"
+        found = re.findall(r"#key=(qk_\S+)", log.read_text(errors="replace"))
+        if found:
+            return str(found[-1])
+        time.sleep(0.1)
+    raise AssertionError(f"quipu up printed no gateway key within {within} s")
+
+
 @pytest.mark.slow
 def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     state_file = tmp_path / "up.json"
@@ -205,6 +218,7 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         if not key.startswith(("QUIPU_KAFKA_", "QUIPU_MONGO_", "QUIPU_GATEWAY_"))
     }
     environment[STATE_FILE_ENV] = str(state_file)
+    environment["QUIPU_GATEWAY_API_KEYS_FILE"] = str(tmp_path / "gateway-keys.json")
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--gateway-port", "0"],
@@ -217,6 +231,12 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert state["pid"] == up.pid
         health = httpx.get(state["gateway_url"] + "/healthz", timeout=10)
         assert health.json() == {"status": "ok", "open_streams": 0}
+        # One command is enough: `quipu up` issued itself an admin key and printed it.
+        key = _printed_key(tmp_path / "up.log", up, within=scaled(30))
+        unknown = f"{state['gateway_url']}/v1/sessions/none"
+        assert httpx.get(unknown, timeout=10).status_code == 401
+        signed_in = httpx.get(unknown, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert signed_in.json()["code"] == "SESSION_NOT_FOUND"
         if importlib.util.find_spec("services.planner") is not None:
             turn = subprocess.run(
                 [sys.executable, "-m", "services.cli", "run", "what time is it?", "--timeout", "60"],

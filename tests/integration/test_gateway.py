@@ -24,7 +24,6 @@ from contracts.topics import TOPICS, Topic
 from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack
 from services.gateway.app import EmbeddedServer, create_app
-from services.gateway.settings import GatewaySettings
 from services.kit.events import RunEventReader, StreamedEvent, partition_for_key
 from tests.conformance.builders import running_root
 from tests.integration.test_gateway_support import (
@@ -38,6 +37,7 @@ from tests.integration.test_gateway_support import (
     unique_name,
 )
 from tests.owner_support import TopicReader
+from tests.support.gateway_keys import TestKeys
 
 PARTITIONS = list(range(next(spec.partitions for spec in TOPICS if spec.topic is Topic.RUNS_EVENTS)))
 
@@ -61,11 +61,15 @@ async def served(stack: EmbeddedStack) -> AsyncIterator[ServedStack]:
 
 @pytest.fixture(scope="module")
 async def gateway(served: ServedStack) -> AsyncIterator[Gateway]:
-    app = create_app(served.kafka, settings=GatewaySettings(keepalive_s=0.3))
+    keys = TestKeys()
+    app = create_app(served.kafka, settings=keys.settings(keepalive_s=0.3))
     server = EmbeddedServer(app)
     await server.start()
-    asgi = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
-    http = httpx.AsyncClient(base_url=server.url, timeout=20.0)
+    operator = keys.admin()  # sessions the tests make in the store directly have no owner
+    asgi = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gateway", headers=operator
+    )
+    http = httpx.AsyncClient(base_url=server.url, timeout=20.0, headers=operator)
     try:
         yield Gateway(served, app, server, asgi, http)
     finally:

@@ -25,7 +25,6 @@ from services.gateway.adapters import EventStreams
 from services.gateway.app import create_app
 from services.gateway.handlers import GatewayDeps
 from services.gateway.memory_routes import MemoryDeps
-from services.gateway.settings import GatewaySettings
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.reindex import Principal
@@ -33,6 +32,7 @@ from services.kit.memory.retrieval_eval import ManualClock
 from services.kit.settings import KafkaSettings
 from services.kit.store.memory import InMemoryStore
 from tests.integration.test_gateway_support import ServedStack, eventually, unique_name
+from tests.support.gateway_keys import TestKeys
 
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:9", flavour="tansu")
 ANA = MemoryScope(tenant_id="t1", principal_id="ana")
@@ -91,8 +91,13 @@ async def local() -> AsyncIterator[Local]:
         return [p for p in every if tenant_id is None or p.tenant_id == tenant_id]
 
     deps = GatewayDeps(InMemoryStore(), NoPublisher(), EventStreams(KAFKA), tenant_id="t1")
-    app: FastAPI = create_app(KAFKA, deps=deps, memory=MemoryDeps(memory, principals))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    keys = TestKeys()
+    app: FastAPI = create_app(
+        KAFKA, deps=deps, settings=keys.settings(), memory=MemoryDeps(memory, principals)
+    )
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=keys.admin("t1")
+    )
     enricher = Enricher(memory, EnricherSettings(retry_delay_s=0), clock=clock, sleep=_no_wait)
     async with app.router.lifespan_context(app), client:
         yield Local(memory, enricher, client)
@@ -110,14 +115,14 @@ async def test_a_person_sees_their_facts_with_provenance(local: Local) -> None:
     await local.add(ANA, "f-1", "Lives in Madrid.", turn="t-7")
     await local.add(ANA_PLANNER, "f-2", "Plans trips by train.")
     await local.add(BRUNO, "f-3", "Lives in Lisbon.")
-    response = await local.client.get("/v1/principals/ana/facts")  # tenant: the gateway's
+    response = await local.client.get("/v1/principals/ana/facts")  # tenant: the caller's
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["scope"] == {"tenant_id": "t1", "principal_id": "ana", "agent_id": ""}
     assert [fact["fact_id"] for fact in body["facts"]] == ["f-1", "f-2"]
     assert body["facts"][0]["provenance"] == {"session_id": "s-1", "turn_id": "t-7", "message_seq": 1}
     other_tenant = await local.client.get("/v1/principals/ana/facts", params={"tenant_id": "t2"})
-    assert other_tenant.json()["facts"] == []
+    assert other_tenant.status_code == 404  # an admin of t1 reaches nothing of t2
     planner_only = await local.client.get("/v1/principals/ana/facts", params={"agent_id": "planner"})
     assert [fact["fact_id"] for fact in planner_only.json()["facts"]] == ["f-1", "f-2"]
     other_agent = await local.client.get("/v1/principals/ana/facts", params={"agent_id": "coder"})
@@ -194,10 +199,13 @@ async def test_reindex_one_principal_or_every_one(local: Local) -> None:
 
 async def test_without_a_memory_store_the_routes_answer_503() -> None:
     deps = GatewayDeps(InMemoryStore(), NoPublisher(), EventStreams(KAFKA))
-    app = create_app(KAFKA, deps=deps)
+    keys = TestKeys()
+    app = create_app(KAFKA, deps=deps, settings=keys.settings())
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=keys.issue("ana")
+        ) as client,
     ):
         response = await client.get("/v1/principals/ana/facts")
     assert (response.status_code, error_code(response)) == (503, "UNAVAILABLE")
@@ -211,13 +219,17 @@ async def test_memory_routes_on_the_real_owner(stack: EmbeddedStack) -> None:
     async with ServedStack(stack, unique_name()) as served:
         memory = KafkaMemoryStore(served.store)
         enricher = create_enricher(served.kafka, EnricherSettings(store_timeout_s=10.0))
-        app = create_app(served.kafka, settings=GatewaySettings(tenant_id="t1"))
+        keys = TestKeys()
+        app = create_app(served.kafka, settings=keys.settings(tenant_id="t1"))
         await enricher.start()
         try:
             async with (
                 app.router.lifespan_context(app),
                 httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=30.0
+                    transport=httpx.ASGITransport(app=app),
+                    base_url="http://gw",
+                    timeout=30.0,
+                    headers=keys.admin("t1"),
                 ) as client,
             ):
                 for fact_id, text in [("f-1", "Lives in Madrid."), ("f-2", "Works in Madrid.")]:

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.runs import CancelRun, RunKind, RunRequested
-from contracts.store import CancellationReason, RunStatus, Session
+from contracts.store import CancellationReason, RunStatus, Session, SessionOwner
 from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from services.gateway.adapters import EventStreams
 from services.gateway.app import create_app
@@ -26,6 +26,7 @@ from services.gateway.handlers import GatewayDeps
 from services.kit.settings import KafkaSettings
 from services.kit.store.memory import InMemoryStore
 from tests.conformance.builders import complete, ordinary, running_root, suspend
+from tests.support.gateway_keys import TestKeys
 
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:9", flavour="tansu")
 
@@ -46,10 +47,17 @@ class Gateway:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.publisher = RecordingPublisher()
+        self.keys = TestKeys()
         self.app: FastAPI = create_app(
-            KAFKA, deps=GatewayDeps(store, self.publisher, EventStreams(KAFKA), tenant_id="t1")
+            KAFKA,
+            deps=GatewayDeps(store, self.publisher, EventStreams(KAFKA), tenant_id="t1"),
+            settings=self.keys.settings(),
         )
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gw")
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app),
+            base_url="http://gw",
+            headers=self.keys.issue("ana", "t1"),
+        )
 
 
 @pytest.fixture
@@ -134,7 +142,6 @@ async def test_a_turn_in_a_session_is_published_for_the_planner(gateway: Gateway
             "agent_id": "assistant",
             "text": "hello",
             "session_id": "s-1",
-            "principal_id": "ana",
             "labels": {"channel": "web"},
         },
     )
@@ -144,7 +151,9 @@ async def test_a_turn_in_a_session_is_published_for_the_planner(gateway: Gateway
     assert isinstance(sent, RunRequested)
     assert accepted == {"run_id": sent.run_id, "session_id": "s-1", "event_id": sent.event_id}
     assert sent.kind is RunKind.TURN and sent.agent_id == "assistant" and sent.text == "hello"
-    assert sent.principal_id == "ana" and sent.labels == {"channel": "web"} and sent.tenant_id == "t1"
+    # The principal and tenant come from the caller's key, and are stamped on the run's labels.
+    assert sent.principal_id == "ana" and sent.tenant_id == "t1"
+    assert sent.labels == {"channel": "web", "quipu.tenant_id": "t1", "quipu.principal_id": "ana"}
     assert sent.partition_key() == "s-1"
 
 
@@ -175,6 +184,11 @@ async def test_a_turn_is_refused_before_anything_is_published(gateway: Gateway) 
         "INVALID_ARGUMENT",
     )
     assert error_of(await client.post("/v1/runs", content=b"{not json")) == (400, "INVALID_ARGUMENT")
+    # Who the run acts for comes from the credential, never from the body.
+    posing = {"agent_id": "a", "text": "x", "principal_id": "bo"}
+    assert error_of(await client.post("/v1/runs", json=posing)) == (400, "INVALID_ARGUMENT")
+    reserved = {"agent_id": "a", "text": "x", "labels": {"quipu.principal_id": "bo"}}
+    assert error_of(await client.post("/v1/runs", json=reserved)) == (400, "INVALID_ARGUMENT")
     unknown = {"agent_id": "a", "text": "x", "session_id": "missing"}
     assert error_of(await client.post("/v1/runs", json=unknown)) == (404, "SESSION_NOT_FOUND")
     await session(gateway)
@@ -231,9 +245,7 @@ async def test_answer_starts_a_continuation_of_a_suspended_run(gateway: Gateway)
     await session(gateway)
     run = await running_root(gateway.store, "s-1", labels={"k": "v"})
     await suspend(gateway.store, run)
-    response = await gateway.client.post(
-        f"/v1/runs/{run.run_id}/answer", json={"answer": {"approved": True}, "principal_id": "ana"}
-    )
+    response = await gateway.client.post(f"/v1/runs/{run.run_id}/answer", json={"answer": {"approved": True}})
     assert response.status_code == 202, response.text
     [sent] = gateway.publisher.sent
     assert isinstance(sent, RunRequested)
@@ -331,7 +343,9 @@ async def test_an_unavailable_store_is_503_with_retry_after() -> None:
         async def load_session_status(self, session_id: str) -> Session:
             raise StoreError(ErrorCode.UNAVAILABLE, "no reply from the storage owner")
 
-        async def create_session(self, session_id: str, created_at: datetime) -> Session:
+        async def create_session(
+            self, session_id: str, created_at: datetime, owner: SessionOwner | None = None
+        ) -> Session:
             raise StoreError(ErrorCode.UNAVAILABLE, "no reply from the storage owner")
 
     made = Gateway(DownStore())

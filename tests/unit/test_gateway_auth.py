@@ -1,36 +1,76 @@
-"""Gateway API tokens: every /v1 route wants one when they are configured; health, page and docs do not."""
+"""Gateway credentials: API keys (hashed, scoped, revocable) and OIDC JWTs against a local JWKS file.
+
+Every /v1 route names its caller; health, page and docs stay open.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import httpx
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
 from pydantic import SecretStr
 
+from services.gateway.access import Scope
 from services.gateway.adapters import EventStreams
+from services.gateway.api_keys import digest, split_key
 from services.gateway.app import create_app
-from services.gateway.auth import is_known, parse_tokens, presented_token
+from services.gateway.auth import presented_token
 from services.gateway.handlers import GatewayDeps
 from services.gateway.memory_routes import MemoryDeps
 from services.gateway.settings import GatewaySettings
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.reindex import Principal
 from services.kit.store.memory import InMemoryStore
+from tests.support.gateway_keys import TestKeys
 from tests.unit.test_gateway import KAFKA, RecordingPublisher
 
-TOKENS = "alpha-token-1, beta-token-2"
+ISSUER = "https://id.example.test/"
+AUDIENCE = "quipu-gateway"
 
 
-async def _client(api_tokens: str | None) -> AsyncIterator[httpx.AsyncClient]:
-    settings = GatewaySettings(api_tokens=SecretStr(api_tokens) if api_tokens is not None else None)
+class Issuer:
+    """A signing key pair and its JWKS file: tokens as an OIDC provider would mint them."""
+
+    def __init__(self, directory: Path, kid: str = "k1") -> None:
+        self.kid = kid
+        self.private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        public = json.loads(RSAAlgorithm.to_jwk(self.private.public_key()))
+        self.jwks = directory / "jwks.json"
+        self.jwks.write_text(json.dumps({"keys": [{**public, "kid": kid, "use": "sig", "alg": "RS256"}]}))
+
+    def token(self, **overrides: Any) -> str:
+        now = int(time.time())
+        claims = {
+            "iss": ISSUER,
+            "aud": AUDIENCE,
+            "sub": "ana",
+            "tenant_id": "t1",
+            "scope": "runs:read runs:write openid",
+            "iat": now,
+            "exp": now + 300,
+            **overrides,
+        }
+        claims = {name: value for name, value in claims.items() if value is not None}
+        return jwt.encode(claims, self.private, algorithm="RS256", headers={"kid": self.kid})
+
+
+async def _client(settings: GatewaySettings) -> AsyncIterator[httpx.AsyncClient]:
     deps = GatewayDeps(InMemoryStore(), RecordingPublisher(), EventStreams(KAFKA), tenant_id="t1")
-    memory = InMemoryMemoryStore()
 
     async def principals(_tenant_id: str | None) -> list[Principal]:
         return []
 
-    app = create_app(KAFKA, deps=deps, settings=settings, memory=MemoryDeps(memory, principals))
+    app = create_app(
+        KAFKA, deps=deps, settings=settings, memory=MemoryDeps(InMemoryMemoryStore(), principals)
+    )
     transport = httpx.ASGITransport(app=app)
     async with (
         app.router.lifespan_context(app),
@@ -40,19 +80,33 @@ async def _client(api_tokens: str | None) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-async def guarded() -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client(TOKENS):
-        yield client
+def keys(tmp_path: Path) -> TestKeys:
+    return TestKeys(tmp_path)
 
 
 @pytest.fixture
-async def unguarded() -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client(None):
+def issuer(tmp_path: Path) -> Issuer:
+    return Issuer(tmp_path)
+
+
+@pytest.fixture
+async def guarded(keys: TestKeys, issuer: Issuer) -> AsyncIterator[httpx.AsyncClient]:
+    settings = keys.settings(oidc_issuer=ISSUER, oidc_audience=AUDIENCE, oidc_jwks=str(issuer.jwks))
+    async for client in _client(settings):
         yield client
 
 
-async def test_a_caller_without_a_known_token_is_refused_with_401(guarded: httpx.AsyncClient) -> None:
-    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic alpha-token-1"}):
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_a_caller_without_a_valid_credential_is_refused_with_401(guarded: httpx.AsyncClient) -> None:
+    for headers in (
+        {},
+        _bearer("wrong"),
+        _bearer("qk_0000_forged"),
+        {"authorization": "Basic qk_a_b"},
+    ):
         for method, path in (
             ("POST", "/v1/sessions"),
             ("GET", "/v1/sessions/s-1"),
@@ -66,18 +120,103 @@ async def test_a_caller_without_a_known_token_is_refused_with_401(guarded: httpx
             assert response.headers["www-authenticate"] == "Bearer"
 
 
-async def test_either_configured_token_lets_the_caller_in_by_header_or_cookie(
-    guarded: httpx.AsyncClient,
+async def test_a_key_lets_its_principal_in_by_header_or_cookie(
+    guarded: httpx.AsyncClient, keys: TestKeys
 ) -> None:
-    by_header = await guarded.post(
-        "/v1/sessions", json={"session_id": "s-1"}, headers={"Authorization": "Bearer alpha-token-1"}
-    )
+    headers = keys.issue("ana", "t1")
+    by_header = await guarded.post("/v1/sessions", json={"session_id": "s-1"}, headers=headers)
     assert by_header.status_code == 201, by_header.text
-    guarded.cookies.set("quipu_token", "beta-token-2")
+    assert by_header.json()["owner"] == {"tenant_id": "t1", "principal_id": "ana"}
+    guarded.cookies.set("quipu_token", headers["Authorization"].removeprefix("Bearer "))
     by_cookie = await guarded.get("/v1/sessions/s-1")
     assert by_cookie.status_code == 200 and by_cookie.json()["session_id"] == "s-1"
-    facts = await guarded.get("/v1/principals/ana/facts")
-    assert facts.status_code == 200, facts.text
+    assert (await guarded.get("/v1/principals/ana/facts")).status_code == 200
+
+
+async def test_a_revoked_key_is_refused_at_the_next_request(
+    guarded: httpx.AsyncClient, keys: TestKeys
+) -> None:
+    headers = keys.issue("ana", "t1")
+    assert (await guarded.post("/v1/sessions", headers=headers)).status_code == 201
+    key_id, _ = split_key(headers["Authorization"].removeprefix("Bearer ")) or ("", "")
+    assert keys.file.revoke(key_id) is not None
+    refused = await guarded.post("/v1/sessions", headers=headers)
+    assert refused.status_code == 401 and refused.json()["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_key_does_only_what_its_scopes_allow(guarded: httpx.AsyncClient, keys: TestKeys) -> None:
+    reader = keys.issue("ana", "t1", [Scope.RUNS_READ, Scope.MEMORY_READ])
+    for method, path in (
+        ("POST", "/v1/sessions"),
+        ("POST", "/v1/runs"),
+        ("DELETE", "/v1/principals/ana"),
+        ("POST", "/v1/memory/reindex"),
+    ):
+        response = await guarded.request(method, path, headers=reader)
+        assert response.status_code == 403, (method, path, response.text)
+        assert response.json()["code"] == "FORBIDDEN"
+    assert (await guarded.get("/v1/principals/ana/facts", headers=reader)).status_code == 200
+
+
+def test_the_keys_file_keeps_only_a_digest_of_the_secret(keys: TestKeys) -> None:
+    key = keys.issue("ana", "t1")["Authorization"].removeprefix("Bearer ")
+    key_id, secret = split_key(key) or ("", "")
+    text = keys.file.path.read_text()
+    assert secret not in text and digest(secret) in text and key_id in text
+    assert keys.file.path.stat().st_mode & 0o077 == 0  # readable by its owner only
+
+
+async def test_an_oidc_token_names_its_principal_tenant_and_scopes(
+    guarded: httpx.AsyncClient, issuer: Issuer
+) -> None:
+    created = await guarded.post("/v1/sessions", headers=_bearer(issuer.token()))
+    assert created.status_code == 201, created.text
+    assert created.json()["owner"] == {"tenant_id": "t1", "principal_id": "ana"}
+    # The token grants runs:* only: memory is out of its reach.
+    facts = await guarded.get("/v1/principals/ana/facts", headers=_bearer(issuer.token()))
+    assert facts.status_code == 403
+    scp = issuer.token(scope=None, scp=["memory:read"])
+    assert (await guarded.get("/v1/principals/ana/facts", headers=_bearer(scp))).status_code == 200
+
+
+async def test_oidc_tokens_failing_any_check_are_refused(
+    guarded: httpx.AsyncClient, issuer: Issuer, tmp_path: Path
+) -> None:
+    (tmp_path / "other").mkdir()
+    stranger = Issuer(tmp_path / "other")
+    now = int(time.time())
+    refused = {
+        "expired": issuer.token(iat=now - 4000, exp=now - 3600),
+        "other issuer": issuer.token(iss="https://evil.example.test/"),
+        "other audience": issuer.token(aud="someone-else"),
+        "no tenant": issuer.token(tenant_id=None),
+        "no subject": issuer.token(sub=None),
+        "no expiry": issuer.token(exp=None),
+        "signed by another key": stranger.token(),
+        "unsigned": jwt.encode(
+            {"iss": ISSUER, "aud": AUDIENCE, "sub": "ana", "tenant_id": "t1"}, None, "none"
+        ),
+        "symmetric with the public key as secret": jwt.encode(
+            {"iss": ISSUER, "aud": AUDIENCE, "sub": "ana", "tenant_id": "t1", "exp": now + 60},
+            json.loads(issuer.jwks.read_text())["keys"][0]["n"],  # the public modulus as the secret
+            algorithm="HS256",
+            headers={"kid": issuer.kid},
+        ),
+    }
+    for why, token in refused.items():
+        response = await guarded.post("/v1/sessions", headers=_bearer(token))
+        assert response.status_code == 401, (why, response.text)
+
+
+async def test_a_gateway_with_no_credential_configured_lets_nobody_in() -> None:
+    async for client in _client(GatewaySettings()):
+        assert (await client.post("/v1/sessions")).status_code == 401
+        assert (await client.get("/healthz")).status_code == 200
+
+
+def test_the_retired_shared_tokens_setting_stops_the_gateway_with_directions() -> None:
+    with pytest.raises(ValueError, match="quipu keys create"):
+        create_app(KAFKA, settings=GatewaySettings(api_tokens=SecretStr("alpha")))
 
 
 async def test_health_page_and_docs_stay_open(guarded: httpx.AsyncClient) -> None:
@@ -85,16 +224,7 @@ async def test_health_page_and_docs_stay_open(guarded: httpx.AsyncClient) -> Non
         assert (await guarded.get(path)).status_code == 200, path
 
 
-async def test_without_tokens_the_gateway_is_open(unguarded: httpx.AsyncClient) -> None:
-    assert (await unguarded.post("/v1/sessions", json={"session_id": "s-1"})).status_code == 201
-
-
-def test_tokens_are_parsed_and_compared_exactly() -> None:
-    tokens = parse_tokens(" a1 ,, b2 ,")
-    assert tokens == ("a1", "b2")
-    assert is_known("a1", tokens) and is_known("b2", tokens)
-    assert not is_known("a", tokens) and not is_known("a1 ", tokens) and not is_known(None, tokens)
-    assert not is_known("a1", ())
+def test_the_presented_credential_is_the_header_else_the_cookie() -> None:
     assert presented_token("Bearer  a1 ", None) == "a1"
     assert presented_token("bearer a1", "cookie") == "a1"  # the header wins
     assert presented_token("Token a1", "cookie") is None  # a header of another scheme is not retried

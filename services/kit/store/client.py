@@ -54,6 +54,7 @@ from contracts.store import (
     RunStart,
     RunStatus,
     Session,
+    SessionOwner,
     StartResult,
 )
 from contracts.topics import Topic
@@ -220,8 +221,12 @@ class KafkaStore:
 
     # --- the Store protocol ---------------------------------------------------------------------
 
-    async def create_session(self, session_id: str, created_at: datetime) -> Session:
-        result: Session = await self.call(CreateSession(session_id=session_id, created_at=created_at))
+    async def create_session(
+        self, session_id: str, created_at: datetime, owner: SessionOwner | None = None
+    ) -> Session:
+        result: Session = await self.call(
+            CreateSession(session_id=session_id, created_at=created_at, owner=owner)
+        )
         return result
 
     async def end_session(self, session_id: str, ended_at: datetime) -> Session:

@@ -14,6 +14,7 @@ from contracts.store import (
     RunStart,
     RunStatus,
     Session,
+    SessionOwner,
     StartResult,
 )
 
@@ -21,8 +22,10 @@ from contracts.store import (
 class Store(Protocol):
     """The runtime store contract (STORE_CONTRACT §6). Every method raises `StoreError` on refusal."""
 
-    async def create_session(self, session_id: str, created_at: datetime) -> Session:
-        """CreateSession: insert an active session, or return the stored active one unchanged."""
+    async def create_session(
+        self, session_id: str, created_at: datetime, owner: SessionOwner | None = None
+    ) -> Session:
+        """CreateSession: insert an active session with its owner, or return the stored active one as is."""
         ...
 
     async def end_session(self, session_id: str, ended_at: datetime) -> Session:

@@ -30,6 +30,7 @@ from contracts.store import (
     RunStart,
     RunStatus,
     Session,
+    SessionOwner,
     SessionStatus,
     StartOutcome,
     StartResult,
@@ -118,7 +119,9 @@ class RuleStore:
 
     # --- sessions -------------------------------------------------------------------------------
 
-    async def create_session(self, session_id: str, created_at: datetime) -> Session:
+    async def create_session(
+        self, session_id: str, created_at: datetime, owner: SessionOwner | None = None
+    ) -> Session:
         require_id("session_id", session_id)
         require_millisecond("created_at", created_at)
 
@@ -129,7 +132,9 @@ class RuleStore:
                 if existing.status is SessionStatus.ENDED:
                     _fail(ErrorCode.SESSION_ENDED, "session has ended")
                 return existing.session
-            session = Session(session_id=session_id, status=SessionStatus.ACTIVE, created_at=created_at)
+            session = Session(
+                session_id=session_id, status=SessionStatus.ACTIVE, created_at=created_at, owner=owner
+            )
             await tx.save_session(SessionState(session=session, revision=1))
             return session
 
