@@ -109,7 +109,8 @@ EXTRACTION_SYSTEM = """You maintain the long-term memory of an assistant about o
 You receive the facts saved so far (each with its id) and one turn of conversation, as JSON data.
 Return operations on the saved facts:
 - new: a stable, useful fact for future conversations that is not saved yet (no fact_id).
-- update: a saved fact this turn corrects or refines (its fact_id and the new text).
+- update: a saved fact this turn corrects or refines (its fact_id and the new text); a new value
+  of something already saved ("my favourite colour is green" when blue is saved) is an update.
 - delete: a saved fact the user asked to forget or said is no longer true (its fact_id).
 Keep only preferences, decisions and stable data that the USER said or confirmed in this turn;
 mark anything you concluded yourself as assistant_inferred.
