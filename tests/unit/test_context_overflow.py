@@ -37,7 +37,7 @@ from services.kit.delivery import RetryableError
 from services.kit.memory.context import MemoryContextSource
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.rules import build_index_entry
-from services.kit.memory.summary import SUMMARY_HEADER, SUMMARY_SCHEMA, summary_of_block
+from services.kit.memory.summary import SUMMARY_HEADER, read_summarizer_request, summary_of_block
 from services.kit.models.estimate import estimate_request_tokens, estimate_text_tokens
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
 from services.kit.models.scripted import ScriptedModel
@@ -70,14 +70,13 @@ class Model:
         self.fail_next: list[ModelError] = []
 
     async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
-        if request.output_schema == SUMMARY_SCHEMA:
+        fold = read_summarizer_request(request)
+        if fold is not None:
             self.summary_requests.append(request)
             if self.fail_next:
                 raise self.fail_next.pop(0)
-            content = request.messages[0].parts[0].text  # type: ignore[union-attr]
-            so_far = content.split("<summary_so_far>\n")[1].split("\n</summary_so_far>")[0]
-            turns = ", ".join(_TURN.findall(content.split("<messages>")[1]))
-            summary = f"{so_far} Compacted old turns {turns}."
+            turns = ", ".join(number for said in fold.new for number in _TURN.findall(said.text))
+            summary = f"{fold.existing} Compacted old turns {turns}.".strip()
             return self._say(json.dumps({"summary": summary}), request)
         self.planner_requests.append(request)
         if self.fail_next:

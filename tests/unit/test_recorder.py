@@ -22,7 +22,7 @@ from contracts.runs import TurnCompleted
 from contracts.transcript import TextPart
 from services.kit.delivery import PermanentError
 from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.summary import SUMMARY_SCHEMA, Summarizer
+from services.kit.memory.summary import Summarizer, read_summarizer_request
 from services.kit.models.estimate import estimate_text_tokens
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
 from services.kit.models.scripted import ScriptedModel
@@ -68,18 +68,15 @@ class SummaryModel:
         self.failures: list[ModelError] = []
 
     async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
-        assert request.output_schema == SUMMARY_SCHEMA
+        fold = read_summarizer_request(request)
+        assert fold is not None
         self.requests.append(request)
         if self.failures:
             raise self.failures.pop(0)
-        content = request.messages[-1].parts[0].text  # type: ignore[union-attr]
-        so_far, _, new = content.partition("Messages that left the window, oldest first:")
-        marks = [f"{role}{n}" for role, n in _MARK.findall(new)]
+        marks = [f"{role}{n}" for utterance in fold.new for role, n in _MARK.findall(utterance.text)]
         self.reads.update(set(marks))
-        existing = so_far.split("<summary_so_far>\n")[1].split("\n</summary_so_far>")[0]
-        existing = "" if existing == "(nothing yet)" else existing
         added = " ".join(self.sentence.format(n=mark[1:]) for mark in marks if mark.startswith("u"))
-        text = f"{existing} {added}".strip()
+        text = f"{fold.existing} {added}".strip()
         return ModelResponse(
             parts=[TextPart(text=f'{{"summary": "{text}"}}')],
             stop_reason=StopReason.END_TURN,
