@@ -280,16 +280,16 @@ class Delivery:
         log.warning("retries exhausted; message will be delivered again")
         await message.nack()
 
-    @staticmethod
     async def _tell_invalid(
-        on_invalid: Callable[[bytes, str], Awaitable[None]] | None, body: bytes, detail: str, log: Any
+        self, on_invalid: Callable[[bytes, str], Awaitable[None]] | None, body: bytes, detail: str, log: Any
     ) -> None:
-        """The service's answer to an invalid message (a refusal reply) is a courtesy: when it fails,
-        the dead letter still goes out."""
+        """The service's answer to an invalid message (a refusal reply) is a courtesy: when it fails
+        or hangs (a publish waiting on metadata), the dead letter still goes out, in bounded time."""
         if on_invalid is None:
             return
         try:
-            await on_invalid(body, detail)
+            async with asyncio.timeout(self._limits.timeout_s):
+                await on_invalid(body, detail)
         except Exception as error:
             log.warning("answering an invalid message failed", error=describe_error(error))
 

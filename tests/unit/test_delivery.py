@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -263,3 +264,14 @@ def test_describe_error_keeps_the_kind_and_drops_quoted_values() -> None:
     assert described.startswith("ValueError: ")
     assert "is not a valid topic name" in described
     assert SECRET_INPUT not in described
+
+
+async def test_a_refusal_reply_that_hangs_is_given_up_at_the_dead_letter_timeout() -> None:
+    async def hang(_body: bytes, _reason: str) -> None:
+        await asyncio.Event().wait()  # a publish waiting on metadata for a topic that never appears
+
+    broker = Broker()
+    message = Message(b'{"op": "create"}')
+    await _delivery(broker, timeout_s=0.05).handle(message, COMMAND, _nothing, on_invalid=hang)
+    assert len(broker.sent) == 1
+    assert message.acked == 1
