@@ -122,7 +122,8 @@ _STRONG_CREDENTIAL = _words(
     r"(?:codigo|numero) (?:pin|nip|secreto|de acceso|de verificacion|de desbloqueo)",
     r"patron de desbloqueo",
     r"(?:respuestas?|preguntas?) (?:de seguridad|secretas?)",
-    r"(?:wifi|wi-fi) (?:password|key)",
+    r"(?:wifi|wi-fi|wpa2?|wep|network|router|license|licence|product|serial|recovery|bitlocker|encryption|"
+    r"decryption|master) keys?",
 )
 """Words that name a credential whatever is said about it: one followed by a value is a secret."""
 
@@ -130,18 +131,16 @@ _SHORT_CREDENTIAL = _words(
     r"pass",
     r"claves?",
     r"contra",
-    r"keys?",
-    r"llaves?",
-    r"codes?",
-    r"codigos?",
     r"login",
     r"secrets?",
     r"tokens?",
-    r"combinations?",
-    r"combinacion",
 )
 """Words that name a credential only when they say what they open ("gmail pass", "clave del
-cajero"): alone they are a bus pass, a key idea, a postal code or a board-game token."""
+cajero"): alone they are a bus pass, a key idea or a board-game token."""
+
+_SHORT_CODE = _words(r"codes?", r"codigos?", r"combinations?", r"combinacion")
+"""A code is a secret only when it opens something physical ("alarm code", "código del
+portal"): an app's code is its source and a phone code a dialling prefix."""
 
 _VALUED_CREDENTIAL = _words(
     r"tokens?", r"secrets?", r"secretos?", r"claves?", r"login", r"pins", r"combinations?", r"combinacion"
@@ -160,7 +159,14 @@ _OPENED = (
     r"taquilla|padlock|candado|keypad"
     r")"
 )
-"""What a credential opens: mail, devices, accounts, banks and cards, services, doors and safes."""
+"""What a password opens: mail, devices, accounts, banks and cards, services, doors and safes."""
+
+_OPENED_BY_CODE = (
+    r"(?:atm|cashpoint|cajero(?: automatico)?|cards?|tarjetas?|debit|credit|movil|celular|iphone|ipad|"
+    r"tablet|sim|voicemail|buzon de voz|door|puerta|gate|garage|garaje|portal|building|edificio|alarm|"
+    r"alarma|safe|caja fuerte|locker|taquilla|padlock|candado|keypad|lock|cerradura)"
+)
+"""What a code or a combination opens."""
 
 _NOT_A_CREDENTIAL = re.compile(
     # a thing about credentials, not one: "password manager", "PIN-code reader", "token bucket"
@@ -198,12 +204,12 @@ _OF = _words(r"for", r"of", r"to", r"on", r"de", r"del", r"al", r"para", r"a")
 
 _NAMED_CREDENTIAL = _words(
     _STRONG_CREDENTIAL,
-    # "gmail pass", "ATM code", "wifi key"
+    # "gmail pass", "netflix login"; "ATM code", "locker combination"
     rf"{_OPENED}(?:'s)? {_SHORT_CREDENTIAL}",
-    # "pass for steam", "clave del cajero", "código de la alarma", "contra de mi Gmail"
+    rf"{_OPENED_BY_CODE}(?:'s)? {_SHORT_CODE}",
+    # "pass for steam", "clave del cajero", "contra de mi Gmail"; "código de la alarma"
     rf"{_SHORT_CREDENTIAL} {_OF} (?:\S+ ){{0,2}}?{_OPENED}",
-    # "mi clave", "my pass"
-    rf"{_POSSESSIVE} (?:clave|contra|pass)",
+    rf"{_SHORT_CODE} {_OF} (?:\S+ ){{0,2}}?{_OPENED_BY_CODE}",
 )
 
 _CREDENTIAL_VALUE = re.compile(
@@ -214,6 +220,8 @@ _CREDENTIAL_VALUE = re.compile(
     rf"|\b{_NAMED_CREDENTIAL}\b\s+[\"'«“]?{_WITH_DIGIT}"
     # a quoted value after the noun
     rf"|\b{_NAMED_CREDENTIAL}\b[^\"'«“]{{0,30}}{_QUOTED}"
+    # "mi clave es golondrina", "my pass: tulip" (and not "mi clave para dormir bien es leer")
+    rf"|\b{_POSSESSIVE} (?:clave|contra|pass){_COPULA}{_VALUE}"
     # "token abc123def", "combination 12-34-56", "la clave es 'perro'"
     rf"|\b{_VALUED_CREDENTIAL}\b{_OPTIONAL_COPULA}(?:{_WITH_DIGIT}|{_QUOTED})"
     # "usuario admin y contraseña admin", "username: pedro, password: pedro1"
