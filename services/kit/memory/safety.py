@@ -131,12 +131,12 @@ _SHORT_CREDENTIAL = _words(
     r"pass",
     r"claves?",
     r"contra",
-    r"login",
-    r"secrets?",
     r"tokens?",
 )
 """Words that name a credential only when they say what they open ("gmail pass", "clave del
-cajero"): alone they are a bus pass, a key idea or a board-game token."""
+cajero"): alone they are a bus pass, a key idea or a board-game token. A login (a user name)
+or a secret ("her Gmail secret is that she never deletes anything") is one only with a value that
+has a digit or quotes, or next to a password (`_VALUED_CREDENTIAL`)."""
 
 _SHORT_CODE = _words(r"codes?", r"codigos?", r"combinations?", r"combinacion")
 """A code is a secret only when it opens something physical ("alarm code", "código del
