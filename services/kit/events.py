@@ -56,6 +56,10 @@ DEDUP_WINDOW = 10_000
 _PARTITIONER = DefaultPartitioner()
 
 
+MAX_POSITION_LENGTH = 40
+"""Longest `<partition>-<offset>` read (two 64-bit numbers and a dash); anything longer is not one."""
+
+
 class EventStreamError(Exception):
     """Raised when `runs.events` cannot be read: the topic is missing or the broker does not answer."""
 
@@ -85,10 +89,18 @@ class EventPosition:
 
     @classmethod
     def parse(cls, text: str) -> EventPosition:
-        """Read `<partition>-<offset>` (an SSE `Last-Event-ID`); raise InvalidPositionError."""
+        """Read `<partition>-<offset>` (an SSE `Last-Event-ID`); raise InvalidPositionError.
+
+        The error never repeats the text: it came from the caller and may be anything, of any length.
+        """
         partition, separator, offset = text.strip().partition("-")
-        if not separator or not partition.isdigit() or not offset.isdigit():
-            raise InvalidPositionError(f"not a stream position (<partition>-<offset>): {text!r}")
+        if (
+            len(text) > MAX_POSITION_LENGTH
+            or not separator
+            or not partition.isdigit()
+            or not offset.isdigit()
+        ):
+            raise InvalidPositionError("not a position of this stream (<partition>-<offset>)")
         return cls(int(partition), int(offset))
 
 
@@ -157,8 +169,9 @@ class RunEventReader:
     ) -> None:
         """Connect and position the reader: just after `after`, else at `start_at`.
 
-        Raises InvalidPositionError when `after` is on another partition than the stream's,
-        EventStreamError when the topic cannot be found.
+        Raises InvalidPositionError when `after` is on another partition than the stream's or
+        ahead of its end (no such event was ever read: waiting for it would hold the stream open
+        with nothing to show), EventStreamError when the topic cannot be found.
         """
         settings = self._settings
         self._consumer = AIOKafkaConsumer(
@@ -176,13 +189,13 @@ class RunEventReader:
             await asyncio.sleep(0)
             partition = TopicPartition(self._topic, partition_for_key(self.key, await self._partitions()))
             if after is not None and after.partition != partition.partition:
-                raise InvalidPositionError(
-                    f"position {after} is not on partition {partition.partition}, "
-                    f"where the events of {self.key!r} are"
-                )
+                # Which partition holds the stream is the broker's business, not the caller's.
+                raise InvalidPositionError("not a position of this stream")
             self._partition = partition
             self._consumer.assign([partition])
             if after is not None:
+                if after.offset + 1 > await self._high_watermark():
+                    raise InvalidPositionError("a position beyond the end of this stream")
                 self._seek(after.offset + 1)
             elif start_at is StartAt.NOW:
                 self._seek(await self._high_watermark())

@@ -38,6 +38,7 @@ from tests.integration.test_gateway_support import (
 )
 from tests.owner_support import TopicReader
 from tests.support.gateway_keys import TestKeys
+from tests.timing import scaled
 
 PARTITIONS = list(range(next(spec.partitions for spec in TOPICS if spec.topic is Topic.RUNS_EVENTS)))
 
@@ -268,6 +269,38 @@ async def test_stream_refusals(gateway: Gateway) -> None:
     )
     assert error_of(await client.get(path, params={"from": "yesterday"})) == (400, "INVALID_ARGUMENT")
     assert error_of(await client.get("/v1/sessions/never-made/events")) == (404, "SESSION_NOT_FOUND")
+    assert (await gateway.asgi.get("/healthz")).json()["open_streams"] == 0
+
+
+async def test_a_refused_position_is_neither_echoed_nor_told_where_the_stream_is(gateway: Gateway) -> None:
+    session_id = await new_session(gateway)
+    path = f"/v1/sessions/{session_id}/events"
+    home = partition_for_key(session_id, PARTITIONS)
+    huge = "7" * 8000
+    for position in (huge, f"{huge}-1", f"{(home + 1) % len(PARTITIONS)}-0"):
+        response = await gateway.http.get(path, headers={"Last-Event-ID": position})
+        assert error_of(response) == (400, "INVALID_ARGUMENT")
+        message = response.json()["message"]
+        assert len(message) < 200 and "7777" not in message, message
+        assert f"partition {home}" not in message and str(home) not in message, message
+
+
+async def test_a_position_beyond_the_end_is_refused_instead_of_waiting_forever(gateway: Gateway) -> None:
+    session_id = await new_session(gateway)
+    await publish_events(gateway, [reply(session_id, "run-1", 0)])
+    path = f"/v1/sessions/{session_id}/events"
+    async with sse(gateway.http, path) as stream:
+        [first] = await stream.take(1)
+    partition, offset = first.id.split("-")
+    # The last event's own position resumes (and waits for what comes next): it is the stream's end.
+    async with sse(gateway.http, path, **{"Last-Event-ID": first.id}) as stream:
+        await stream.nothing_more(0.3)
+    for ahead in (int(offset) + 1, int(offset) + 10_000):
+        # Keep-alive comments would keep a stream that was let in open for ever: bound the wait.
+        request = gateway.http.get(path, headers={"Last-Event-ID": f"{partition}-{ahead}"})
+        response = await asyncio.wait_for(request, scaled(15))
+        assert error_of(response) == (400, "INVALID_ARGUMENT"), ahead
+        assert "beyond the end" in response.json()["message"]
     assert (await gateway.asgi.get("/healthz")).json()["open_streams"] == 0
 
 
