@@ -101,6 +101,34 @@ def unknown_run(run_id: str) -> GatewayError:
     return GatewayError(404, ErrorCode.RUN_NOT_FOUND.value, f"run {run_id!r} was not found")
 
 
+class AcceptedRuns:
+    """Runs this gateway copy accepted lately, until the planner starts them (bounded, in memory).
+
+    Between a 202 and the planner's start the store knows nothing of the run; under load that
+    lasts seconds. Another copy behind the same load balancer does not know the run either, and
+    answers 404 until the start; the 202 says to follow the session's events instead of polling.
+    """
+
+    def __init__(self, keep_s: float = 300.0, most: int = 10_000) -> None:
+        self._keep_s = keep_s
+        self._most = most
+        self._runs: dict[str, tuple[SessionOwner, str, float]] = {}
+
+    def add(self, run_id: str, owner: SessionOwner, session_id: str, now: float) -> None:
+        """Remember an accepted run (the oldest are forgotten first)."""
+        self._runs.pop(run_id, None)
+        self._runs[run_id] = (owner, session_id, now)
+        while len(self._runs) > self._most:
+            del self._runs[next(iter(self._runs))]
+
+    def session_of(self, run_id: str, owner: SessionOwner, now: float) -> str | None:
+        """The session of a run `owner` had accepted lately, else None."""
+        found = self._runs.get(run_id)
+        if found is None or found[0] != owner or now - found[2] > self._keep_s:
+            return None
+        return found[1]
+
+
 def labelled_owner(meta: RunMeta) -> SessionOwner | None:
     """The owner the gateway stamped on a run's labels, if it did."""
     tenant, principal = (meta.labels.get(label) for label in OWNER_LABELS)

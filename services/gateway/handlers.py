@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from contracts.errors import ErrorCode, StoreError
@@ -27,6 +28,7 @@ from services.gateway.logic import (
     GatewayStore,
     Health,
     RunAccepted,
+    RunPending,
     RunPublisher,
     RunRequest,
     TranscriptResponse,
@@ -44,6 +46,7 @@ class GatewayDeps:
     streams: EventStreams
     tenant_id: str = ""
     """The default tenant: where sessions created without an owner belong."""
+    accepted: access.AcceptedRuns = field(default_factory=access.AcceptedRuns)
 
     async def session(self, caller: Caller, session_id: str) -> Session:
         """A session the caller may reach; 404 otherwise, as if it did not exist."""
@@ -160,7 +163,9 @@ async def session_events(
         position = EventPosition.parse(resume) if resume else None
         reader = await deps.streams.open(session_id, after=position, start_at=start)
     except InvalidPositionError as error:
-        raise GatewayError(400, logic.INVALID_REQUEST, str(error)) from error
+        # The text is ours: the caller's position is never echoed back.
+        message = f"Last-Event-ID (or after): {error}; reconnect without it, or with ?from=now"
+        raise GatewayError(400, logic.INVALID_REQUEST, message) from error
     except EventStreamError as error:
         raise GatewayError(503, "UNAVAILABLE", str(error)) from error
     return StreamingResponse(
@@ -183,13 +188,31 @@ async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAc
     stamped = body.model_copy(update={"labels": labels})
     message = logic.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
     await deps.publisher.publish(message)
+    deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 
 
-@router.get("/runs/{run_id}", response_model=RunMeta, tags=["runs"])
-async def get_run(deps: Deps, caller: RunsReader, run_id: str) -> RunMeta:
-    """A run's identity and current state."""
-    return await deps.run(caller, run_id)
+@router.get(
+    "/runs/{run_id}",
+    response_model=RunMeta,
+    tags=["runs"],
+    responses={202: {"model": RunPending, "description": "Accepted here, not started by the planner yet."}},
+)
+async def get_run(deps: Deps, caller: RunsReader, run_id: str) -> RunMeta | JSONResponse:
+    """A run's identity and current state; 202 while a run this gateway accepted waits for the planner."""
+    try:
+        return await deps.run(caller, run_id)
+    except StoreError as error:
+        session_id = deps.accepted.session_of(run_id, caller.owner, time.monotonic())
+        if error.code is not ErrorCode.RUN_NOT_FOUND or session_id is None:
+            raise
+    follow = f"follow /v1/sessions/{session_id}/events" if session_id else "ask again"
+    pending = RunPending(
+        run_id=run_id,
+        session_id=session_id,
+        message=f"accepted and queued for the planner, not started yet: {follow}",
+    )
+    return JSONResponse(pending.model_dump(), status_code=202, headers={"Retry-After": "1"})
 
 
 @router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunAccepted, tags=["runs"])
@@ -213,6 +236,7 @@ async def answer_run(deps: Deps, caller: RunsWriter, run_id: str, body: AnswerRe
         meta, body.answer, principal_id=caller.principal_id, run_id=body.run_id, tenant_id=caller.tenant_id
     )
     await deps.publisher.publish(message)
+    deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 
 

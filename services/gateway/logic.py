@@ -184,6 +184,17 @@ class RunAccepted(BaseModel):
     event_id: str = Field(description="event_id of the published message.")
 
 
+class RunPending(BaseModel):
+    """A run this gateway accepted that the planner has not started yet (GET answers 202 meanwhile)."""
+
+    run_id: str = Field(description="The run.")
+    session_id: str = Field(description="Its session; empty for a one-shot run.")
+    status: str = Field(default="requested", description="`requested`: queued for the planner.")
+    message: str = Field(
+        description="What to do: ask again after Retry-After, or follow the session's events."
+    )
+
+
 class TranscriptResponse(BaseModel):
     """A run's transcript as the model saw it (STORE_CONTRACT §10)."""
 

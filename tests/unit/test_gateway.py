@@ -165,6 +165,23 @@ async def test_a_turn_without_a_session_is_a_one_shot_run_keyed_by_its_run(gatew
     assert sent.session_id == "" and sent.partition_key() == sent.run_id == response.json()["run_id"]
 
 
+async def test_an_accepted_run_not_started_yet_answers_202_to_its_caller_only(gateway: Gateway) -> None:
+    await session(gateway)
+    accepted = await gateway.client.post("/v1/runs", json={"agent_id": "a", "text": "x", "session_id": "s-1"})
+    run_id = accepted.json()["run_id"]
+    # No planner here: the store knows nothing of the run yet, as under load for seconds.
+    pending = await gateway.client.get(f"/v1/runs/{run_id}")
+    assert pending.status_code == 202 and pending.headers["retry-after"] == "1"
+    assert pending.json()["status"] == "requested" and pending.json()["session_id"] == "s-1"
+    assert "/v1/sessions/s-1/events" in pending.json()["message"]
+    other = gateway.keys.issue("bo", "t1")
+    assert error_of(await gateway.client.get(f"/v1/runs/{run_id}", headers=other)) == (404, "RUN_NOT_FOUND")
+    assert error_of(await gateway.client.get("/v1/runs/never-asked")) == (404, "RUN_NOT_FOUND")
+    started = await running_root(gateway.store, "s-1", run_id=run_id)
+    meta = await gateway.client.get(f"/v1/runs/{run_id}")
+    assert meta.status_code == 200 and meta.json()["run_id"] == started.run_id
+
+
 async def test_a_resent_turn_with_its_run_id_repeats_the_event_id(gateway: Gateway) -> None:
     body = {"agent_id": "assistant", "text": "hi", "run_id": "run-fixed"}
     first = (await gateway.client.post("/v1/runs", json=body)).json()
