@@ -1,0 +1,79 @@
+"""Request bodies are limited at the transport: an oversized body is refused before it is read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from services.gateway.adapters import EventStreams
+from services.gateway.app import EmbeddedServer, create_app
+from services.gateway.handlers import GatewayDeps
+from services.kit.store.memory import InMemoryStore
+from tests.support.gateway_keys import TestKeys
+from tests.timing import scaled
+from tests.unit.test_gateway import KAFKA, RecordingPublisher
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[EmbeddedServer, dict[str, str], RecordingPublisher]]:
+    keys = TestKeys()
+    publisher = RecordingPublisher()
+    deps = GatewayDeps(InMemoryStore(), publisher, EventStreams(KAFKA))
+    server = EmbeddedServer(create_app(KAFKA, deps=deps, settings=keys.settings(max_body_bytes=LIMIT)))
+    await server.start()
+    try:
+        yield server, keys.issue("ana"), publisher
+    finally:
+        await server.stop()
+
+
+async def test_a_declared_50_mb_body_is_refused_before_a_byte_of_it_is_sent(
+    served: tuple[EmbeddedServer, dict[str, str], RecordingPublisher],
+) -> None:
+    server, headers, publisher = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(
+            (
+                "POST /v1/runs HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                f"Authorization: {headers['Authorization']}\r\nContent-Length: {50 * 1024 * 1024}\r\n\r\n"
+            ).encode()
+        )
+        await writer.drain()
+        # Nothing of the body follows: a server that waited for it would never answer.
+        status = await asyncio.wait_for(reader.readline(), scaled(10))
+        assert status.startswith(b"HTTP/1.1 413"), status
+    finally:
+        writer.close()
+    assert publisher.sent == []
+
+
+async def test_a_chunked_body_is_refused_once_it_passes_the_limit(
+    served: tuple[EmbeddedServer, dict[str, str], RecordingPublisher],
+) -> None:
+    server, headers, publisher = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(
+            (
+                "POST /v1/runs HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                f"Authorization: {headers['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ).encode()
+        )
+        chunk = b"x" * 8192
+        for _ in range(2 * LIMIT // len(chunk)):  # twice the limit, and no last chunk: never complete
+            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), scaled(10))
+        assert status.startswith(b"HTTP/1.1 413"), status
+    finally:
+        writer.close()
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=scaled(20)) as client:
+        within = await client.post("/v1/runs", json={"agent_id": "a", "text": "x" * (LIMIT // 2)})
+        assert within.status_code == 202, within.text
+    assert len(publisher.sent) == 1
