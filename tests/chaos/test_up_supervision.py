@@ -105,6 +105,7 @@ def _environment(state_file: Path) -> dict[str, str]:
         if not key.startswith(("QUIPU_KAFKA_", "QUIPU_MONGO_", "QUIPU_GATEWAY_", "QUIPU_LOG", "QUIPU_JSON"))
     }
     environment[STATE_FILE_ENV] = str(state_file)
+    environment["QUIPU_GATEWAY_API_KEYS_FILE"] = str(state_file.with_name("gateway-keys.json"))
     environment["QUIPU_MODEL_PROVIDER"] = "scripted"
     environment.pop("ANTHROPIC_API_KEY", None)
     return environment
