@@ -54,16 +54,16 @@ from services.cli.keys import keys_app  # noqa: E402 - declared in its own modul
 
 app.add_typer(keys_app, name="keys")
 
-SERVICE_NAMES = (
+SERVICES = (
     "storage_owner",
     "planner",
     "tool_executor",
     "transcript_recorder",
     "fact_extractor",
     "enricher",
-    "gateway",
 )
-"""What `quipu serve` runs (services/cli/launch.py starts them in this order)."""
+"""FastStream services in start order (the owner first: every other one calls the store)."""
+GATEWAY = "gateway"
 
 CANCELLATION_REASONS = ("user_requested", "engine_canceled")
 """What `quipu cancel --reason` accepts (contracts.store.CancellationReason, without the store's own)."""
@@ -343,9 +343,9 @@ def serve(
 ) -> None:
     """Run one service alone against QUIPU_KAFKA_* (and QUIPU_MONGO_* for the owner)."""
     name = service.replace("-", "_")
-    if name not in SERVICE_NAMES:
+    if name not in (*SERVICES, GATEWAY):
         raise typer.BadParameter(
-            f"unknown service {service!r}; one of: {', '.join(SERVICE_NAMES)}", param_hint="SERVICE"
+            f"unknown service {service!r}; one of: {', '.join((*SERVICES, GATEWAY))}", param_hint="SERVICE"
         )
     from services.cli import launch  # noqa: PLC0415
     from services.cli.output import fail  # noqa: PLC0415

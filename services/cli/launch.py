@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +29,12 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
+from services.cli import GATEWAY, SERVICES
 from services.cli.keys import local_gateway_access
 from services.cli.output import CliError, console, warn
 from services.cli.state import read_state, remove_state, shown_path, state_file, write_state
 from services.kit.settings import KafkaSettings, MongoSettings
 
-SERVICES = (
-    "storage_owner",
-    "planner",
-    "tool_executor",
-    "transcript_recorder",
-    "fact_extractor",
-    "enricher",
-)
-"""FastStream services in start order (the owner first: every other one calls the store)."""
-GATEWAY = "gateway"
 GATEWAY_HOST = "127.0.0.1"
 
 _PREFIX_STYLES = ("cyan", "magenta", "blue", "green", "yellow", "bright_cyan", "bright_magenta")
@@ -220,7 +212,8 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
             else:
                 state |= {"mode": "in-process"}
                 state["gateway_url"] = await _start_in_process(kafka, mongo, port, started, keys_file)
-                state["services"] = {s.name: {"pid": os.getpid(), "restarts": 0} for s in started}
+                since = time.time()
+                state["services"] = {s.name: {"pid": os.getpid(), "started_at": since} for s in started}
             _publish(path, state, supervisor)
             _show_up(stack.bootstrap, stack.mongo_uri, state, path, local_key)
             await stop.wait()
