@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -238,18 +239,19 @@ def services_table(state: dict[str, Any]) -> Table:
     return table
 
 
-def lag_table(measured: list[GroupLag]) -> Table:
-    """Each consumer group: members, lag (high-watermark - committed), or why it was not measured."""
+def lag_table(measured: list[GroupLag]) -> Group:
+    """Each consumer group: members and lag (high-watermark - committed); below, what was not measured."""
     table = Table(title_justify="left")
-    for column in ("service", "group", "topic", "members", "lag", "not measured"):
-        table.add_column(column, no_wrap=column != "not measured")
+    for column in ("group", "topic", "members", "lag"):
+        table.add_column(column, no_wrap=True)
     for row in measured:
         table.add_row(
-            row.consumer.service,
             row.consumer.group,
             row.consumer.topic.value,
             "?" if row.members is None else str(row.members),
             "?" if row.lag is None else str(row.lag),
-            row.unmeasured or "",
         )
-    return table
+    reasons = [
+        Text(f"{row.consumer.group}: {row.unmeasured}", style="yellow") for row in measured if row.unmeasured
+    ]
+    return Group(table, *reasons)

@@ -35,6 +35,7 @@ from contracts.store import RunMeta, RunStatus
 from contracts.wire import utc_now_ms
 from services.cli import SERVICES
 from services.cli.state import STATE_FILE_ENV
+from services.cli.status import CONSUMERS
 from services.gateway.adapters import KafkaRunPublisher
 from services.gateway.logic import RunRequest, turn_request
 from services.kit.settings import KafkaSettings
@@ -287,10 +288,14 @@ async def test_status_shows_every_service_up_and_each_groups_lag(up: Up, clients
     output = shown.stdout.decode()
     assert shown.returncode == 0, output + shown.stderr.decode()
     assert f"quipu up (pid {up.process.pid}" in output
+    rows = [
+        [cell.strip() for cell in line.strip().strip("│").split("│")]
+        for line in output.splitlines()
+        if "│" in line
+    ]
     for service in SUPERVISED:
-        [row] = [line for line in output.splitlines() if f" {service} " in line and " up " in line]
-        assert str(up.pid_of(service)) in row
-    for group in ("storage-owner", "planner-requests", "planner-results", "tool-executor", "enricher"):
-        [row] = [line for line in output.splitlines() if f" {group} " in line]
-        cells = [cell.strip() for cell in row.strip("│ ").split("│")]
-        assert cells[3].isdigit() and cells[4].isdigit(), row  # members and lag were measured
+        [row] = [cells for cells in rows if cells[0] == service and cells[2].startswith("up ")]
+        assert row[1] == str(up.pid_of(service)), output
+    for consumer in CONSUMERS:
+        [row] = [cells for cells in rows if cells[:2] == [consumer.group, consumer.topic.value]]
+        assert row[2].isdigit() and row[3].isdigit(), output  # members and lag were measured
