@@ -17,6 +17,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import StoreError
@@ -118,7 +119,8 @@ def create_app(
         finally:
             await store.stop()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from the assets `fastapi-offline` ships: `/docs` renders with no network.
+    app = FastAPIOffline(
         title="Quipu gateway",
         summary="Sessions, runs and live run events (SSE) of the Quipu agent runtime.",
         version="0.1.0",

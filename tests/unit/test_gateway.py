@@ -8,6 +8,7 @@ tests/integration/test_gateway.py.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -380,6 +381,22 @@ async def test_unknown_routes_docs_page_and_health(gateway: Gateway) -> None:
     page = await gateway.client.get("/")
     assert page.status_code == 200 and "EventSource" in page.text
     assert (await gateway.client.get("/healthz")).json() == {"status": "ok", "open_streams": 0}
+
+
+async def test_the_docs_pages_load_every_asset_from_the_gateway_itself(gateway: Gateway) -> None:
+    """`/docs` and `/redoc` must render with no network: every script, style and icon they load is
+    served by the gateway (a CDN URL would leave an offline user with a blank page)."""
+    for page in ("/docs", "/redoc"):
+        html = (await gateway.client.get(page)).text
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html) + re.findall(
+            r"""url: ?["']([^"']+)["']""", html
+        )
+        assert assets, html
+        for asset in assets:
+            assert asset.startswith("/"), f"{page} loads {asset} from outside the gateway"
+            response = await gateway.client.get(asset)
+            assert response.status_code == 200 and response.content, asset
+    assert "SwaggerUIBundle" in (await gateway.client.get("/docs")).text
 
 
 async def test_a_gateway_that_is_not_serving_answers_503() -> None:
