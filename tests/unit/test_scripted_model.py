@@ -225,10 +225,30 @@ def test_a_failed_tool_is_reported() -> None:
     assert texts(response) == ["The calculator failed: division by zero."]
 
 
-def test_an_agent_tool_answer_that_is_a_sentence_keeps_one_full_stop() -> None:
-    transcript = run_tools("ask the math_agent to calculate 6*7", {"math_agent": "The calculator says 42."})
+def test_an_agent_tool_answer_that_is_a_sentence_is_quoted_not_run_into_ours() -> None:
+    transcript = run_tools("ask the math_agent to calculate 12*12", {"math_agent": "The calculator says 144."})
     response = ScriptedModel().respond(request(*transcript, call_key="run-1:2"))
-    assert texts(response) == ["The math_agent says The calculator says 42."]
+    assert texts(response) == ['The math_agent answered: "The calculator says 144."']
+
+
+def test_every_phrase_the_hint_suggests_is_understood_and_memory_is_among_them() -> None:
+    """The echo's hint is the demo's menu: each phrase in it must do something other than echo,
+    and it must offer the memory phrases ("my X is Y", "what is my X") the README promises."""
+    hint = texts(answer("hello"))[0]
+    phrases = [re.sub(r"<[^>]+>", "blue", phrase) for phrase in re.findall(r'"([^"]+)"', hint)[1:]]
+    assert len(phrases) >= 8, hint
+    replies = {phrase: answer(phrase) for phrase in phrases}
+    for phrase, reply in replies.items():
+        assert uses(reply) or not texts(reply)[0].startswith("You said"), phrase
+    memory_replies = [texts(reply)[0] for reply in replies.values() if not uses(reply)]
+    assert any(reply.startswith("You told me your name is blue") for reply in memory_replies), hint
+    assert any(reply == "I don't know your name yet." for reply in memory_replies), hint
+
+
+def test_a_fact_about_the_user_is_said_back() -> None:
+    response = answer("by the way, my favourite colour is green")
+    assert texts(response) == ["You told me your favourite colour is green."]
+    assert uses(response) == []
 
 
 @pytest.mark.parametrize("content", ["blue", {"answer": "blue"}, {"choice": "blue"}])

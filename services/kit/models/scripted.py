@@ -20,7 +20,8 @@ Rules, first match wins:
 4. **Tool results** (the last user message holds `tool_result` parts): a final answer, one
    sentence per result in their order: an `ask_user` result → `You answered: "<answer>".`;
    a failed tool → `The <tool> failed: <error>.`; any other → `The <tool> says <content>.`
-   (e.g. "The calculator says 42."). Content: a string as is; an object's `answer`, `result`,
+   (e.g. "The calculator says 42."), or `The <tool> answered: "<content>"` when the content is
+   itself a sentence (an agent-tool's answer). Content: a string as is; an object's `answer`, `result`,
    `text`, `value`, `output` or `iso` member, or its only member; else compact JSON.
 5. **Commands** in the last user message's text. The text is split on `;` into clauses; each
    clause gives at most one tool use (first matching pattern, case-insensitive), in order:
@@ -42,7 +43,10 @@ Rules, first match wins:
    tools (a model only calls what it is offered); with no tools offered every command counts.
    When at least one clause matched, the answer is the text `Calling <names>.` followed by the
    tool uses (several clauses make one parallel group), stop reason `tool_use`.
-6. **Otherwise** an echo: `You said: "<text>". ...` with a hint of the commands.
+6. **No command**: "what is my X" is answered from the fenced memory block of the system prompt
+   (`From an earlier conversation: ...`, or `I don't know your X yet.`); "my X is Y" is said back
+   (`You told me your X is Y.`; the fact extractor may keep it as a fact); anything else is an echo,
+   `You said: "<text>". ...`, with a hint of one phrase per command family (`HINT_PHRASES`).
 
 Tool-use ids are `toolu_` + 24 hex digits of SHA-256 over the call key (or, without one, over
 the transcript) and the tool use's position: stable across retries, unique across steps.
@@ -201,9 +205,7 @@ def _rule_answer(request: ModelRequest) -> tuple[list[Part], StopReason]:
     if offered:
         calls = [(name, arguments) for name, arguments in calls if name in offered]
     if not calls:
-        question = _WHAT_IS_MY.search(text)
-        answer = _from_memory(request.system, question.group(1)) if question else _echo(text)
-        return [TextPart(text=answer)], StopReason.END_TURN
+        return [TextPart(text=_plain_answer(request.system, text))], StopReason.END_TURN
     names = ", ".join(dict.fromkeys(name for name, _ in calls))
     uses: list[Part] = [
         ToolUsePart(id=tool_use_id(request, position), name=name, input=arguments)
@@ -290,6 +292,15 @@ _MI_COSA_ES = re.compile(
 )
 
 
+def _plain_answer(system: str, text: str) -> str:
+    """A text with no command: a question about the user, a fact about them, or an echo."""
+    if question := _WHAT_IS_MY.search(text):
+        return _from_memory(system, question.group(1))
+    if told := _MY_THING_IS.findall(text):
+        return _acknowledge(told)
+    return _echo(text)
+
+
 def _from_memory(system: str, topic: str) -> str:
     """Answer "what is my X" from the fenced memory block the context put in the system prompt."""
     words = [word for word in re.findall(r"[a-z0-9]+", topic.lower()) if len(word) > 2]
@@ -325,12 +336,32 @@ def fact_operations(request: ModelRequest) -> dict[str, Any] | None:
     return {"operations": proposals}
 
 
+HINT_PHRASES = (
+    "calculate 6*7",
+    "what time is it?",
+    "note color=blue",
+    "recall color",
+    "ask me <question>",
+    "confirm <action>",
+    "ask the math_agent to <task>",
+    "my name is <name>",
+    "what is my name?",
+)
+"""What the echo suggests: one phrase per command family the rules understand."""
+
+
 def _echo(text: str) -> str:
+    phrases = ", ".join(f'"{phrase}"' for phrase in HINT_PHRASES[:-1])
     return (
-        f'You said: "{text.strip()}". I am the scripted model: try "calculate 6*7", '
-        '"what time is it?", "note color=blue", "ask me <question>", "confirm <action>" '
-        'or "ask the math_agent to <task>".'
+        f'You said: "{text.strip()}". I am the scripted model: try {phrases} or "{HINT_PHRASES[-1]}" '
+        "(with a principal, what you tell me about yourself is remembered across sessions)."
     )
+
+
+def _acknowledge(said: list[tuple[str, str]]) -> str:
+    """The answer to "my X is Y": what was heard, said back (whether it is kept as a fact is the
+    fact extractor's decision, so no promise is made here)."""
+    return "You told me " + "; ".join(f"your {thing.strip()} is {value.strip()}" for thing, value in said) + "."
 
 
 def _results_answer(messages: Sequence[Message], results: list[ToolResultPart]) -> str:
@@ -349,8 +380,16 @@ def _results_answer(messages: Sequence[Message], results: list[ToolResultPart]) 
         elif name == ASK_USER_TOOL:
             sentences.append(f'You answered: "{result_text(result.content)}".')
         else:
-            sentences.append(_sentence(f"The {name} says {result_text(result.content)}"))
+            sentences.append(_says(name, result_text(result.content)))
     return " ".join(sentences)
+
+
+def _says(name: str, text: str) -> str:
+    """What a tool said: a value inline ("The calculator says 42."), a sentence quoted, so an
+    agent's whole answer never runs into ours ("The math_agent answered: "The calculator says 42."")."""
+    if text.endswith((".", "!", "?")) and " " in text:
+        return f'The {name} answered: "{text}"'
+    return _sentence(f"The {name} says {text}")
 
 
 def _sentence(text: str) -> str:
