@@ -29,6 +29,8 @@ class ErrorCode(StrEnum):
     INVALID_CURSOR = "INVALID_CURSOR"
     MEMORY_CONFLICT = "MEMORY_CONFLICT"
     FACT_NOT_FOUND = "FACT_NOT_FOUND"
+    SESSION_PRINCIPAL_MISMATCH = "SESSION_PRINCIPAL_MISMATCH"
+    """The session belongs to another principal (or tenant): a run there would be someone else's turn."""
     UNAVAILABLE = "UNAVAILABLE"
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any
 
@@ -40,6 +41,8 @@ class StreamEventType(StrEnum):
     PROMPT_RENDERED = "prompt_rendered"
     TOOL_START = "tool_start"
     TOOL_END = "tool_end"
+    """A tool use got its result (payload: tool_use_id, tool_name, is_error, result capped at
+    `EVENT_VALUE_MAX_BYTES`, duration_ms, and `awaiting` when the tool waits for outside input)."""
     TOOL_UPDATE = "tool_update"
     TOOL_CALL_ARGS_DELTA = "tool_call_args_delta"
     TOOL_OUTPUT_DELTA = "tool_output_delta"
@@ -59,6 +62,22 @@ class StreamEventType(StrEnum):
     HISTORY_COMPACTED = "history_compacted"
     """A model call overflowed its request budget: the oldest history turns were compacted into the
     request's summary block (payload: step, dropped_turns, tokens_before, tokens_after)."""
+
+
+EVENT_VALUE_MAX_BYTES = 4096
+"""Largest value (as compact JSON) an event carries inline, such as a tool's result; a larger one is
+replaced by a preview (the run's records keep the whole value: `GET /v1/runs/{id}/records`)."""
+
+
+def capped_value(value: Any, limit: int = EVENT_VALUE_MAX_BYTES) -> Any:
+    """`value` when its compact JSON fits in `limit` bytes, else
+    `{"omitted": true, "reason": "size_limit", "bytes": <size>, "preview": <its JSON, cut>}`."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
+    if size <= limit:
+        return value
+    preview = text.encode("utf-8")[: limit // 2].decode("utf-8", errors="ignore")
+    return {"omitted": True, "reason": "size_limit", "bytes": size, "preview": preview}
 
 
 class RunEvent(Envelope):

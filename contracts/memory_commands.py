@@ -59,6 +59,16 @@ class AppendHistoryTurn(MemoryOperation):
     turn: HistoryTurn = Field(description="The turn to record.")
 
 
+class ClaimSession(MemoryOperation):
+    """Bind a session to a principal unless it has an owner; refused when another principal owns it."""
+
+    method: ClassVar[str] = "claim_session"
+    result_type: ClassVar[Any] = MemoryScope
+    op: Literal["ClaimSession"] = Field(default="ClaimSession", description="Operation name.")
+    session_id: str = Field(description="Session to claim.")
+    scope: MemoryScope = Field(description="Tenant, principal and agent claiming it.")
+
+
 class ListHistory(MemoryOperation):
     """Read history rows after a sequence."""
 
@@ -220,6 +230,7 @@ class ForgetPrincipal(MemoryOperation):
 
 MemoryCommand = (
     AppendHistoryTurn
+    | ClaimSession
     | ListHistory
     | HistoryTail
     | LoadSummary

@@ -9,6 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.envelope import Envelope
 
+TOOL_RESULT_RECORD = "tool_result"
+"""Type of the ordinary run record (key `tool-result/<tool_use_id>`) holding one tool result as it
+arrived: JSON `{tool_use_id, tool_name, content, is_error, awaiting?, duration_ms?}`. The storage
+owner streams it as a `tool_end` event once it commits."""
+
 
 class ToolCallRequested(Envelope):
     """Execute one tool use of a run; the result comes back on `tools.results`."""

@@ -58,6 +58,12 @@ class GatewayDeps:
         session = await self.store.load_session_status(session_id)
         return access.require_own_session(caller, session, default_tenant=self.tenant_id)
 
+    async def turn_session(self, caller: Caller, session_id: str) -> Session:
+        """The caller's session for a new turn, created (owned by them) on first use, as
+        `quipu run --session` does; another's is refused, an ended one is 409, a purged one 410."""
+        session = await self.store.create_session(session_id, utc_now_ms(), caller.owner)
+        return access.require_own_session(caller, session, default_tenant=self.tenant_id)
+
     async def run(self, caller: Caller, run_id: str) -> RunMeta:
         """A run the caller may reach (its session's owner, or a one-shot run's); 404 otherwise."""
         meta = await self.store.load_run(run_id)
@@ -93,7 +99,11 @@ router = APIRouter(prefix="/v1", responses=_ERRORS)
 async def create_session(
     deps: Deps, caller: RunsWriter, body: Annotated[CreateSessionRequest | None, Body()] = None
 ) -> Session:
-    """Create a session owned by the caller (an active one of theirs with that id is returned as it is)."""
+    """Create a session owned by the caller (an active one of theirs with that id is returned as it is).
+
+    Optional: `POST /v1/runs` creates its session on first use. Who owns it is the credential's
+    principal, never a body field.
+    """
     session_id = (body.session_id if body else None) or logic.new_id()
     session = await deps.store.create_session(session_id, utc_now_ms(), caller.owner)
     if session.owner != caller.owner:
@@ -116,7 +126,14 @@ async def end_session(deps: Deps, caller: RunsWriter, session_id: str) -> Sessio
 
 @router.delete("/sessions/{session_id}", status_code=204, response_class=Response, tags=["sessions"])
 async def purge_session(deps: Deps, caller: RunsWriter, session_id: str) -> None:
-    """Purge an ended session with no running run: everything is deleted, the id is never reusable."""
+    """Purge an ended session with no running run: its runs and records are deleted, the id is never
+    reusable.
+
+    What the person told the agent there and it kept as facts is their memory, not the session's:
+    it stays (listed with the session it came from by `GET /v1/principals/{principal_id}/facts`;
+    delete a fact with `DELETE /v1/principals/{principal_id}/facts/{fact_id}`, or everything with
+    `DELETE /v1/principals/{principal_id}`).
+    """
     try:
         await deps.session(caller, session_id)
     except StoreError as error:
@@ -181,10 +198,14 @@ async def session_events(
 
 @router.post("/runs", status_code=202, response_model=RunAccepted, tags=["runs"])
 async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAccepted:
-    """Ask an agent for a turn as the caller; follow it on the session's event stream."""
+    """Ask an agent for a turn as the caller; follow it on the session's event stream.
+
+    The session is created on first use (as `quipu run --session` does), owned by the caller; a
+    session of somebody else's is refused before anything is published.
+    """
     labels = access.owner_labels(caller, body.labels)
     if body.session_id:
-        logic.require_open(await deps.own_session(caller, body.session_id))
+        await deps.turn_session(caller, body.session_id)
     stamped = body.model_copy(update={"labels": labels})
     message = logic.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
     await deps.publisher.publish(message)

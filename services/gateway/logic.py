@@ -69,7 +69,9 @@ class RunPublisher(Protocol):
 class ErrorResponse(BaseModel):
     """The body of every error the gateway answers."""
 
-    code: str = Field(description="Stable error code: a store code (STORE_CONTRACT §5) or a gateway one.")
+    code: str = Field(
+        description="Stable error code: a store code (docs/store-contract.md §5) or a gateway one."
+    )
     message: str = Field(description="Human-readable explanation.")
 
 
@@ -144,7 +146,7 @@ class RunRequest(_Body):
         default=None,
         min_length=1,
         max_length=256,
-        description="Session of the turn; omitted: a one-shot run.",
+        description="Session of the turn, created on first use; omitted: a one-shot run.",
     )
     labels: dict[str, str] = Field(default_factory=dict, description="Labels recorded on the run.")
     run_id: str | None = Field(
@@ -196,7 +198,7 @@ class RunPending(BaseModel):
 
 
 class TranscriptResponse(BaseModel):
-    """A run's transcript as the model saw it (STORE_CONTRACT §10)."""
+    """A run's transcript as the model saw it (docs/store-contract.md §10)."""
 
     run_id: str = Field(description="The run.")
     messages: list[Message] = Field(description="Messages in order, each with its ordered parts.")

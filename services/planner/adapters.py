@@ -22,7 +22,7 @@ from faststream.kafka import KafkaBroker
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
-from contracts.memory import HistoryRole
+from contracts.memory import HistoryRole, MemoryScope
 from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
 from contracts.store import (
     AppendResult,
@@ -48,7 +48,7 @@ from services.kit.agents import AgentRegistry, AgentSpec, UnknownAgentError
 from services.kit.broker import topic
 from services.kit.delivery import PermanentError, RetryableError
 from services.kit.keyed_locks import KeyedLocks
-from services.kit.memory.context import ContextBlocks, ContextSource, SpokenTurn
+from services.kit.memory.context import ContextBlocks, ContextSource, SpokenTurn, history_principal
 from services.kit.memory.protocol import MemoryStore
 from services.kit.memory.summary import Summarizer, SummaryError, Utterance
 from services.kit.models.estimate import estimate_request_tokens
@@ -75,6 +75,7 @@ from services.planner.logic import (
     Finish,
     Intend,
     Output,
+    RunContext,
     RunView,
     StartPlan,
     Suspend,
@@ -101,6 +102,8 @@ from services.planner.logic import (
     model_records,
     model_request,
     overflow_failure,
+    refusal_events,
+    refused_target,
     reply_delta,
     run_context,
     run_start,
@@ -314,6 +317,52 @@ def tool_book(agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry) -> 
     return book
 
 
+# --- refusals and session owners -------------------------------------------------------------------
+
+
+class RunRefusedError(PermanentError):
+    """Raised when a run request is refused before its run starts; `code` is the typed reason its
+    stream is told (a store code such as SESSION_NOT_FOUND, or AGENT_NOT_FOUND)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
+"""Refusal code of a request naming an agent nobody registered."""
+
+
+class SessionOwners:
+    """Whose each session is, claimed through the memory store before a turn's run starts.
+
+    A session's history has one owner (its tenant and principal); the recorder refuses a turn of
+    anybody else. Claiming at start refuses such a turn before any model call, instead of
+    answering it and losing it from history. An owner never changes, so the answers are kept
+    (at most `sessions` of them): a session's later turns cost no store command.
+    """
+
+    def __init__(self, memory: MemoryStore, *, sessions: int = 4096) -> None:
+        self._memory = memory
+        self._sessions = max(1, sessions)
+        self._owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
+
+    async def require(self, session_id: str, scope: MemoryScope) -> None:
+        """Pass when `scope` owns the session (claiming it when unowned); StoreError else."""
+        owner = self._owners.get(session_id)
+        if owner is None:
+            claimed = await self._memory.claim_session(session_id, scope)
+            owner = (claimed.tenant_id, claimed.principal_id)
+            self._owners[session_id] = owner
+            while len(self._owners) > self._sessions:
+                self._owners.popitem(last=False)
+        if owner != (scope.tenant_id, scope.principal_id):
+            raise StoreError(
+                ErrorCode.SESSION_PRINCIPAL_MISMATCH, f"session {session_id} belongs to another principal"
+            )
+
+
 # --- the planner --------------------------------------------------------------------------------
 
 
@@ -327,18 +376,20 @@ class PlannerDeps:
     agents: AgentRegistry | None = None
     context: ContextSource | None = None
     memory: MemoryStore | None = None
-    """Conversation memory: with it, the default context source is `MemoryContextSource`."""
+    """Conversation memory: with it, the default context source is `MemoryContextSource`, and
+    sessions are claimed there (else through the owner when the store is its Kafka client)."""
 
 
 @dataclass(frozen=True)
 class ReadyDeps:
-    """The planner's dependencies, all present."""
+    """The planner's dependencies; without `owners` no session owner is checked (no history kept)."""
 
     store: Store
     model: ModelClient
     catalog: ToolCatalog
     agents: AgentRegistry
     context: ContextSource
+    owners: SessionOwners | None = None
 
 
 def _permanent(what: str, error: StoreError) -> PermanentError:
@@ -357,19 +408,38 @@ class Planner:
     # --- triggers -------------------------------------------------------------------------------
 
     async def on_run_requested(self, request: RunRequested) -> None:
-        """A new turn, a resume or a child run: start it, record its input, advance."""
+        """A new turn, a resume or a child run: start it, record its input, advance.
+
+        A request refused before its run starts tells the run's stream why (then goes to the DLQ).
+        """
         log = logger.bind(run_id=request.run_id, session_id=request.session_id, kind=request.kind.value)
         async with self.locks.hold(request.run_id):
-            if request.kind is RunKind.RESUME:
-                view = await self._start_resume(request)
-            elif request.kind is RunKind.CHILD:
-                view = await self._start_child(request)
-            else:
-                view = await self._start_turn(request)
+            try:
+                view = await self._start_request(request)
+            except RunRefusedError as refusal:
+                await self._tell_refusal(request.run_id, request.session_id, refusal.code, refusal.message)
+                raise
             if view is None:
                 log.info("run not planned (stopped at start or parent closed)")
                 return
             await self.advance(view, self._trigger(request.occurred_at, request.event_id))
+
+    async def on_invalid_request(self, body: bytes, reason: str) -> None:
+        """A run request that does not validate: its stream, when it names a run, hears why."""
+        target = refused_target(body)
+        if target is not None:
+            await self._tell_refusal(*target, ErrorCode.INVALID_ARGUMENT.value, reason)
+
+    async def _tell_refusal(self, run_id: str, session_id: str, code: str, message: str) -> None:
+        # Only for a run the store does not know: a request must never end someone else's run.
+        try:
+            await self.deps.store.load_run(run_id)
+        except StoreError as error:
+            if error.code is not ErrorCode.RUN_NOT_FOUND:
+                raise
+            logger.info("run request refused", run_id=run_id, session_id=session_id, code=code)
+            for event in refusal_events(run_id, session_id, code, message, to_millisecond(utc_now_ms())):
+                await self.publisher.publish(event)
 
     async def on_tool_result(self, completed: ToolCallCompleted) -> None:
         """Record one tool result (the first one wins), then advance."""
@@ -422,10 +492,38 @@ class Planner:
 
     # --- starts ---------------------------------------------------------------------------------
 
+    async def _start_request(self, request: RunRequested) -> RunView | None:
+        if request.kind is RunKind.RESUME:
+            return await self._start_resume(request)
+        if request.kind is RunKind.CHILD:
+            return await self._start_child(request)
+        return await self._start_turn(request)
+
+    async def _require_owner(self, request: RunRequested, session_id: str, context: RunContext) -> None:
+        """The run's principal must be its session's (claimed by the first turn): else the answer
+        would be given and then refused by the history, so the request is refused now."""
+        owners = self.deps.owners
+        if owners is None or not session_id:
+            return
+        scope = MemoryScope(
+            tenant_id=context.tenant_id,
+            principal_id=history_principal(context.principal_id, session_id),
+            agent_id=request.agent_id,
+        )
+        try:
+            await owners.require(session_id, scope)
+        except StoreError as error:
+            if error.retryable:
+                raise
+            raise RunRefusedError(error.code.value, error.message) from error
+
     async def _start_turn(self, request: RunRequested) -> RunView | None:
         agent = self._agent(request.agent_id)
         if not request.text:
-            raise PermanentError(f"run {request.run_id!r}: a turn needs the user's text")
+            raise RunRefusedError(
+                ErrorCode.INVALID_ARGUMENT.value, f"run {request.run_id!r}: a turn needs the user's text"
+            )
+        await self._require_owner(request, request.session_id, run_context(request, agent))
         plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
         view = await self._start(plan, request)
         if view is None or view.closed:
@@ -463,7 +561,9 @@ class Planner:
     async def _start_child(self, request: RunRequested) -> RunView | None:
         parent = request.parent
         if parent is None:
-            raise PermanentError(f"child run {request.run_id!r} names no parent tool call")
+            raise RunRefusedError(
+                ErrorCode.INVALID_ARGUMENT.value, f"child run {request.run_id!r} names no parent tool call"
+            )
         agent = self._agent(request.agent_id)
         run = run_start(
             request,
@@ -496,8 +596,9 @@ class Planner:
         store = self.deps.store
         predecessor = await load_view(store, request.predecessor_run_id)
         if predecessor is None or predecessor.suspended_time is None:
-            raise PermanentError(
-                f"resume {request.run_id!r}: {request.predecessor_run_id!r} is not suspended"
+            raise RunRefusedError(
+                ErrorCode.RUN_SUSPENSION_NOT_FOUND.value,
+                f"resume {request.run_id!r}: {request.predecessor_run_id!r} is not suspended",
             )
         try:
             checkpoint = SuspensionCheckpoint.decode(
@@ -516,11 +617,12 @@ class Planner:
         )
         parent = predecessor.context.parent if predecessor.context is not None else None
         link = (parent, link_key(parent.tool_call_id, run.run_id, continuation=True)) if parent else None
+        context = run_context(request, agent, inherited=predecessor.context)
+        await self._require_owner(request, predecessor.session_id, context)
         view = await self._start(start_plan(run, link), request)
         if view is None or view.closed:
             return view
         trigger = self._trigger(request.occurred_at, request.event_id)
-        context = run_context(request, agent, inherited=predecessor.context)
         view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
         view = await self._write_once(
             view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(predecessor.messages), trigger
@@ -553,7 +655,7 @@ class Planner:
             if plan.parent_link is not None and error.code is ErrorCode.RUN_NOT_ACTIVE:
                 logger.info("child not started: its parent is closed", run_id=run.run_id)
                 return None
-            raise _permanent(f"start of {run.run_id!r}", error) from error
+            raise RunRefusedError(error.code.value, f"start of {run.run_id!r}: {error.message}") from error
         if result.decision is StartOutcome.STOP:
             return None
         if result.started.inserted and result.run_status is RunStatus.RUNNING:
@@ -819,7 +921,7 @@ class Planner:
         try:
             return self.deps.agents.get_agent(agent_id)
         except UnknownAgentError as error:
-            raise PermanentError(str(error)) from error
+            raise RunRefusedError(AGENT_NOT_FOUND, str(error)) from error
 
     @staticmethod
     def _trigger(at: datetime, event_id: str, result_for: str = "") -> Trigger:

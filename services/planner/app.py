@@ -23,6 +23,7 @@ from services.planner.adapters import (
     PublishedTurns,
     ReadyDeps,
     SessionHistoryContext,
+    SessionOwners,
 )
 from services.planner.settings import PlannerSettings
 
@@ -102,12 +103,15 @@ def create_app(
         model = given.model or make_model(
             ModelSettings(), max_poll_interval_ms=int(settings.model_timeout_s * 1000)
         )
+        # Sessions are claimed where their history is kept: the owner's memory store.
+        memory = given.memory or (KafkaMemoryStore(store) if isinstance(store, KafkaStore) else None)
         ready = ReadyDeps(
             store=store,
             model=model,
             catalog=given.catalog or default_catalog(),
             agents=given.agents or default_agents(),
             context=context,
+            owners=SessionOwners(memory) if memory is not None else None,
         )
         holder.planner = Planner(ready, publisher, settings)
 

@@ -61,20 +61,27 @@ def register(
     async def tool_result(completed: ToolCallCompleted) -> None:
         await holder.get().on_tool_result(completed)
 
+    async def invalid_request(body: bytes, reason: str) -> None:
+        await holder.get().on_invalid_request(body, reason)
+
     def subscribe(
-        source: Topic, suffix: str, payload: TypeAdapter[T], effect: Callable[[T], Awaitable[None]]
+        source: Topic,
+        suffix: str,
+        payload: TypeAdapter[T],
+        effect: Callable[[T], Awaitable[None]],
+        on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
     ) -> ConcurrentConsumer:
         return consume_concurrently(
             broker,
             kafka,
             source,
-            lambda message: delivery.handle(message, payload, effect),
+            lambda message: delivery.handle(message, payload, effect, on_invalid),
             group=f"{settings.group}-{suffix}",
             settings=settings,
         )
 
     return [
-        subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested),
+        subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested, invalid_request),
         subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel),
         subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result),
     ]

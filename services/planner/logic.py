@@ -56,7 +56,7 @@ from contracts.lifecycle import (
 )
 from contracts.runs import CancelRun, ParentToolCall, RunKind, RunRequested, TurnCompleted
 from contracts.store import CancellationReason, Checkpoint, LifecycleType, Record, RunStart, RunStatus
-from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from contracts.tools import TOOL_RESULT_RECORD, AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
@@ -81,7 +81,7 @@ from services.kit.models.port import ModelRequest, ModelResponse, ToolSpec
 CONTEXT_TYPE = "planner_context"
 """Ordinary record (key `context`): principal, budgets and the parent's tool call of a run."""
 
-TOOL_RESULT_TYPE = "tool_result"
+TOOL_RESULT_TYPE = TOOL_RESULT_RECORD
 """Ordinary record (key `tool-result/<tool_use_id>`): one tool result as it arrived."""
 
 
@@ -169,6 +169,7 @@ class RunContext:
     max_steps: int
     max_output_tokens: int
     parent: ParentToolCall | None = None
+    tenant_id: str = ""
 
     def encode(self) -> bytes:
         """Canonical JSON: the same request always gives the same bytes."""
@@ -177,6 +178,8 @@ class RunContext:
             "max_steps": self.max_steps,
             "max_output_tokens": self.max_output_tokens,
         }
+        if self.tenant_id:
+            value["tenant_id"] = self.tenant_id
         if self.parent is not None:
             value["parent"] = {
                 "parent_run_id": self.parent.parent_run_id,
@@ -196,6 +199,7 @@ class RunContext:
             max_steps=int(value["max_steps"]),
             max_output_tokens=int(value["max_output_tokens"]),
             parent=ParentToolCall.model_validate(parent) if parent else None,
+            tenant_id=str(value.get("tenant_id", "")),
         )
 
 
@@ -247,6 +251,7 @@ class ToolResult:
     content: Any
     is_error: bool = False
     awaiting: AwaitInput | None = None
+    duration_ms: float = 0.0
 
     def encode(self) -> bytes:
         """Canonical JSON with exact numbers (`encode_json_value`)."""
@@ -258,6 +263,8 @@ class ToolResult:
         }
         if self.awaiting is not None:
             value["awaiting"] = self.awaiting.model_dump(mode="json")
+        if self.duration_ms:
+            value["duration_ms"] = self.duration_ms
         return encode_json_value(value)
 
     @classmethod
@@ -271,6 +278,7 @@ class ToolResult:
             content=value.get("content"),
             is_error=bool(value.get("is_error", False)),
             awaiting=AwaitInput.model_validate(awaiting) if awaiting else None,
+            duration_ms=float(value.get("duration_ms", 0.0)),
         )
 
     @classmethod
@@ -282,6 +290,7 @@ class ToolResult:
             content=completed.content,
             is_error=completed.is_error,
             awaiting=completed.awaiting,
+            duration_ms=completed.duration_ms,
         )
 
 
@@ -726,13 +735,15 @@ def run_start(request: RunRequested, *, agent_id: str, session_id: str, parent_r
 
 
 def run_context(request: RunRequested, agent: AgentSpec, inherited: RunContext | None = None) -> RunContext:
-    """Budgets and principal of a new run: the request's, else the predecessor's, else the agent's."""
+    """Budgets, tenant and principal of a new run: the request's, else the predecessor's, else the
+    agent's."""
     return RunContext(
         principal_id=request.principal_id or (inherited.principal_id if inherited else ""),
         max_steps=request.max_steps or (inherited.max_steps if inherited else agent.max_steps),
         max_output_tokens=request.max_tokens
         or (inherited.max_output_tokens if inherited else agent.max_output_tokens),
         parent=request.parent if request.kind is RunKind.CHILD else (inherited.parent if inherited else None),
+        tenant_id=request.tenant_id or (inherited.tenant_id if inherited else ""),
     )
 
 
@@ -1078,6 +1089,7 @@ def end_outputs(view: RunView, terminal: RunCompletedPayload, at: datetime) -> l
             TurnCompleted(
                 event_id=derive_id(view.run_id, "turn"),
                 occurred_at=at,
+                tenant_id=view.context.tenant_id if view.context is not None else "",
                 correlation_id=view.run_id,
                 session_id=view.session_id,
                 run_id=view.run_id,
@@ -1264,6 +1276,51 @@ def model_records(view: RunView, step: int, response: ModelResponse, at: datetim
     }
     message = Message(role="assistant", parts=tuple(response.parts), meta={"usage": usage_fields})
     return [view.record(assistant_key(step), TRANSCRIPT_MESSAGES_APPENDED, encode_messages([message]), at)]
+
+
+REFUSED_KEY = "refused"
+"""Event key of the terminal events of a request refused before its run could start."""
+
+
+def refusal_events(run_id: str, session_id: str, code: str, message: str, at: datetime) -> list[RunEvent]:
+    """The end a request refused before any run started sends its stream: a failed `workflow`
+    with the typed reason (`failure.kind` is the code), then `run_stream_end`, as a run that failed
+    would. Ids derive from the run, so a refused redelivery repeats them."""
+    workflow = {
+        "phase": RunPhase.FAILED.value,
+        "status": "failed",
+        "failure": {"message": message, "kind": code, "retryable": False},
+    }
+    return [
+        RunEvent(
+            event_id=derive_id(run_id, f"{type_.value}/{key}"),
+            occurred_at=at,
+            type=type_,
+            event_key=key,
+            run_id=run_id,
+            session_id=session_id,
+            timestamp=at,
+            payload=payload,
+        )
+        for type_, key, payload in (
+            (StreamEventType.WORKFLOW, REFUSED_KEY, workflow),
+            (StreamEventType.RUN_STREAM_END, f"{REFUSED_KEY}/end", {}),
+        )
+    ]
+
+
+def refused_target(body: bytes) -> tuple[str, str] | None:
+    """(run id, session id) of a request that does not validate, when its JSON names a run."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    run_id, session_id = value.get("run_id"), value.get("session_id", "")
+    if not isinstance(run_id, str) or not run_id or not isinstance(session_id, str):
+        return None
+    return run_id, session_id
 
 
 def reply_delta(view: RunView, step: int, index: int, text: str, at: datetime) -> RunEvent:

@@ -31,12 +31,13 @@ from contracts.commands import (
 )
 from contracts.envelope import derive_id
 from contracts.errors import ErrorCode, StoreError
-from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType
+from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType, capped_value
 from contracts.lifecycle import decode_run_completed
 from contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
 from contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations, DeleteFact
 from contracts.store import CancellationReason, Record, StartOutcome, StartResult
 from contracts.store_operation import Backend
+from contracts.tools import TOOL_RESULT_RECORD
 from contracts.topics import Topic
 from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from services.kit.memory.protocol import MemoryStore
@@ -110,7 +111,26 @@ def _start_events(
     return events
 
 
+def _tool_end(record: Record) -> RunEvent:
+    """What a tool returned, as the run recorded it: the result capped, with its duration."""
+    value = json.loads(record.payload)
+    if not isinstance(value, dict):
+        raise ValueError("a tool result is a JSON object")
+    payload: dict[str, Any] = {
+        "tool_use_id": value.get("tool_use_id", ""),
+        "tool_name": value.get("tool_name", ""),
+        "is_error": bool(value.get("is_error", False)),
+        "result": capped_value(value.get("content")),
+        "duration_ms": value.get("duration_ms", 0),
+    }
+    if value.get("awaiting"):
+        payload["awaiting"] = capped_value(value["awaiting"])
+    return _event(record, StreamEventType.TOOL_END, payload)
+
+
 def _append_events(record: Record) -> list[RunEvent]:
+    if record.type == TOOL_RESULT_RECORD:
+        return [_tool_end(record)]
     if record.type == RUN_PHASE_CHANGED:
         phase = json.loads(record.payload).get("phase", "")
         if phase in RunPhase.__members__.values() and not RunPhase(phase).terminal:

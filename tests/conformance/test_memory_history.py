@@ -69,5 +69,35 @@ async def test_bad_arguments_are_refused(memory_store: MemoryStore) -> None:
         memory_store.append_history_turn(turn(session_id, no_principal, 1)), ErrorCode.INVALID_ARGUMENT
     )
     stranger = scope(tenant_id=who.tenant_id)
-    await refused(memory_store.append_history_turn(turn(session_id, stranger, 1)), ErrorCode.INVALID_ARGUMENT)
+    await refused(
+        memory_store.append_history_turn(turn(session_id, stranger, 1)), ErrorCode.SESSION_PRINCIPAL_MISMATCH
+    )
     assert len(await memory_store.list_history(session_id, 0, 500)) == 2
+
+
+async def test_the_first_claim_makes_the_owner_for_good(memory_store: MemoryStore) -> None:
+    alice, session_id = scope(), uid("session")
+    assert await memory_store.claim_session(session_id, alice) == alice
+    other_agent_of_alice = alice.model_copy(update={"agent_id": "agent-b"})
+    assert await memory_store.claim_session(session_id, other_agent_of_alice) == alice
+    for stranger in (scope(tenant_id=alice.tenant_id), scope(principal_id=alice.principal_id)):
+        await refused(memory_store.claim_session(session_id, stranger), ErrorCode.SESSION_PRINCIPAL_MISMATCH)
+        await refused(
+            memory_store.append_history_turn(turn(session_id, stranger, 0)),
+            ErrorCode.SESSION_PRINCIPAL_MISMATCH,
+        )
+    assert await memory_store.list_history(session_id, 0, 500) == []
+    recorded = await memory_store.append_history_turn(turn(session_id, alice, 0))
+    assert (recorded.first_seq, recorded.last_seq) == (1, 2)
+
+
+async def test_a_session_with_history_is_owned_by_its_first_turn(memory_store: MemoryStore) -> None:
+    alice, session_id = scope(), uid("session")
+    await record_turns(memory_store, session_id, alice, 1)
+    assert await memory_store.claim_session(session_id, alice) == alice
+    await refused(
+        memory_store.claim_session(session_id, scope(tenant_id=alice.tenant_id)),
+        ErrorCode.SESSION_PRINCIPAL_MISMATCH,
+    )
+    no_principal = alice.model_copy(update={"principal_id": ""})
+    await refused(memory_store.claim_session(session_id, no_principal), ErrorCode.INVALID_ARGUMENT)

@@ -207,13 +207,22 @@ async def test_a_turn_is_refused_before_anything_is_published(gateway: Gateway) 
     assert error_of(await client.post("/v1/runs", json=posing)) == (400, "INVALID_ARGUMENT")
     reserved = {"agent_id": "a", "text": "x", "labels": {"quipu.principal_id": "bo"}}
     assert error_of(await client.post("/v1/runs", json=reserved)) == (400, "INVALID_ARGUMENT")
-    unknown = {"agent_id": "a", "text": "x", "session_id": "missing"}
-    assert error_of(await client.post("/v1/runs", json=unknown)) == (404, "SESSION_NOT_FOUND")
     await session(gateway)
     await client.post("/v1/sessions/s-1/end")
     ended = {"agent_id": "a", "text": "x", "session_id": "s-1"}
     assert error_of(await client.post("/v1/runs", json=ended)) == (409, "SESSION_ENDED")
     assert gateway.publisher.sent == []
+
+
+async def test_a_turn_into_a_new_session_creates_it_for_the_caller_as_the_cli_does(gateway: Gateway) -> None:
+    new = {"agent_id": "a", "text": "x", "session_id": "s-new"}
+    assert (await gateway.client.post("/v1/runs", json=new)).status_code == 202
+    created = await gateway.store.load_session_status("s-new")
+    assert created.status.value == "active" and created.owner is not None
+    assert (created.owner.tenant_id, created.owner.principal_id) == ("t1", "ana")
+    [sent] = gateway.publisher.sent
+    assert isinstance(sent, RunRequested) and (sent.session_id, sent.principal_id) == ("s-new", "ana")
+    assert (await gateway.client.post("/v1/runs", json=new)).status_code == 202  # then it is theirs
 
 
 # --- cancel and answer ----------------------------------------------------------------------------

@@ -158,7 +158,7 @@ async def test_a_turn_without_a_session_or_of_another_principal_is_refused_for_g
     with pytest.raises(PermanentError, match="no session"):
         await recorder.record(turn_completed(1, session_id=""))
     await recorder.record(turn_completed(1))
-    with pytest.raises(PermanentError, match="INVALID_ARGUMENT"):
+    with pytest.raises(PermanentError, match="SESSION_PRINCIPAL_MISMATCH"):
         await recorder.record(turn_completed(2, principal_id="someone-else"))
 
 

@@ -26,6 +26,7 @@ from contracts.memory import (
 from contracts.memory_commands import (
     AppendHistoryTurn,
     ApplyFactOperations,
+    ClaimSession,
     DeleteFact,
     DeleteIndexEntries,
     ExportPrincipal,
@@ -84,6 +85,12 @@ class KafkaMemoryStore:
     async def append_history_turn(self, turn: HistoryTurn) -> HistoryAppendResult:
         result: HistoryAppendResult = await self._call(
             AppendHistoryTurn(turn=turn, tenant_id=turn.scope.tenant_id)
+        )
+        return result
+
+    async def claim_session(self, session_id: str, scope: MemoryScope) -> MemoryScope:
+        result: MemoryScope = await self._call(
+            ClaimSession(session_id=session_id, scope=scope, tenant_id=scope.tenant_id)
         )
         return result
 

@@ -32,6 +32,11 @@ class MemoryStore(Protocol):
         """Record a turn as two rows (user, assistant); the same turn_id again writes nothing."""
         ...
 
+    async def claim_session(self, session_id: str, scope: MemoryScope) -> MemoryScope:
+        """Make `scope`'s principal the session's owner unless it has one; return the owner.
+        A session owned by another tenant or principal is SESSION_PRINCIPAL_MISMATCH."""
+        ...
+
     async def list_history(self, session_id: str, after_seq: int, limit: int) -> list[HistoryMessage]:
         """Rows with seq > after_seq, in order, at most `limit` (≤ 500)."""
         ...

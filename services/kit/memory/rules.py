@@ -282,6 +282,15 @@ class MemorySession(BaseModel):
     last_seq: int = Field(default=0, description="Sequence of the last row (0 before the first turn).")
 
 
+def require_owner(session: MemorySession, scope: MemoryScope) -> None:
+    """A session's history has one owner, its first turn's (or its claimer's) tenant and principal."""
+    owner = session.scope
+    if (owner.tenant_id, owner.principal_id) != (scope.tenant_id, scope.principal_id):
+        raise StoreError(
+            ErrorCode.SESSION_PRINCIPAL_MISMATCH, f"session {session.session_id} belongs to another principal"
+        )
+
+
 class MemoryTransaction(Protocol):
     """What the rules need from a backend inside one atomic unit (no rule lives here)."""
 
@@ -428,11 +437,8 @@ class MemoryRules:
 
         async def operation(tx: MemoryTransaction) -> HistoryAppendResult:
             session = await tx.load_session(turn.session_id)
-            if session is not None and (
-                session.scope.tenant_id != turn.scope.tenant_id
-                or session.scope.principal_id != turn.scope.principal_id
-            ):
-                raise invalid(f"session {turn.session_id} belongs to another principal")
+            if session is not None:
+                require_owner(session, turn.scope)
             existing = await tx.find_turn(turn.session_id, turn.turn_id)
             if existing:
                 seqs = [row.seq for row in existing]
@@ -458,6 +464,22 @@ class MemoryRules:
             await tx.save_session(session)
             await tx.insert_history(session, rows)
             return HistoryAppendResult(first_seq=first, last_seq=first + 1, inserted=True)
+
+        return await self._transactions.run(operation)
+
+    async def claim_session(self, session_id: str, scope: MemoryScope) -> MemoryScope:
+        """The session's owner: `scope` when it has none yet (it becomes the owner, for good), the
+        owner it has when that is the same tenant and principal; SESSION_PRINCIPAL_MISMATCH else."""
+        require_id("session_id", session_id)
+        require_principal(scope)
+
+        async def operation(tx: MemoryTransaction) -> MemoryScope:
+            session = await tx.load_session(session_id)
+            if session is None:
+                await tx.save_session(MemorySession(session_id=session_id, scope=scope))
+                return scope
+            require_owner(session, scope)
+            return session.scope
 
         return await self._transactions.run(operation)
 
