@@ -27,11 +27,12 @@ from contracts.wire import utc_now_ms
 from services.kit.agents import AgentRegistry, AgentSpec
 from services.kit.delivery import PermanentError, RetryableError
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
+from services.kit.models.scripted import ScriptedModel
 from services.kit.settings import KafkaSettings
 from services.kit.store.memory import InMemoryStore
 from services.kit.tool_catalog import default_catalog
 from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
-from services.planner.adapters import Planner, ReadyDeps, SessionHistoryContext, load_records
+from services.planner.adapters import Planner, ReadyDeps, SessionHistoryContext, SessionOwners, load_records
 from services.planner.app import check_timeouts
 from services.planner.logic import Output, SuspensionCheckpoint, child_run_id
 from services.planner.settings import PlannerSettings
@@ -193,7 +194,9 @@ class Harness:
         return decode_run_completed(records[0].payload)
 
 
-def make_harness(answer: Answer, settings: PlannerSettings | None = None) -> Harness:
+def make_harness(
+    answer: Answer, settings: PlannerSettings | None = None, owners: SessionOwners | None = None
+) -> Harness:
     store = InMemoryStore()
     model = FakeModel(answer)
     bus = Bus()
@@ -203,6 +206,7 @@ def make_harness(answer: Answer, settings: PlannerSettings | None = None) -> Har
         catalog=default_catalog(),
         agents=AGENTS,
         context=SessionHistoryContext(store, 12),
+        owners=owners,
     )
     return Harness(store, model, bus, Planner(deps, bus, settings or PlannerSettings()))
 
@@ -875,3 +879,20 @@ async def test_two_planner_processes_racing_on_one_run_finish_it_once() -> None:
     messages = await build_messages_from_run_log(store, request.run_id)
     validate_planner_transcript(messages)
     assert [part.content for part in messages[2].parts] == [0, 1, 2, 3]  # type: ignore[union-attr]
+
+
+async def test_a_huge_prompt_never_makes_a_run_spend_more_than_its_output_budget() -> None:
+    """A 120 KB prompt echoed back by the offline model: the step may spend what the run's budget
+    leaves (`max_tokens`), and the answer stops there, as a real model's does, instead of running
+    to twice the budget."""
+    h = make_harness(ScriptedModel().respond)
+    session = await h.session()
+    prompt = " ".join(f"word{index}" for index in range(20_000))[:120_000]
+    request = turn(prompt, session, max_tokens=16_000)
+    await h.deliver(request)
+    [call] = h.model.requests
+    assert call.max_tokens <= 16_000
+    messages = await build_messages_from_run_log(h.store, request.run_id)
+    usage = (messages[-1].meta or {})["usage"]
+    assert usage["output_tokens"] <= 16_000 and usage["stop_reason"] == "max_tokens"
+    assert await h.status(request.run_id) is RunStatus.COMPLETED

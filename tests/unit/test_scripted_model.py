@@ -226,7 +226,9 @@ def test_a_failed_tool_is_reported() -> None:
 
 
 def test_an_agent_tool_answer_that_is_a_sentence_is_quoted_not_run_into_ours() -> None:
-    transcript = run_tools("ask the math_agent to calculate 12*12", {"math_agent": "The calculator says 144."})
+    transcript = run_tools(
+        "ask the math_agent to calculate 12*12", {"math_agent": "The calculator says 144."}
+    )
     response = ScriptedModel().respond(request(*transcript, call_key="run-1:2"))
     assert texts(response) == ['The math_agent answered: "The calculator says 144."']
 
@@ -483,3 +485,14 @@ def test_the_deadline_must_fit_in_the_consumer_poll_interval() -> None:
     settings = ModelSettings(api_key="sk-test", timeout_s=60, deadline_s=300)
     with pytest.raises(ValueError, match="max_poll_interval"):
         make_model(settings, max_poll_interval_ms=300_000)
+
+
+# --- the output budget ----------------------------------------------------------------------------
+
+
+def test_an_answer_is_cut_at_max_tokens_and_says_so() -> None:
+    response = answer("x" * 4000, max_tokens=50)
+    assert response.stop_reason is StopReason.MAX_TOKENS
+    assert response.usage.output_tokens <= 50 and texts(response)[0].startswith("You said")
+    calls = answer("calculate 6*7", max_tokens=2)
+    assert calls.stop_reason is StopReason.MAX_TOKENS and uses(calls) == []

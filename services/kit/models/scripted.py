@@ -51,7 +51,10 @@ Rules, first match wins:
 Tool-use ids are `toolu_` + 24 hex digits of SHA-256 over the call key (or, without one, over
 the transcript) and the tool use's position: stable across retries, unique across steps.
 When `request.thinking_budget > 0`, answers from rules 3-6 start with a signed thinking part,
-so a transcript satisfies ValidateThinkingFirst. Answer text is streamed through `on_text` in a
+so a transcript satisfies ValidateThinkingFirst. Like a real model, an answer never spends more than
+`request.max_tokens` output tokens: past it the text is cut and the stop reason is `max_tokens`
+(structured output excepted).
+Answer text is streamed through `on_text` in a
 few chunks whose concatenation is the text. Usage is the local estimate (`estimate.py`).
 """
 
@@ -76,7 +79,7 @@ from contracts.transcript import (
     encode_messages,
 )
 from services.kit.memory.extractive import summary_answer
-from services.kit.models.estimate import estimate_parts_tokens, estimate_request_tokens
+from services.kit.models.estimate import CHARS_PER_TOKEN, estimate_parts_tokens, estimate_request_tokens
 from services.kit.models.port import ModelRequest, ModelResponse, StopReason, TextDelta, ToolSpec, Usage
 from services.kit.transcript import tool_result_text
 
@@ -154,11 +157,12 @@ class ScriptedModel:
         if scripted is not None:
             return scripted
         if request.output_schema is not None:
+            # Structured output stays whole: the memory services' callers size max_tokens for it.
             return self._answer(request, [TextPart(text=self._structured_text(request))], StopReason.END_TURN)
         parts, stop_reason = _rule_answer(request)
         if request.thinking_budget > 0:
             parts = [_thinking(request, parts), *parts]
-        return self._answer(request, parts, stop_reason)
+        return self._answer(request, *within_max_tokens(parts, stop_reason, request.max_tokens))
 
     def _scripted(self, request: ModelRequest) -> ModelResponse | None:
         entries: list[ScriptEntry] = []
@@ -187,6 +191,25 @@ class ScriptedModel:
             input_tokens=estimate_request_tokens(request), output_tokens=estimate_parts_tokens(parts)
         )
         return ModelResponse(parts=parts, stop_reason=stop_reason, usage=usage, model=self.name)
+
+
+def within_max_tokens(
+    parts: list[Part], stop_reason: StopReason, max_tokens: int
+) -> tuple[list[Part], StopReason]:
+    """The answer as a real model gives it under `max_tokens`: generation stops at the limit, so
+    parts past it are cut (text to the tokens left) or left out, and the stop reason says why."""
+    kept: list[Part] = []
+    left = max_tokens
+    for part in parts:
+        cost = estimate_parts_tokens([part])
+        if cost <= left:
+            kept.append(part)
+            left -= cost
+            continue
+        if isinstance(part, TextPart) and left > 0:
+            kept.append(TextPart(text=part.text[: left * CHARS_PER_TOKEN]))
+        return kept, StopReason.MAX_TOKENS
+    return kept, stop_reason
 
 
 # --- the built-in rules ---------------------------------------------------------------------------
@@ -361,7 +384,9 @@ def _echo(text: str) -> str:
 def _acknowledge(said: list[tuple[str, str]]) -> str:
     """The answer to "my X is Y": what was heard, said back (whether it is kept as a fact is the
     fact extractor's decision, so no promise is made here)."""
-    return "You told me " + "; ".join(f"your {thing.strip()} is {value.strip()}" for thing, value in said) + "."
+    return (
+        "You told me " + "; ".join(f"your {thing.strip()} is {value.strip()}" for thing, value in said) + "."
+    )
 
 
 def _results_answer(messages: Sequence[Message], results: list[ToolResultPart]) -> str:
