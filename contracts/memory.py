@@ -1,5 +1,6 @@
-"""Conversation memory (DESIGN §6): product history, session summaries, curated facts, profiles and
-the derived retrieval index, plus the events that announce their changes.
+"""Conversation memory (docs/architecture.md, "Conversation memory"): product history, session
+summaries, curated facts, profiles and the derived retrieval index, plus the events that announce
+their changes.
 
 Authority (ZeroClaw ADR-010): the session history is the authority for continuity; curated facts
 are deliberately chosen data with provenance and scope; the index is a rebuildable derivative that

@@ -1,4 +1,4 @@
-"""Memory commands on `storage.commands`: one model per `MemoryStore` method (DESIGN §6).
+"""Memory commands on `storage.commands`: one model per `MemoryStore` method.
 
 Same pattern as `contracts.commands`: each command names a `MemoryStore` method and its own
 fields are that method's keyword arguments; `backend` tells the owner to apply it to its memory

@@ -1,4 +1,4 @@
-"""The topic registry (DESIGN §3): names, keys, partitions and payloads, fixed for every service."""
+"""The topic registry (docs/architecture.md, "Topics"): names, keys, partitions and payloads."""
 
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ _TOPICS: dict[type, Topic] = {
 
 
 def topic_and_key(message: Output) -> tuple[Topic, str]:
-    """Where a planner message goes (DESIGN §3): its topic and partition key."""
+    """Where a planner message goes (docs/architecture.md, "Topics"): its topic and partition key."""
     if isinstance(message, ToolCallRequested):
         return Topic.TOOLS_CALLS, message.run_id
     if isinstance(message, RunRequested | ToolCallCompleted):

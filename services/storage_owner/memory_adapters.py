@@ -1,4 +1,4 @@
-"""The MongoDB repository behind the memory rules, with every text encrypted at rest (DESIGN §6).
+"""The MongoDB repository behind the memory rules, with every text encrypted at rest.
 
 `MongoMemoryStore` is `MemoryRules` (shared with the in-memory store) over
 `MongoMemoryTransactions`: one multi-document transaction per operation, retried whole on a

@@ -3,7 +3,7 @@
 A malformed command (not JSON, not a command, a command with missing or ill-typed fields) can never
 succeed. The owner must answer INVALID_ARGUMENT when it can read a correlation id, always park the
 original bytes on `storage.commands.dlq` with the reason, the error and the original position in
-headers, commit, and go on serving (DESIGN: ack after the effect is durable, never a poison pill).
+headers, commit, and go on serving (ack after the effect is durable, never a poison pill).
 
 Against the real embedded broker and database, with the owner as a separate process.
 """

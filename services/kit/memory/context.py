@@ -1,6 +1,6 @@
 """A turn's context from conversation memory: the planner's `ContextSource` port and its memory adapter.
 
-`MemoryContextSource` builds what a new turn starts from (DESIGN §6, conversation layers),
+`MemoryContextSource` builds what a new turn starts from (docs/architecture.md, "Conversation memory"),
 as system blocks above the history, in this order:
 
 1. **Memory from earlier sessions** (omitted for `memory_opt_out` agents and sessions without a

@@ -1,4 +1,4 @@
-"""The memory rules, applied once for every backend (DESIGN §6, ZeroClaw ADR-010).
+"""The memory rules, applied once for every backend (docs/architecture.md, "Conversation memory").
 
 Pure helpers first — the tokenizer, BM25 over index entries, keyword-and-recency authority
 scoring and the scope rule — which the enricher and retrieval import too. Then `MemoryRules`:

@@ -1,4 +1,4 @@
-"""The rolling summary (DESIGN §6, conversation layers): the fold rules and the summarizer.
+"""The rolling summary (docs/architecture.md, "Conversation memory"): the fold rules and the summarizer.
 
 The literal window is the last `window` messages of a session, whole turns only. Everything
 before it is folded into the session summary exactly once, through a cursor that only moves
