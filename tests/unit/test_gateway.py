@@ -392,6 +392,7 @@ async def test_unknown_routes_docs_page_and_health(gateway: Gateway) -> None:
     assert (await gateway.client.get("/healthz")).json() == {"status": "ok", "open_streams": 0}
 
 
+@pytest.mark.event_loop_block_threshold(15)  # the in-process transport copies 1.5 MB of script in the loop
 async def test_the_docs_pages_load_every_asset_from_the_gateway_itself(gateway: Gateway) -> None:
     """`/docs` and `/redoc` must render with no network: every script, style and icon they load is
     served by the gateway (a CDN URL would leave an offline user with a blank page)."""
