@@ -12,6 +12,7 @@ it is applied (docs/wire.md).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,17 +58,19 @@ class RepliesTopic:
         self._settings = settings
         self._partitions = 0
         self._counted_at = -_RECOUNT_AFTER_S
+        self._counting = asyncio.Lock()
 
     async def route(self, headers: Mapping[str, Any]) -> int | None:
         """The partition a command's reply goes to; StoreError INVALID_ARGUMENT when it has none."""
         try:
             return reply_partition(headers, self.name, self._partitions)
         except StoreError:
-            if time.monotonic() - self._counted_at < _RECOUNT_AFTER_S:
-                raise
-        # Not counted yet, or partitions were added since: ask the broker (at most every few seconds).
-        self._partitions = await partition_count(self._settings, self.name)
-        self._counted_at = time.monotonic()
+            # Not counted yet, or partitions were added since: ask the broker (at most every few
+            # seconds, once for all the commands waiting).
+            async with self._counting:
+                if time.monotonic() - self._counted_at >= _RECOUNT_AFTER_S:
+                    self._partitions = await partition_count(self._settings, self.name)
+                    self._counted_at = time.monotonic()
         return reply_partition(headers, self.name, self._partitions)
 
     async def route_or_any(self, headers: Mapping[str, Any]) -> int | None:
