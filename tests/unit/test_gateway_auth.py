@@ -5,9 +5,11 @@ Every /v1 route names its caller; health, page and docs stay open.
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +232,42 @@ def test_the_presented_credential_is_the_header_else_the_cookie() -> None:
     assert presented_token("Token a1", "cookie") is None  # a header of another scheme is not retried
     assert presented_token(None, "c1") == "c1" and presented_token(None, "") is None
     assert presented_token(None, "a%3Bb%3D") == "a;b="  # the page percent-encodes the cookie
+
+
+@pytest.fixture
+def jwks_url(issuer: Issuer) -> Iterator[str]:
+    """The issuer's JWKS served over HTTP on loopback, as an identity provider publishes it."""
+    document = issuer.jwks.read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(document)))
+            self.end_headers()
+            self.wfile.write(document)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_the_jwks_can_come_from_the_issuers_url(
+    keys: TestKeys, issuer: Issuer, jwks_url: str, tmp_path: Path
+) -> None:
+    settings = keys.settings(oidc_issuer=ISSUER, oidc_audience=AUDIENCE, oidc_jwks=jwks_url)
+    async for client in _client(settings):
+        created = await client.post("/v1/sessions", headers=_bearer(issuer.token()))
+        assert created.status_code == 201, created.text
+        assert created.json()["owner"] == {"tenant_id": "t1", "principal_id": "ana"}
+        (tmp_path / "forger").mkdir()
+        forged = Issuer(tmp_path / "forger", kid=issuer.kid).token()  # same key id, another key
+        assert (await client.post("/v1/sessions", headers=_bearer(forged))).status_code == 401
