@@ -28,9 +28,9 @@ from contracts.topics import Topic
 from deploy.local.stack import EmbeddedStack
 from tests.hostile.fleet import GROUPS, Fleet
 from tests.hostile.generators import MARKER, Hostile, drawn, hand_made, never_valid, poison
-from tests.timing import eventually
+from tests.timing import eventually, scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(300)))]
 
 DRAWN_PER_TOPIC = 12
 """Hypothesis bodies per topic (bounded: the suite must stay a couple of minutes on 2 cores)."""
