@@ -61,7 +61,13 @@ class GatewayDeps:
     async def turn_session(self, caller: Caller, session_id: str) -> Session:
         """The caller's session for a new turn, created (owned by them) on first use, as
         `quipu run --session` does; another's is refused, an ended one is 409, a purged one 410."""
-        session = await self.store.create_session(session_id, utc_now_ms(), caller.owner)
+        try:
+            session = await self.store.create_session(session_id, utc_now_ms(), caller.owner)
+        except StoreError as error:
+            if error.code is ErrorCode.SESSION_ENDED:
+                # Whose it is first: another's ended session is as unknown as any other of theirs.
+                await self.own_session(caller, session_id)
+            raise
         return access.require_own_session(caller, session, default_tenant=self.tenant_id)
 
     async def run(self, caller: Caller, run_id: str) -> RunMeta:

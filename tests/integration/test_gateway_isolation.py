@@ -107,6 +107,8 @@ EXTRA_CASES: list[tuple[str, Case]] = [
     ("GET", lambda w: (f"/v1/runs/{w.one_shot.run_id}/transcript", None)),
     ("POST", lambda w: (f"/v1/runs/{w.one_shot.run_id}/cancel", None)),
     ("POST", lambda w: ("/v1/memory/reindex", {"tenant_id": "t1", "principal_id": "ana"})),
+    # A turn in A's ended session: refused as unknown, without telling that it has ended.
+    ("POST", lambda w: ("/v1/runs", {"agent_id": "assistant", "text": "intruding", "session_id": w.ended})),
 ]
 
 ADMIN_ONLY = {("POST", "/v1/memory/reindex")}
