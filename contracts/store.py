@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from contracts.wire import Timestamp, WireBytes
 
@@ -103,6 +104,26 @@ class RunStart(_Frozen):
     )
     started_at: Timestamp = Field(description="Start time from the request, millisecond precision.")
     labels: dict[str, str] = Field(default_factory=dict, description="String labels; absent equals {}.")
+    tenant_id: str = Field(
+        default="", description="Tenant of the person whose words the run carries (service metadata)."
+    )
+    principal_id: str = Field(
+        default="",
+        description=(
+            "The person whose words the run carries: the store seals the run's record payloads and "
+            "checkpoint under their data key. Set by the planner from the authenticated request; "
+            "empty: the session's anonymous principal (else the run's own)."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_empty_principal(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Added fields left out when empty: a start without a principal encodes as it always did.
+        encoded: dict[str, Any] = handler(self)
+        for name in ("tenant_id", "principal_id"):
+            if not encoded.get(name):
+                encoded.pop(name, None)
+        return encoded
 
 
 class RunMeta(_Frozen):
@@ -119,6 +140,15 @@ class RunMeta(_Frozen):
     successor_run_id: str = Field(description="The one admitted continuation, or empty.")
     cancellation_reason: str = Field(description="First accepted cancellation reason, or empty.")
     updated_at: Timestamp = Field(description="Store clock at the last state change.")
+
+
+ERASED_PAYLOAD = b'{"erased":"principal_forgotten"}'
+"""What a record payload or checkpoint reads as once its principal was forgotten (key shredded)."""
+
+
+def is_erased(payload: bytes) -> bool:
+    """Whether a payload read from the store is the erased marker (its principal was forgotten)."""
+    return payload == ERASED_PAYLOAD
 
 
 class Checkpoint(_Frozen):

@@ -33,6 +33,8 @@ from pydantic import (
     model_validator,
 )
 
+from contracts.store import is_erased
+
 TRANSCRIPT_MESSAGES_SEEDED = "transcript_messages_seeded"
 """Record type: history that existed before the run (rebuilds model input, never a new reply)."""
 
@@ -48,6 +50,10 @@ TOOL_RESULT_MAX_BYTES = 64 * 1024
 
 class TranscriptError(Exception):
     """Raised when a transcript cannot be decoded, replayed, validated or encoded for a provider."""
+
+
+class TranscriptErasedError(TranscriptError):
+    """Raised when a transcript record reads as erased: the run's principal was forgotten."""
 
 
 # --- exact JSON values ----------------------------------------------------------------------------
@@ -356,8 +362,11 @@ def _describe(error: ValidationError) -> str:
 def decode_messages(payload: bytes, where: str) -> list[Message]:
     """Strictly decode a transcript record payload (a JSON array of Message).
 
-    `where` names the payload in errors (e.g. the run and event key). Raises TranscriptError.
+    `where` names the payload in errors (e.g. the run and event key). Raises TranscriptError
+    (TranscriptErasedError for a payload that reads as erased).
     """
+    if is_erased(payload):
+        raise TranscriptErasedError(f"{where}: erased (the run's principal was forgotten)")
     value = decode_json_value(payload, where)
     if not isinstance(value, list):
         raise TranscriptError(f"{where}: payload must be a JSON array of messages")

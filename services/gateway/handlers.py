@@ -13,7 +13,7 @@ from starlette.background import BackgroundTask
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.store import Page, RunMeta, Session
-from contracts.transcript import TranscriptError, encode_messages
+from contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
 from contracts.wire import utc_now_ms
 from services.gateway import access, logic
 from services.gateway.access import Caller
@@ -291,6 +291,8 @@ async def get_transcript(deps: Deps, caller: RunsReader, run_id: str) -> Respons
     await deps.run(caller, run_id)
     try:
         messages = await build_messages_from_run_log(deps.store, run_id)
+    except TranscriptErasedError as error:
+        raise GatewayError(410, logic.TRANSCRIPT_ERASED, "the run's principal was forgotten") from error
     except TranscriptError as error:
         raise GatewayError(422, logic.TRANSCRIPT_UNAVAILABLE, str(error)) from error
     head = json.dumps({"run_id": run_id})[:-1].encode()  # '{"run_id": "..."' without the brace

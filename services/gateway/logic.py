@@ -95,6 +95,8 @@ SESSION_ID_TAKEN = "SESSION_ID_TAKEN"
 """Code of a new session whose id another principal's session already has."""
 TRANSCRIPT_UNAVAILABLE = "TRANSCRIPT_UNAVAILABLE"
 """Code of a run whose transcript cannot be rebuilt (none recorded yet, or undecodable)."""
+TRANSCRIPT_ERASED = "TRANSCRIPT_ERASED"
+"""Code of a run whose words were erased: its principal was forgotten (410 Gone)."""
 
 _NOT_FOUND = {ErrorCode.SESSION_NOT_FOUND, ErrorCode.RUN_NOT_FOUND, ErrorCode.RUN_SUSPENSION_NOT_FOUND}
 _BAD_REQUEST = {ErrorCode.INVALID_ARGUMENT, ErrorCode.INVALID_CURSOR}

@@ -11,8 +11,9 @@ run closed meanwhile) makes the planner reload and use what the store holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -32,6 +33,7 @@ from contracts.store import (
     SessionStatus,
     StartOutcome,
     StartResult,
+    is_erased,
 )
 from contracts.tools import ToolCallCompleted, ToolCallRequested
 from contracts.topics import Topic
@@ -148,14 +150,30 @@ async def load_records(store: Store, run_id: str) -> list[Record]:
         cursor = page.next_cursor
 
 
+class RunErasedError(Exception):
+    """Raised when a run's records read as erased: its principal was forgotten, nothing to plan on."""
+
+
+@contextlib.contextmanager
+def ignoring_erased_runs(run_id: str) -> Iterator[None]:
+    """A message about a run whose principal was forgotten is settled without effect: not an error."""
+    try:
+        yield
+    except RunErasedError:
+        logger.info("run not advanced: its principal was forgotten", run_id=run_id)
+
+
 async def load_view(store: Store, run_id: str) -> RunView | None:
-    """The run as its records say, or None when the store does not know it."""
+    """The run as its records say, or None when the store does not know it; RunErasedError when
+    its principal was forgotten."""
     try:
         records = await load_records(store, run_id)
     except StoreError as error:
         if error.code is ErrorCode.RUN_NOT_FOUND:
             return None
         raise
+    if any(is_erased(record.payload) for record in records):
+        raise RunErasedError(run_id)
     try:
         return RunView.of(records)
     except (TranscriptError, ValueError, KeyError) as error:
@@ -614,6 +632,7 @@ class Planner:
             agent_id=predecessor.agent_id,
             session_id=predecessor.session_id,
             parent_run_id=predecessor.parent_run_id,
+            inherited=predecessor.context,
         )
         parent = predecessor.context.parent if predecessor.context is not None else None
         link = (parent, link_key(parent.tool_call_id, run.run_id, continuation=True)) if parent else None

@@ -20,7 +20,7 @@ from contracts.topics import Topic
 from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from services.kit.delivery import Delivery
 from services.kit.settings import KafkaSettings
-from services.planner.adapters import Planner
+from services.planner.adapters import Planner, ignoring_erased_runs
 from services.planner.settings import PlannerSettings
 
 T = TypeVar("T")
@@ -53,13 +53,16 @@ def register(
     """Subscribe the planner to its three topics, each with its own consumer group."""
 
     async def run_requested(request: RunRequested) -> None:
-        await holder.get().on_run_requested(request)
+        with ignoring_erased_runs(request.run_id):
+            await holder.get().on_run_requested(request)
 
     async def cancel(request: CancelRun) -> None:
-        await holder.get().on_cancel(request)
+        with ignoring_erased_runs(request.run_id):
+            await holder.get().on_cancel(request)
 
     async def tool_result(completed: ToolCallCompleted) -> None:
-        await holder.get().on_tool_result(completed)
+        with ignoring_erased_runs(completed.run_id):
+            await holder.get().on_tool_result(completed)
 
     async def invalid_request(body: bytes, reason: str) -> None:
         await holder.get().on_invalid_request(body, reason)

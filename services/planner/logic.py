@@ -721,8 +721,19 @@ def start_plan(run: RunStart, link: tuple[ParentToolCall, str] | None = None) ->
     return StartPlan(run=run, started=started, stopped=stopped, parent_link=parent_link)
 
 
-def run_start(request: RunRequested, *, agent_id: str, session_id: str, parent_run_id: str = "") -> RunStart:
-    """The identity of the run a request starts; `started_at` is the request's time, so retries repeat it."""
+def run_start(
+    request: RunRequested,
+    *,
+    agent_id: str,
+    session_id: str,
+    parent_run_id: str = "",
+    inherited: RunContext | None = None,
+) -> RunStart:
+    """The identity of the run a request starts; `started_at` is the request's time, so retries repeat it.
+
+    The principal (the request's, else the predecessor's, as in `run_context`) goes to the store,
+    which seals the run's records under that person's data key.
+    """
     return RunStart(
         run_id=request.run_id,
         agent_id=agent_id,
@@ -731,6 +742,8 @@ def run_start(request: RunRequested, *, agent_id: str, session_id: str, parent_r
         predecessor_run_id=request.predecessor_run_id if request.kind is RunKind.RESUME else "",
         started_at=to_millisecond(request.occurred_at),
         labels=request.labels,
+        tenant_id=request.tenant_id or (inherited.tenant_id if inherited else ""),
+        principal_id=request.principal_id or (inherited.principal_id if inherited else ""),
     )
 
 
@@ -1177,6 +1190,7 @@ def dispatch_outputs(
     """
     at = view.step_times.get(step, trigger.at)
     principal = view.context.principal_id if view.context is not None else ""
+    tenant = view.context.tenant_id if view.context is not None else ""
     outputs: list[Output] = []
     local: list[Record] = []
     for use in uses:
@@ -1191,6 +1205,7 @@ def dispatch_outputs(
                     occurred_at=at,
                     correlation_id=view.run_id,
                     causation_id=trigger.event_id,
+                    tenant_id=tenant,
                     kind=RunKind.CHILD,
                     run_id=child_run_id(view.run_id, use.id),
                     session_id=view.session_id,
@@ -1212,6 +1227,7 @@ def dispatch_outputs(
                     occurred_at=at,
                     correlation_id=view.run_id,
                     causation_id=trigger.event_id,
+                    tenant_id=tenant,
                     run_id=view.run_id,
                     session_id=view.session_id,
                     agent_id=view.agent_id,

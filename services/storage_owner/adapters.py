@@ -19,7 +19,19 @@ Layout (one database):
 - `records`: one document per record with its per-run `seq` and per-session `session_seq` (0 when
   sessionless). Unique `(run_id, event_key)` and `(run_id, seq)`; `(session_id, session_seq)`
   serves session listings and the purge cascade.
-- `meta`: the generated cursor secret, so cursors stay valid across restarts.
+- `meta`: the generated cursor secret, so cursors stay valid across restarts (and the generated
+  master key when none is configured, see `keys`).
+
+Sealing: every record payload and every suspension checkpoint is sealed (`kit.sealing`) under the
+data key of the run's principal (`RunStart.principal_id`, else the session's anonymous one, else
+the run's own; `keys`), the one the principal's memory uses, so forgetting the principal makes
+their run logs unreadable at once. Record documents name that principal (`tenant_id`,
+`principal_id`) so each opens alone, in any listing. The rules see plaintext: the transaction
+opens what it reads and seals what it writes, so an exact retry compares the received bytes with
+the stored plaintext, never two ciphertexts (sealing uses a random nonce). A value whose key is
+gone reads as `ERASED_PAYLOAD`: ids, sequences, types and times stay, so the rules, paging and
+retries go on (a retry of an erased record is an EVENT_CONFLICT, final), and readers say
+"erased". Record documents written before sealing (no `principal_id`) read as stored.
 
 Every query path hits an index: SecantusDB answers an unindexed find at ~5/s (PLATFORM_NOTES);
 tests/integration/test_mongo_store.py explains every query the store sends. Listings read a
@@ -53,10 +65,12 @@ from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from contracts.errors import ErrorCode, StoreError
-from contracts.store import Record
+from contracts.store import ERASED_PAYLOAD, Checkpoint, Record
 from contracts.wire import utc_now_ms
+from services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
 from services.kit.store.rules import RuleStore
 from services.kit.store.state import RunState, SessionState, StoreTransaction
+from services.storage_owner.keys import KEYS, MASTER_KEY_ID, Keyring, PrincipalKeys, sealing_principal
 
 T = TypeVar("T")
 X = TypeVar("X")
@@ -123,29 +137,43 @@ def _session_state(document: Document) -> SessionState | None:
     return SessionState.model_validate({key: value for key, value in document.items() if key != "_id"})
 
 
-def _run_document(state: RunState) -> Document:
+def _run_document(state: RunState, checkpoint: Document | None) -> Document:
     document = state.model_dump(mode="python")
     # Label keys are arbitrary strings ("." "$" or NUL would be unsafe or invalid as BSON keys).
     document["labels"] = [[key, value] for key, value in state.labels.items()]
+    document["checkpoint"] = checkpoint
     return {"_id": state.run_id, **document}
 
 
-def _run_state(document: Document) -> RunState:
-    fields = {key: value for key, value in document.items() if key != "_id"}
+def _run_state(document: Document, checkpoint: Checkpoint | None) -> RunState:
+    fields = {key: value for key, value in document.items() if key not in ("_id", "checkpoint")}
     fields["labels"] = dict(fields["labels"])
-    return RunState.model_validate(fields)
+    return RunState.model_validate({**fields, "checkpoint": checkpoint})
 
 
-def _record_document(record: Record, session_sequence: int) -> Document:
-    document = record.model_dump(mode="python", exclude={"id"})
-    document["seq"] = int(record.id)
-    document["session_seq"] = session_sequence
-    return document
+def _owner(run: RunState) -> tuple[str, str]:
+    """(tenant, principal) whose data key seals the run's texts."""
+    return run.tenant_id, sealing_principal(run.principal_id, run.session_id, run.run_id)
 
 
-def _record(document: Document) -> Record:
-    fields = {key: value for key, value in document.items() if key not in ("_id", "seq", "session_seq")}
-    return Record(id=str(document["seq"]), **fields)
+def _record_context(run_id: str, event_key: str) -> str:
+    return f"{RECORDS}/{run_id}/{event_key}"
+
+
+def _checkpoint_context(run_id: str) -> str:
+    return f"{RUNS}/{run_id}/checkpoint"
+
+
+def _opened(key: bytes | None, sealed: bytes, context: str) -> bytes:
+    """The plaintext, or ERASED_PAYLOAD when the key it was sealed under is gone."""
+    if key is None:
+        return ERASED_PAYLOAD
+    try:
+        return open_sealed(key, sealed, context)
+    except OtherKeyError:
+        return ERASED_PAYLOAD  # forgotten, and a fresh key made since for a later write
+    except BrokenSealError as error:
+        raise StoreError(ErrorCode.UNAVAILABLE, str(error)) from error
 
 
 # --- one transaction ----------------------------------------------------------------------------
@@ -193,6 +221,7 @@ class _Collections:
         self.sessions: AsyncCollection[Document] = database[SESSIONS]
         self.runs: AsyncCollection[Document] = database[RUNS]
         self.records: AsyncCollection[Document] = database[RECORDS]
+        self.keys: AsyncCollection[Document] = database[KEYS]
 
 
 class MongoTransaction:
@@ -202,10 +231,13 @@ class MongoTransaction:
     anyway), so the rules may load a run or a session twice for one round trip.
     """
 
-    def __init__(self, collections: _Collections, session: AsyncClientSession, turns: KeyedTurns) -> None:
+    def __init__(
+        self, collections: _Collections, session: AsyncClientSession, turns: KeyedTurns, keyring: Keyring
+    ) -> None:
         self._collections = collections
         self._session = session
         self._turns = turns
+        self._keys = PrincipalKeys(collections.keys, session, keyring)
         self._turn: str | None = None
         self._sessions: dict[str, Document | None] = {}
         self._runs: dict[str, RunState | None] = {}
@@ -246,12 +278,60 @@ class MongoTransaction:
         await self._take_turn(f"run:{run_id}")
         if run_id not in self._runs:
             document = await self._collections.runs.find_one({"_id": run_id}, session=self._session)
-            self._runs[run_id] = _run_state(document) if document is not None else None
+            self._runs[run_id] = await self._run_state(document) if document is not None else None
         return self._runs[run_id]
 
     async def save_run(self, state: RunState) -> None:
-        await self._save(self._collections.runs, _run_document(state), state.revision)
+        await self._save(self._collections.runs, await self._run_document(state), state.revision)
         self._runs[state.run_id] = state
+
+    # -- sealing -----------------------------------------------------------------------------
+
+    async def _run_document(self, state: RunState) -> Document:
+        checkpoint = None
+        if state.checkpoint is not None:
+            key = await self._keys.writing_key(*_owner(state), fence=False)
+            data = seal(key, state.checkpoint.data, _checkpoint_context(state.run_id))
+            checkpoint = {"suspension_id": state.checkpoint.suspension_id, "data": data}
+        return _run_document(state, checkpoint)
+
+    async def _run_state(self, document: Document) -> RunState:
+        sealed = document.get("checkpoint")
+        checkpoint = None
+        if sealed is not None:
+            if "principal_id" in document:
+                principal_id = sealing_principal(
+                    document["principal_id"], document["session_id"], document["run_id"]
+                )
+                key = await self._keys.reading_key(document["tenant_id"], principal_id)
+                data = _opened(key, bytes(sealed["data"]), _checkpoint_context(document["_id"]))
+            else:
+                data = bytes(sealed["data"])  # written before sealing
+            checkpoint = Checkpoint(suspension_id=sealed["suspension_id"], data=data)
+        return _run_state(document, checkpoint)
+
+    async def _record_document(self, run: RunState, record: Record, session_sequence: int) -> Document:
+        tenant_id, principal_id = _owner(run)
+        key = await self._keys.writing_key(tenant_id, principal_id, fence=False)
+        document = record.model_dump(mode="python", exclude={"id"})
+        document["payload"] = seal(key, record.payload, _record_context(record.run_id, record.event_key))
+        document["seq"] = int(record.id)
+        document["session_seq"] = session_sequence
+        document["tenant_id"] = tenant_id
+        document["principal_id"] = principal_id
+        return document
+
+    async def _record(self, document: Document) -> Record:
+        fields = {
+            key: value
+            for key, value in document.items()
+            if key not in ("_id", "seq", "session_seq", "tenant_id", "principal_id")
+        }
+        if "principal_id" in document:
+            key = await self._keys.reading_key(document["tenant_id"], document["principal_id"])
+            context = _record_context(document["run_id"], document["event_key"])
+            fields["payload"] = _opened(key, bytes(document["payload"]), context)
+        return Record(id=str(document["seq"]), **fields)
 
     async def _save(self, collection: AsyncCollection[Document], document: Document, revision: int) -> None:
         """Insert at revision 1, else replace the document written at `revision - 1`."""
@@ -273,13 +353,12 @@ class MongoTransaction:
         document = await self._collections.records.find_one(
             {"run_id": run_id, "event_key": event_key}, {"_id": False}, session=self._session
         )
-        return _record(document) if document is not None else None
+        return await self._record(document) if document is not None else None
 
-    async def insert_record(self, record: Record, session_sequence: int) -> None:
+    async def insert_record(self, run: RunState, record: Record, session_sequence: int) -> None:
+        document = await self._record_document(run, record, session_sequence)
         try:
-            await self._collections.records.insert_one(
-                _record_document(record, session_sequence), session=self._session
-            )
+            await self._collections.records.insert_one(document, session=self._session)
         except DuplicateKeyError as error:
             # The rules checked the key and the sequence in this snapshot: another writer won.
             raise WriteRaceError(f"record {record.event_key!r} of {record.run_id!r} was taken") from error
@@ -289,13 +368,13 @@ class MongoTransaction:
         rows = await self._window(
             {"run_id": run_id}, "seq", after, limit, run.record_count if run is not None else None
         )
-        return [_record(document) for document in rows]
+        return [await self._record(document) for document in rows]
 
     async def list_session_records(self, session_id: str, after: int, limit: int) -> list[tuple[int, Record]]:
         document = self._sessions.get(session_id)
         count = document.get("record_count") if document is not None else None
         rows = await self._window({"session_id": session_id}, "session_seq", after, limit, count)
-        return [(row["session_seq"], _record(row)) for row in rows]
+        return [(row["session_seq"], await self._record(row)) for row in rows]
 
     async def _window(
         self, scope: Document, sequence: str, after: int, limit: int, count: int | None
@@ -324,7 +403,7 @@ class MongoTransaction:
         cursor = self._collections.runs.find(
             {"session_id": session_id}, sort=[("start_order", ASCENDING)], session=self._session
         )
-        runs = [_run_state(document) async for document in cursor]
+        runs = [await self._run_state(document) async for document in cursor]
         self._runs.update((run.run_id, run) for run in runs)
         return runs
 
@@ -451,14 +530,16 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
         self,
         client: AsyncMongoClient[Document],
         database: AsyncDatabase[Document],
+        keyring: Keyring,
         policy: TransactionPolicy | None = None,
     ) -> None:
         super().__init__(client, policy)
         self._collections = _Collections(database)
         self._turns = KeyedTurns()
+        self._keyring = keyring
 
     def _open(self, session: AsyncClientSession) -> MongoTransaction:
-        return MongoTransaction(self._collections, session, self._turns)
+        return MongoTransaction(self._collections, session, self._turns, self._keyring)
 
     def _close(self, transaction: MongoTransaction) -> None:
         transaction.end_turn()
@@ -532,12 +613,13 @@ class MongoStore(RuleStore):
         client: AsyncMongoClient[Document],
         database: AsyncDatabase[Document],
         cursor_secret: bytes,
+        master_key: bytes,
         *,
         policy: TransactionPolicy | None = None,
         owns_client: bool = False,
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> None:
-        self.transactions = MongoTransactions(client, database, policy)
+        self.transactions = MongoTransactions(client, database, Keyring(master_key), policy)
         super().__init__(self.transactions, cursor_secret, clock)
         self.client = client
         self.database = database
@@ -550,22 +632,26 @@ class MongoStore(RuleStore):
         database: str,
         *,
         cursor_secret: bytes | None = None,
+        master_key: bytes | None = None,
         policy: TransactionPolicy | None = None,
         owns_client: bool = False,
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> MongoStore:
         """A store on `database` through an existing client; creates indexes and the cursor secret.
 
-        The client must be tz-aware (`client_options`); SecantusDB needs retryable writes off.
+        `master_key` wraps the principals' data keys (the memory store's, `keys`); unset, the one
+        generated once and kept in `meta`. The client must be tz-aware (`client_options`);
+        SecantusDB needs retryable writes off.
         """
         policy = policy or TransactionPolicy()
         db = client.get_database(database, write_concern=policy.write_concern)
         try:
             await ensure_indexes(db, INDEXES)
             secret = cursor_secret or await load_generated_secret(db, policy.write_concern, CURSOR_SECRET_ID)
+            key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
         except PyMongoError as error:
             raise _unavailable(error) from error
-        return cls(client, db, secret, policy=policy, owns_client=owns_client, clock=clock)
+        return cls(client, db, secret, key, policy=policy, owns_client=owns_client, clock=clock)
 
     @classmethod
     async def connect(
@@ -574,6 +660,7 @@ class MongoStore(RuleStore):
         database: str,
         *,
         cursor_secret: bytes | None = None,
+        master_key: bytes | None = None,
         policy: TransactionPolicy | None = None,
         server_selection_timeout_ms: int = 5_000,
         clock: Callable[[], datetime] = utc_now_ms,
@@ -583,7 +670,13 @@ class MongoStore(RuleStore):
             uri,
             server_selection_timeout_ms,
             lambda client: cls.open(
-                client, database, cursor_secret=cursor_secret, policy=policy, owns_client=True, clock=clock
+                client,
+                database,
+                cursor_secret=cursor_secret,
+                master_key=master_key,
+                policy=policy,
+                owns_client=True,
+                clock=clock,
             ),
         )
 

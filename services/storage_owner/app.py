@@ -11,20 +11,27 @@ from services.kit.settings import KafkaSettings, MongoSettings
 from services.kit.store.protocol import Store
 from services.storage_owner import handlers
 from services.storage_owner.adapters import MongoStore
-from services.storage_owner.memory_adapters import MongoMemoryStore, parse_master_key
+from services.storage_owner.keys import parse_master_key
+from services.storage_owner.memory_adapters import MongoMemoryStore
 from services.storage_owner.settings import OwnerSettings
 
 SERVICE = "storage-owner"
 
 
+def _master_key(owner: OwnerSettings) -> bytes | None:
+    return parse_master_key(owner.master_key.get_secret_value()) if owner.master_key else None
+
+
 async def _open_mongo_store(mongo: MongoSettings, owner: OwnerSettings) -> Store:
     secret = owner.cursor_secret.get_secret_value().encode() if owner.cursor_secret else None
-    return await MongoStore.connect(mongo.uri.get_secret_value(), mongo.database, cursor_secret=secret)
+    return await MongoStore.connect(
+        mongo.uri.get_secret_value(), mongo.database, cursor_secret=secret, master_key=_master_key(owner)
+    )
 
 
 async def _open_mongo_memory(mongo: MongoSettings, owner: OwnerSettings, store: Store | None) -> MemoryStore:
     """The memory store on the runtime store's client when it has one, else on a client of its own."""
-    master_key = parse_master_key(owner.master_key.get_secret_value()) if owner.master_key else None
+    master_key = _master_key(owner)
     if isinstance(store, MongoStore):
         return await MongoMemoryStore.open(store.client, mongo.database, master_key=master_key)
     return await MongoMemoryStore.connect(mongo.uri.get_secret_value(), mongo.database, master_key=master_key)

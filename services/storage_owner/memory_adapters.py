@@ -35,27 +35,18 @@ for forgetting.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
-import hashlib
 import json
-import os
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import TypeAdapter
-from pymongo import ASCENDING, AsyncMongoClient, IndexModel, ReturnDocument
+from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
-from contracts.errors import ErrorCode, StoreError
 from contracts.memory import (
     Fact,
     FactChanged,
@@ -78,12 +69,12 @@ from services.storage_owner.adapters import (
     load_generated_secret,
     with_own_client,
 )
+from services.storage_owner.keys import KEYS, MASTER_KEY_ID, Keyring, PrincipalKeys, digest, unwrap, wrap
 
 T = TypeVar("T")
 
 Document = dict[str, Any]
 
-KEYS = "memory_keys"
 SESSIONS = "memory_sessions"
 HISTORY = "memory_history"
 SUMMARIES = "memory_summaries"
@@ -93,9 +84,6 @@ FACT_CHANGES = "memory_fact_changes"
 PROFILES = "memory_profiles"
 INDEX = "memory_index"
 COLLECTIONS = (KEYS, SESSIONS, HISTORY, SUMMARIES, FACTS, AUDIT, FACT_CHANGES, PROFILES, INDEX)
-
-MASTER_KEY_ID = "memory_master_key"
-_NONCE = 12
 
 _PRINCIPAL = [("tenant_id", ASCENDING), ("principal_id", ASCENDING)]
 INDEXES: Mapping[str, list[IndexModel]] = {
@@ -115,64 +103,6 @@ INDEXES: Mapping[str, list[IndexModel]] = {
 """Secondary indexes by collection; `memory_keys` is only read by `_id`."""
 
 _CHANGES = TypeAdapter(list[FactChanged])
-
-
-# --- keys and sealing ---------------------------------------------------------------------------
-
-
-def parse_master_key(value: str) -> bytes:
-    """A master key from settings: standard or URL-safe base64 of exactly 32 bytes."""
-    for decode in (base64.b64decode, base64.urlsafe_b64decode):
-        try:
-            key = decode(value.strip().encode("ascii"))
-        except (binascii.Error, ValueError, UnicodeEncodeError):
-            continue
-        if len(key) == 32:
-            return key
-    raise ValueError("the master key must be base64 of 32 random bytes (openssl rand -base64 32)")
-
-
-def _digest(*parts: str) -> str:
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
-
-
-def key_id(tenant_id: str, principal_id: str) -> str:
-    """The `_id` of a principal's key document (a hash: the id itself is not kept in clear there)."""
-    return _digest("key", tenant_id, principal_id)
-
-
-@functools.lru_cache(maxsize=4096)
-def _cipher(key: bytes) -> AESGCM:
-    # Building the cipher costs more than sealing a short text; keys repeat across documents.
-    return AESGCM(key)
-
-
-def _seal(key: bytes, plaintext: bytes, context: str) -> bytes:
-    nonce = os.urandom(_NONCE)
-    return nonce + _cipher(key).encrypt(nonce, plaintext, context.encode())
-
-
-def _open(key: bytes, sealed: bytes, context: str) -> bytes:
-    try:
-        return _cipher(key).decrypt(sealed[:_NONCE], sealed[_NONCE:], context.encode())
-    except InvalidTag as error:
-        raise StoreError(ErrorCode.UNAVAILABLE, f"a sealed value does not open ({context})") from error
-
-
-class _Keyring:
-    """Wraps and unwraps data keys with the master key; unwrapped keys are cached by their wrapping."""
-
-    def __init__(self, master_key: bytes) -> None:
-        self._master = master_key
-        self._unwrapped: dict[bytes, bytes] = {}
-
-    def new_wrapped(self, identifier: str) -> bytes:
-        return _seal(self._master, secrets.token_bytes(32), f"{KEYS}/{identifier}")
-
-    def unwrap(self, identifier: str, wrapped: bytes) -> bytes:
-        if wrapped not in self._unwrapped:
-            self._unwrapped[wrapped] = _open(self._master, wrapped, f"{KEYS}/{identifier}")
-        return self._unwrapped[wrapped]
 
 
 # --- one transaction ----------------------------------------------------------------------------
@@ -210,71 +140,30 @@ def _scope(document: Document) -> MemoryScope:
 
 
 def _profile_id(scope: MemoryScope) -> str:
-    return _digest("profile", scope.tenant_id, scope.principal_id, scope.agent_id)
+    return digest("profile", scope.tenant_id, scope.principal_id, scope.agent_id)
 
 
 def _changes_id(scope: MemoryScope, idempotency_key: str) -> str:
-    return _digest("changes", scope.tenant_id, scope.principal_id, idempotency_key)
+    return digest("changes", scope.tenant_id, scope.principal_id, idempotency_key)
 
 
 class MongoMemoryTransaction:
     """The `MemoryTransaction` port inside one MongoDB transaction; seals and opens texts."""
 
-    def __init__(self, collections: _Collections, session: AsyncClientSession, keyring: _Keyring) -> None:
+    def __init__(self, collections: _Collections, session: AsyncClientSession, keyring: Keyring) -> None:
         self._c = collections
         self._session = session
-        self._keyring = keyring
-        self._keys: dict[tuple[str, str], bytes | None] = {}
-        self._touched: set[tuple[str, str]] = set()
-
-    # -- keys ----------------------------------------------------------------------------------
-
-    async def _writing_key(self, tenant_id: str, principal_id: str) -> bytes:
-        """The principal's data key, created if missing; bumps the key document (see module docs)."""
-        who = (tenant_id, principal_id)
-        if who in self._touched:
-            key = self._keys[who]
-            assert key is not None
-            return key
-        identifier = key_id(tenant_id, principal_id)
-        document = await self._c.keys.find_one_and_update(
-            {"_id": identifier},
-            {
-                "$setOnInsert": {
-                    "wrapped": self._keyring.new_wrapped(identifier),
-                    "created_at": utc_now_ms(),
-                },
-                "$inc": {"writes": 1},
-            },
-            upsert=True,
-            return_document=ReturnDocument.AFTER,
-            session=self._session,
-        )
-        assert document is not None
-        key = self._keyring.unwrap(identifier, bytes(document["wrapped"]))
-        self._keys[who] = key
-        self._touched.add(who)
-        return key
-
-    async def _reading_key(self, tenant_id: str, principal_id: str) -> bytes | None:
-        """The principal's data key, or None when it is gone (forgotten: their texts are unreadable)."""
-        who = (tenant_id, principal_id)
-        if who not in self._keys:
-            identifier = key_id(tenant_id, principal_id)
-            document = await self._c.keys.find_one({"_id": identifier}, session=self._session)
-            self._keys[who] = (
-                None if document is None else self._keyring.unwrap(identifier, bytes(document["wrapped"]))
-            )
-        return self._keys[who]
+        self._keys = PrincipalKeys(collections.keys, session, keyring)
 
     async def _seal_text(self, tenant_id: str, principal_id: str, text: str, context: str) -> bytes:
-        return _seal(await self._writing_key(tenant_id, principal_id), text.encode(), context)
+        # Fenced: a write racing forget_principal conflicts with it (see module docs).
+        return wrap(await self._keys.writing_key(tenant_id, principal_id, fence=True), text.encode(), context)
 
     async def _open_text(self, document: Document, field: str, context: str) -> str | None:
-        key = await self._reading_key(*_principal_of(document))
+        key = await self._keys.reading_key(*_principal_of(document))
         if key is None:
             return None
-        return _open(key, bytes(document[field]), context).decode()
+        return unwrap(key, bytes(document[field]), context).decode()
 
     # -- history -------------------------------------------------------------------------------
 
@@ -592,7 +481,7 @@ class MongoMemoryTransaction:
 
     async def shred_key(self, tenant_id: str, principal_id: str) -> None:
         """Delete the principal's data key: every sealed text of theirs becomes unreadable."""
-        await self._c.keys.delete_one({"_id": key_id(tenant_id, principal_id)}, session=self._session)
+        await self._keys.shred(tenant_id, principal_id)
 
     async def forget(self, tenant_id: str, principal_id: str) -> int:
         who = _who(tenant_id, principal_id)
@@ -622,7 +511,7 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
         self,
         client: AsyncMongoClient[Document],
         database: AsyncDatabase[Document],
-        keyring: _Keyring,
+        keyring: Keyring,
         policy: TransactionPolicy | None = None,
     ) -> None:
         super().__init__(client, policy)
@@ -656,7 +545,7 @@ class MongoMemoryStore(MemoryRules):
         owns_client: bool = False,
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> None:
-        self.transactions = MongoMemoryTransactions(client, database, _Keyring(master_key), policy)
+        self.transactions = MongoMemoryTransactions(client, database, Keyring(master_key), policy)
         super().__init__(self.transactions, clock)
         self.client = client
         self.database = database

@@ -21,7 +21,8 @@ class OwnerSettings(ConsumerSettings):
     master_key: SecretStr | None = Field(
         default=None,
         description=(
-            "Master key wrapping each principal's memory data key: base64 of 32 random bytes "
+            "Master key wrapping each principal's data key (their memory, run records and "
+            "checkpoints are sealed under it): base64 of 32 random bytes "
             "(openssl rand -base64 32). Unset: one generated once and kept in MongoDB's `meta`, "
             "which protects nothing against whoever reads the database."
         ),

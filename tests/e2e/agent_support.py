@@ -340,6 +340,10 @@ class Deployment:
         [executor] = [e for e in self.executors if e.process is not None and e.process.pid == pid]
         return executor
 
+    def start_recorder(self) -> ServiceProcess:
+        """The transcript recorder (product history of every finished turn)."""
+        return self._process("services.transcript_recorder", "recorder")
+
     def start_gateway(self) -> ServiceProcess:
         """The gateway process on a free port."""
         port = _free_port()

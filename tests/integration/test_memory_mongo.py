@@ -29,13 +29,8 @@ from contracts.topics import Topic
 from deploy.local.stack import EmbeddedStack
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.rules import build_index_entry
-from services.storage_owner.memory_adapters import (
-    HISTORY,
-    INDEXES,
-    KEYS,
-    MongoMemoryStore,
-    parse_master_key,
-)
+from services.storage_owner.keys import KEYS, parse_master_key
+from services.storage_owner.memory_adapters import HISTORY, INDEXES, MongoMemoryStore
 from tests.conformance.memory_builders import (
     ms,
     new,

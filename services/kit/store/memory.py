@@ -54,7 +54,7 @@ class _MemoryTransaction:
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
         return self._tables.records_by_key.get(run_id, {}).get(event_key)
 
-    async def insert_record(self, record: Record, session_sequence: int) -> None:
+    async def insert_record(self, run: RunState, record: Record, session_sequence: int) -> None:
         self._tables.records_by_key.setdefault(record.run_id, {})[record.event_key] = record
         self._tables.records_in_order.setdefault(record.run_id, []).append(record)
         if session_sequence:

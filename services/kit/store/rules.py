@@ -80,7 +80,7 @@ class _Writes:
             self.session = self.session.model_copy(update={"record_count": session_sequence})
             self.session_changed = True
         stored = record.model_copy(update={"id": str(sequence)})
-        await self.tx.insert_record(stored, session_sequence)
+        await self.tx.insert_record(current, stored, session_sequence)
         return stored
 
     def update(self, run: RunState, **changes: object) -> None:
@@ -296,6 +296,8 @@ class RuleStore:
             predecessor_run_id=run.predecessor_run_id,
             started_at=run.started_at,
             labels=run.labels,
+            tenant_id=run.tenant_id,
+            principal_id=run.principal_id,
             status=RunStatus.CANCELED if stop else RunStatus.RUNNING,
             start_outcome=StartOutcome.STOP if stop else StartOutcome.PROCEED,
             cancellation_reason=CancellationReason.SESSION_ENDED.value if stop else "",
@@ -595,6 +597,8 @@ def _retried_start(
         existing.predecessor_run_id,
         existing.started_at,
         existing.labels,
+        existing.tenant_id,
+        existing.principal_id,
     )
     if identity != (
         run.agent_id,
@@ -603,6 +607,8 @@ def _retried_start(
         run.predecessor_run_id,
         run.started_at,
         run.labels,
+        run.tenant_id,
+        run.principal_id,
     ):
         _fail(ErrorCode.RUN_CONFLICT, "run exists with another start")
     comparisons = [

@@ -51,6 +51,8 @@ class RunState(BaseModel):
     predecessor_run_id: str = Field(description="Continued run; empty otherwise (not in RunMeta).")
     started_at: Timestamp = Field(description="Start time from the command.")
     labels: dict[str, str] = Field(description="Labels from the start.")
+    tenant_id: str = Field(default="", description="Tenant of the run's principal, from the start.")
+    principal_id: str = Field(default="", description="Whose key seals the run's texts, from the start.")
     status: RunStatus = Field(description="Current status.")
     start_outcome: StartOutcome = Field(description="The start's decision.")
     successor_run_id: str = Field(default="", description="Admitted continuation, once.")
@@ -125,8 +127,9 @@ class StoreTransaction(Protocol):
         """The record with this key on this run, or None."""
         ...
 
-    async def insert_record(self, record: Record, session_sequence: int) -> None:
-        """Insert a record whose `id` is its per-run sequence (session_sequence 0 when sessionless)."""
+    async def insert_record(self, run: RunState, record: Record, session_sequence: int) -> None:
+        """Insert a record of `run` whose `id` is its per-run sequence (session_sequence 0 when
+        sessionless); `run` is the record's run as this operation sees it, maybe not saved yet."""
         ...
 
     async def list_records(self, run_id: str, after: int, limit: int) -> list[Record]:
