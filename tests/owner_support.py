@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import bson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from pymongo import AsyncMongoClient, monitoring
+from pymongo.asynchronous.database import AsyncDatabase
 
 from contracts.commands import (
     REPLY_PARTITION_HEADER,
@@ -329,6 +331,15 @@ class RawPublisher:
 def client_on(uri: str, **options: Any) -> AsyncMongoClient[Document]:
     """A client on `uri` with the options the owner uses, plus `options` (listeners, app name)."""
     return AsyncMongoClient(uri, **client_options(uri, 5_000), **options)
+
+
+async def resting_bytes(database: AsyncDatabase[Document]) -> bytes:
+    """Every document of every collection of `database`, as raw BSON, concatenated (what rests)."""
+    dump = b""
+    for name in sorted(await database.list_collection_names()):
+        async for document in database[name].find({}):
+            dump += bson.encode(document)
+    return dump
 
 
 def mongo_client(stack: EmbeddedStack, **options: Any) -> AsyncMongoClient[Document]:

@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import bson
 import pytest
 
 from contracts.events import StreamEventType
@@ -25,7 +24,7 @@ from deploy.local.stack import EmbeddedStack
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.transcript import build_messages_from_run_log
 from tests.e2e.agent_support import Deployment, eventually
-from tests.owner_support import client_on
+from tests.owner_support import client_on, resting_bytes
 from tests.timing import scaled
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,11 +49,7 @@ async def _database_dump(stack: EmbeddedStack, database: str) -> bytes:
     """Every document of every collection of the deployment's database, as raw BSON."""
     client = client_on(stack.mongo_uri)
     try:
-        dump = b""
-        for name in sorted(await client[database].list_collection_names()):
-            async for document in client[database][name].find({}):
-                dump += bson.encode(document)
-        return dump
+        return await resting_bytes(client[database])
     finally:
         await client.close()
 

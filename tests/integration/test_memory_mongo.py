@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import bson
 import pytest
 from pymongo import AsyncMongoClient
 
@@ -44,7 +43,7 @@ from tests.conformance.memory_builders import (
     uid,
     update,
 )
-from tests.owner_support import CommandLog, Served, TopicReader, client_on
+from tests.owner_support import CommandLog, Served, TopicReader, client_on, resting_bytes
 
 Document = dict[str, Any]
 Client = AsyncMongoClient[Document]
@@ -56,15 +55,6 @@ async def store(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoMemor
     opened = await MongoMemoryStore.connect(stack.mongo_uri, database)
     yield opened
     await opened.close()
-
-
-async def _raw_dump(store: MongoMemoryStore) -> bytes:
-    """Every document of every collection, as raw BSON, concatenated."""
-    dump = b""
-    for name in sorted(await store.database.list_collection_names()):
-        async for document in store.database[name].find({}):
-            dump += bson.encode(document)
-    return dump
 
 
 async def _fill(store: MongoMemoryStore, marker: str) -> tuple[Any, str, list[str]]:
@@ -90,7 +80,7 @@ async def test_every_text_is_sealed_at_rest(store: MongoMemoryStore) -> None:
     marker = f"zebra{uuid.uuid4().hex[:8]}"
     who, session_id, texts = await _fill(store, marker)
 
-    dump = await _raw_dump(store)
+    dump = await resting_bytes(store.database)
     assert marker.encode() not in dump
     # Index terms are words of the facts: sealed too.
     assert b"reworded" not in dump and b"agentb" not in dump
@@ -118,7 +108,7 @@ async def test_forget_leaves_nothing_of_the_person_and_shreds_their_key(store: M
     # 4 history rows, 1 summary, 3 facts, 1 audit entry, 1 profile, 3 index entries.
     assert await store.forget_principal(who.tenant_id, who.principal_id) == 13
 
-    dump = await _raw_dump(store)
+    dump = await resting_bytes(store.database)
     for trace in (who.principal_id, session_id, marker):
         assert trace.encode() not in dump, trace
     assert await store.database[KEYS].count_documents({}) == 1  # the bystander's key only

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import bson
 import pytest
 
 from contracts.errors import ErrorCode
@@ -34,7 +33,7 @@ from tests.conformance.builders import (
     root_start,
     suspend,
 )
-from tests.owner_support import client_on
+from tests.owner_support import client_on, resting_bytes
 
 TENANT = "t1"
 
@@ -47,15 +46,6 @@ async def stores(stack: EmbeddedStack, database: str) -> AsyncIterator[tuple[Mon
     memory = await MongoMemoryStore.open(client, database)
     yield store, memory
     await client.close()
-
-
-async def _everything(store: MongoStore) -> bytes:
-    """Every document of every collection of the database, as raw BSON."""
-    dump = b""
-    for name in sorted(await store.database.list_collection_names()):
-        async for document in store.database[name].find({}):
-            dump += bson.encode(document)
-    return dump
 
 
 def _transcript(text: str) -> bytes:
@@ -83,7 +73,7 @@ async def test_payloads_and_checkpoints_rest_sealed_and_read_back_exactly(
     await _said(store, run, phrase)
     checkpoint = await suspend(store, run, data=f"waiting for: {phrase}".encode())
 
-    assert phrase.encode() not in await _everything(store)
+    assert phrase.encode() not in await resting_bytes(store.database)
     [_, said, _] = await all_run_records(store, run.run_id)
     assert said.payload == _transcript(phrase)
     assert await store.load_run_suspension(run.run_id) == checkpoint
@@ -105,7 +95,7 @@ async def test_forgetting_the_principal_erases_their_runs_in_every_collection_on
 
     await memory.forget_principal(TENANT, "ana")
 
-    dump = await _everything(store)
+    dump = await resting_bytes(store.database)
     assert phrase.encode() not in dump and b"tangerine" not in dump
     records = await all_run_records(store, run.run_id)
     assert [record.type for record in records] == [
