@@ -4,12 +4,14 @@ Real service processes (owner, planner, tool executor, transcript recorder) on t
 broker and database. A person says a phrase in one turn (the scripted model echoes it, so their
 model's answer carries it too) and has a second turn suspended on a question that repeats
 another phrase (it rests in the checkpoint). Then the principal is forgotten through the owner,
-as `quipu memory forget` does, and the test searches every collection of the database for
-either phrase: nothing readable. A bystander in another session keeps every word.
+as `quipu memory forget` does, and the test searches every collection of the database and every
+service's log for either phrase: nothing readable. A bystander in another session keeps every
+word. (The Kafka topics still carry the words until their retention: see the README.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,11 @@ async def _database_dump(stack: EmbeddedStack, database: str) -> bytes:
         await client.close()
 
 
+def _service_logs(folder: Path) -> bytes:
+    """Everything every service process logged."""
+    return b"".join(path.read_bytes() for path in sorted(folder.glob("*.log")))
+
+
 def _suspended(event: Any) -> bool:
     return event.type is StreamEventType.WORKFLOW and event.payload.get("phase") == "suspended"
 
@@ -92,3 +99,6 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
                 await build_messages_from_run_log(deployment.store, run_id)
         kept_messages = await build_messages_from_run_log(deployment.store, bystander.run_id)
         assert any(kept in str(message.model_dump()) for message in kept_messages)
+        # No service logged the words (logs never carry input values).
+        logs = await asyncio.to_thread(_service_logs, tmp_path)
+        assert logs and not any(phrase.encode() in logs for phrase in (said, asked, kept))
