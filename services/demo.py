@@ -26,9 +26,10 @@ from rich.text import Text
 from contracts.memory import MemoryScope
 from contracts.runs import RunRequested
 from deploy.local.stack import EmbeddedStack, create_topics
-from services.cli.client import RunFollower, connected, ensure_session, pending_inputs
+from services.cli.client import RunFollower, connected, ensure_session, pending_inputs, planner_diagnosis
 from services.cli.launch import quipu_command
 from services.cli.render import EventPrinter, count_by_status
+from services.cli.settings import CliSettings
 from services.enricher.app import create_app as create_enricher
 from services.fact_extractor.app import create_app as create_fact_extractor
 from services.gateway.logic import RunRequest, resume_request, turn_request
@@ -62,7 +63,9 @@ async def _turn(
 ) -> bool:
     reader = RunEventReader(kafka, session_id=request.session_id, client_id="demo")
     await reader.start(start_at=StartAt.NOW)
-    follower = RunFollower(reader, EventPrinter(console))
+    follower = RunFollower(
+        reader, EventPrinter(console), quiet_diagnosis=planner_diagnosis(kafka, CliSettings())
+    )
     try:
         while True:
             await publish(request)
