@@ -183,6 +183,22 @@ async def test_an_accepted_run_not_started_yet_answers_202_to_its_caller_only(ga
     assert meta.status_code == 200 and meta.json()["run_id"] == started.run_id
 
 
+async def test_a_tenant_admin_administers_a_session_but_does_not_speak_in_it(gateway: Gateway) -> None:
+    await session(gateway)
+    admin = gateway.keys.admin("t1")
+    seen = await gateway.client.get("/v1/sessions/s-1", headers=admin)
+    assert seen.status_code == 200 and seen.json()["owner"] == {"tenant_id": "t1", "principal_id": "ana"}
+    turn = {"agent_id": "a", "text": "as somebody else", "session_id": "s-1"}
+    assert error_of(await gateway.client.post("/v1/runs", json=turn, headers=admin)) == (403, "FORBIDDEN")
+    assert gateway.publisher.sent == []
+    assert (await gateway.client.post("/v1/sessions/s-1/end", headers=admin)).status_code == 200
+    elsewhere = gateway.keys.admin("t2")
+    assert error_of(await gateway.client.get("/v1/sessions/s-1", headers=elsewhere)) == (
+        404,
+        "SESSION_NOT_FOUND",
+    )
+
+
 async def test_a_resent_turn_with_its_run_id_repeats_the_event_id(gateway: Gateway) -> None:
     body = {"agent_id": "assistant", "text": "hi", "run_id": "run-fixed"}
     first = (await gateway.client.post("/v1/runs", json=body)).json()
