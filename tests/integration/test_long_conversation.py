@@ -8,8 +8,6 @@ sent, not how fast a broker is.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from bench.memory_bench import WINDOW, run_conversation
@@ -20,10 +18,8 @@ TURNS = 1000
 
 
 async def test_a_thousand_turns_keep_the_input_bounded_and_summarise_each_message_once() -> None:
-    cpu_started = time.process_time()
     conversation, seconds = await run_conversation(TURNS)
-    cpu_s = time.process_time() - cpu_started
-    print(f"{TURNS} turns in {seconds:.1f} s ({cpu_s:.1f} s of CPU)")
+    print(f"{TURNS} turns in {seconds:.1f} s (the speed is `make bench`'s)")
 
     turn20, last = conversation.input_tokens(20), conversation.input_tokens(TURNS)
     print(f"input tokens: turn 20 {turn20}, turn {TURNS} {last} (x{last / turn20:.3f})")
@@ -45,4 +41,7 @@ async def test_a_thousand_turns_keep_the_input_bounded_and_summarise_each_messag
     assert summary.version == TURNS - window_turns  # one fold per turn past the window
     rows = await conversation.memory.history_tail(conversation.session_id, 2)
     assert rows[-1].seq == 2 * TURNS
-    assert cpu_s < 60
+    # The work per turn stays bounded too: a fold reads the summary and the new messages, never
+    # the history so far, so the late folds are no bigger than the early ones.
+    folds = conversation.model.summary_tokens
+    assert max(folds) <= 1.1 * max(folds[:100])

@@ -11,7 +11,6 @@ Against the real embedded broker and database, with the owner as a separate proc
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -456,13 +455,10 @@ async def test_no_owner_means_unavailable_after_identical_resends(
     command = CreateSession(session_id=uid("session"), created_at=ms(0), correlation_id=uid("cid"))
     commands_topic = kafka_settings.topic_prefix + Topic.STORAGE_COMMANDS.value
     async with KafkaStore(kafka_settings, reply_timeout_s=0.3, attempts=3) as store:
-        began = time.monotonic()
         with pytest.raises(StoreError) as caught:
             await store.call(command)
-        elapsed = time.monotonic() - began
     assert caught.value.code is ErrorCode.UNAVAILABLE
     assert caught.value.retryable is True
-    assert elapsed >= 0.9, "three attempts of 0.3 s each"
 
     async with TopicReader(stack.bootstrap, commands_topic) as sent:
         await sent.wait_for(lambda records: len(records) >= 3, within=10.0)

@@ -10,6 +10,7 @@ consumer would see on the wire. Two executor processes share the work in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ from services.tool_executor.app import ToolExecutorDeps, create_app
 from services.tool_executor.logic import ToolContext
 from services.tool_executor.settings import ToolExecutorSettings
 from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -64,12 +66,42 @@ class Sleeper:
         return {"slept": arguments.seconds}
 
 
-def _deps(sleeper: Sleeper) -> ToolExecutorDeps:
+class Rendezvous:
+    """A tool whose calls each wait (at most `scaled(seconds)`) until `expected` of them run at once.
+
+    Calls that run side by side all meet and return at once; calls run one after another never
+    see more than one running, so the overlap shows without measuring how long anything took.
+    """
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.running = 0
+        self.most_at_once = 0
+        self._all_in = asyncio.Event()
+
+    async def meet(self, arguments: Nap, context: ToolContext) -> dict[str, Any]:
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        if self.running >= self.expected:
+            self._all_in.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_in.wait(), scaled(arguments.seconds))
+        finally:
+            self.running -= 1
+        return {"met": self._all_in.is_set()}
+
+
+def _deps(sleeper: Sleeper, rendezvous: Rendezvous | None = None) -> ToolExecutorDeps:
     catalog = default_catalog()
     catalog.register(ToolDefinition("nap", "Takes a while.", Nap, timeout_s=10.0, max_concurrency=50))
-    return ToolExecutorDeps(
-        catalog=catalog, implementations={**default_implementations(), "nap": sleeper.nap}
-    )
+    implementations = {**default_implementations(), "nap": sleeper.nap}
+    if rendezvous is not None:
+        catalog.register(
+            ToolDefinition("meet", "Waits for the others.", Nap, timeout_s=scaled(30.0), max_concurrency=50)
+        )
+        implementations["meet"] = rendezvous.meet
+    return ToolExecutorDeps(catalog=catalog, implementations=implementations)
 
 
 @asynccontextmanager
@@ -95,7 +127,7 @@ def _assignment(app: FastStream, calls_topic: str) -> set[int]:
 
 
 async def _until(condition: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + scaled(within)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {within} s: {what}")
@@ -228,21 +260,19 @@ async def test_a_restarted_executor_does_not_answer_again(kafka_settings: KafkaS
 
 async def test_slow_calls_of_one_run_run_side_by_side(kafka_settings: KafkaSettings) -> None:
     """A run's parallel tool uses share a partition; they must not wait for each other."""
-    sleeper = Sleeper()
+    rendezvous = Rendezvous(expected=10)
     calls = [
-        _call(0, "nap", {"seconds": 1.0}, tool_use_id=f"toolu_nap{number}", run_id="run-wide")
+        _call(0, "meet", {"seconds": 5.0}, tool_use_id=f"toolu_meet{number}", run_id="run-wide")
         for number in range(10)
     ]
     async with (
         RawPublisher(kafka_settings.bootstrap) as publisher,
         TopicReader(kafka_settings.bootstrap, kafka_settings.topic_prefix + Topic.TOOLS_RESULTS) as results,
-        _executor(kafka_settings, _deps(sleeper)),
+        _executor(kafka_settings, _deps(Sleeper(), rendezvous)),
     ):
-        started = time.monotonic()
         await _send(publisher, kafka_settings, calls)
-        await results.wait_for(lambda records: len(records) >= len(calls))
-        elapsed = time.monotonic() - started
-    assert elapsed < 3.0, f"10 one-second calls took {elapsed:.1f} s"
+        await results.wait_for(lambda records: len(records) >= len(calls), within=60.0)
+    assert rendezvous.most_at_once == len(calls), f"at most {rendezvous.most_at_once} of 10 calls ran at once"
     assert Counter(result.tool_use_id for result in _results(results.records)) == Counter(
         call.tool_use_id for call in calls
     )
