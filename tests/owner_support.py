@@ -45,6 +45,7 @@ from tests.conformance.builders import (
     root_start,
     terminal,
 )
+from tests.timing import scaled
 
 OWNER_MODULE = "services.storage_owner"
 
@@ -118,7 +119,7 @@ class Owner:
 
 async def wait_until_serving(store: KafkaStore, owner: Owner, within: float = 30.0) -> None:
     """Wait until the owner answers a read (its consumer group is joined and it is applying)."""
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + scaled(within)
     while True:
         try:
             await store.load_session_status("owner-readiness-probe")
@@ -198,11 +199,11 @@ class TopicReader:
         """Wait until `condition(records read so far)` holds; return the records."""
         async with self._arrived:
             try:
-                await asyncio.wait_for(self._arrived.wait_for(lambda: condition(self.records)), within)
+                holds = self._arrived.wait_for(lambda: condition(self.records))
+                await asyncio.wait_for(holds, scaled(within))
             except TimeoutError:
-                raise AssertionError(
-                    f"{self.topic}: condition not met within {within} s ({len(self.records)} records read)"
-                ) from None
+                waited = f"{scaled(within):.1f} s ({len(self.records)} records read)"
+                raise AssertionError(f"{self.topic}: condition not met within {waited}") from None
         return list(self.records)
 
     def values(self) -> list[Any]:

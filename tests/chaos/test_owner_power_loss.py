@@ -45,8 +45,9 @@ from tests.owner_support import (
     wait_until_serving,
     wait_while_progressing,
 )
+from tests.timing import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(300)))]
 
 SESSIONS = 10
 APPENDS = 12
@@ -111,7 +112,7 @@ class Database:
             start_new_session=True,
         )
         self.uri = f"mongodb://127.0.0.1:{self._port}/?retryWrites=false"
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + scaled(30.0)
         while True:
             client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
                 self.uri, serverSelectionTimeoutMS=500

@@ -123,13 +123,14 @@ from services.kit.store.client import KafkaStore  # noqa: E402
 from services.planner.adapters import load_records  # noqa: E402
 from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving  # noqa: E402
 from tests.support.gateway_keys import TestKeys  # noqa: E402
+from tests.timing import scaled  # noqa: E402
 
 # --- waiting ------------------------------------------------------------------------------------
 
 
 async def eventually(condition: Callable[[], Any], within: float, what: str, interval: float = 0.02) -> Any:
-    """Poll `condition` (sync or async) until it returns something truthy; return it."""
-    deadline = time.monotonic() + within
+    """Poll `condition` (sync or async) until it returns something truthy (for `scaled(within)` s)."""
+    deadline = time.monotonic() + scaled(within)
     while True:
         value = condition()
         if asyncio.iscoroutine(value):
@@ -137,7 +138,7 @@ async def eventually(condition: Callable[[], Any], within: float, what: str, int
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
+            raise AssertionError(f"not within {scaled(within):.1f} s: {what}")
         await asyncio.sleep(interval)
 
 

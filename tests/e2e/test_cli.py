@@ -186,7 +186,7 @@ async def test_a_run_in_an_ended_session_is_refused(served: ServedStack) -> None
 
 
 def _wait_for(path: Path, process: subprocess.Popen[bytes], within: float) -> dict[str, Any]:
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + scaled(within)
     while time.monotonic() < deadline:
         assert process.poll() is None, "quipu up exited early"
         try:
@@ -199,7 +199,7 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes], within: float) -> di
 
 def _printed_key(log: Path, process: subprocess.Popen[bytes], within: float) -> str:
     """The local admin key `quipu up` printed (in the page's link)."""
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + scaled(within)
     while time.monotonic() < deadline:
         assert process.poll() is None, "quipu up exited early"
         found = re.findall(r"#key=(qk_\S+)", log.read_text(errors="replace"))
@@ -232,7 +232,7 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         health = httpx.get(state["gateway_url"] + "/healthz", timeout=10)
         assert health.json() == {"status": "ok", "open_streams": 0}
         # One command is enough: `quipu up` issued itself an admin key and printed it.
-        key = _printed_key(tmp_path / "up.log", up, within=scaled(30))
+        key = _printed_key(tmp_path / "up.log", up, within=30)
         unknown = f"{state['gateway_url']}/v1/sessions/none"
         assert httpx.get(unknown, timeout=10).status_code == 401
         signed_in = httpx.get(unknown, headers={"Authorization": f"Bearer {key}"}, timeout=10)

@@ -44,6 +44,7 @@ from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from services.kit.settings import KafkaSettings, MongoSettings
 from services.kit.store.client import KafkaStore
 from services.storage_owner.app import create_app as create_owner
+from tests.timing import scaled
 
 QUESTION = "Which city do you mean?"
 
@@ -80,11 +81,11 @@ class ServedStack:
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20.0) -> None:
-    """Wait until `check()` is true; fail after `within` seconds."""
-    deadline = time.monotonic() + within
+    """Wait until `check()` is true; fail after `scaled(within)` seconds."""
+    deadline = time.monotonic() + scaled(within)
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {within} s: {check}")
+            raise AssertionError(f"not true within {scaled(within):.1f} s: {check}")
         await asyncio.sleep(0.05)
 
 
@@ -311,7 +312,7 @@ class SSEStream:
 
     async def next(self, within: float = 10.0) -> SSEMessage:
         """The next event."""
-        return await asyncio.wait_for(self.events.get(), within)
+        return await asyncio.wait_for(self.events.get(), scaled(within))
 
     async def take(self, count: int, within: float = 10.0) -> list[SSEMessage]:
         """The next `count` events."""

@@ -77,7 +77,7 @@ class System:
                 e.run_id == request.run_id and e.type is StreamEventType.RUN_STREAM_END for e in parsed
             )
 
-        await self.events.wait_for(closed, within=scaled(30.0))
+        await self.events.wait_for(closed, within=30.0)
         return request.run_id
 
     async def new_session(self) -> str:
@@ -93,7 +93,7 @@ class System:
                     return change
             return None
 
-        await self.changes.wait_for(lambda _: found() is not None, within=scaled(30.0))
+        await self.changes.wait_for(lambda _: found() is not None, within=30.0)
         change = found()
         assert change is not None
         return change
@@ -218,7 +218,7 @@ def user_said(number: int) -> str:
     return FACTS[number][0] if number in FACTS else OTHERS[number % len(OTHERS)]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(int(scaled(900)))
 async def test_a_forty_turn_conversation_keeps_the_substance_of_what_it_folds(system: System) -> None:
     session = await system.new_session()
     person = ""  # a session without a known person: its summary is what is checked, not facts

@@ -38,16 +38,17 @@ from services.storage_owner.app import create_app as create_owner
 from services.transcript_recorder.app import RecorderDeps
 from services.transcript_recorder.app import create_app as create_recorder
 from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20.0) -> None:
-    """Wait until `check()` holds (state read back through the owner); fail after `within` s."""
-    deadline = time.monotonic() + within
+    """Wait until `check()` holds (state read back through the owner); fail after `scaled(within)` s."""
+    deadline = time.monotonic() + scaled(within)
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {within} s")
+            raise AssertionError(f"not true within {scaled(within):.1f} s")
         await asyncio.sleep(0.05)
 
 

@@ -24,6 +24,7 @@ from contracts.topics import Topic
 from deploy.local.services import ServiceProcess
 from deploy.local.stack import EmbeddedStack
 from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,7 @@ async def executors(stack: EmbeddedStack, topic_prefix: str, tmp_path: Path) -> 
 
 async def _settled(executors: list[Executor], within: float) -> None:
     """Wait until each process holds some partitions and together they hold each exactly once."""
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + scaled(within)
     while True:
         held = [executor.assignment() for executor in executors]
         if all(held) and set.union(*held) == PARTITIONS and sum(map(len, held)) == len(PARTITIONS):
