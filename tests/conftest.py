@@ -13,6 +13,9 @@
   longer than a threshold (2.5 s; `QUIPU_TEST_BLOCK_THRESHOLD` or the marker
   `event_loop_block_threshold(seconds)` change it; the marker
   `allow_event_loop_blocking` turns it off for a test).
+- That threshold and pytest-timeout's per-test limit (the ini `timeout` or `--timeout`) are
+  multiplied by `QUIPU_TEST_TIME_SCALE`, like every deadline in `tests/timing.py`; a module's own
+  `timeout(...)` marker says `scaled(seconds)` itself.
 - No test can reach a real model or any host off this machine: the model keys are removed from
   the environment before any test (and so from every child process a test starts), and a socket
   may connect only to loopback addresses (the embedded broker, database and the local Messages-API
@@ -40,6 +43,7 @@ import pytest
 
 from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from services.kit.settings import KafkaSettings, MongoSettings
+from tests.timing import scaled
 
 BLOCK_THRESHOLD_ENV = "QUIPU_TEST_BLOCK_THRESHOLD"
 # 2 s: on a loaded 2-core CI box aiokafka alone was seen holding the loop ~1.8 s decoding
@@ -87,16 +91,28 @@ def _guard_connections() -> None:
     socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout's, which reads `config.option.timeout`
 def pytest_configure(config: pytest.Config) -> None:
-    """Register this file's markers (the suite runs with --strict-markers); close the way out."""
+    """Register this file's markers (the suite runs with --strict-markers); close the way out;
+    stretch pytest-timeout's per-test limit by the time scale."""
     for name in MODEL_KEY_VARIABLES:
         os.environ.pop(name, None)
     _guard_connections()
+    _scale_test_timeout(config)
     config.addinivalue_line(
         "markers",
         "event_loop_block_threshold(seconds): fail when the event loop blocks this long",
     )
     config.addinivalue_line("markers", "allow_event_loop_blocking: do not fail when the event loop blocks")
+
+
+def _scale_test_timeout(config: pytest.Config) -> None:
+    """The per-test limit (`--timeout`, else `PYTEST_TIMEOUT`, else the ini `timeout`) times the scale."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    limit = config.getoption("timeout", None) or os.environ.get("PYTEST_TIMEOUT") or config.getini("timeout")
+    if limit:
+        config.option.timeout = scaled(float(limit))
 
 
 # -- the embedded stack ------------------------------------------------------------------
@@ -232,8 +248,8 @@ def _block_threshold(node: pytest.Item) -> float | None:
         return None
     marker = node.get_closest_marker("event_loop_block_threshold")
     if marker is not None:
-        return float(marker.args[0])
-    return float(os.environ.get(BLOCK_THRESHOLD_ENV, DEFAULT_BLOCK_THRESHOLD))
+        return scaled(float(marker.args[0]))
+    return scaled(float(os.environ.get(BLOCK_THRESHOLD_ENV, DEFAULT_BLOCK_THRESHOLD)))
 
 
 @pytest.fixture(autouse=True)

@@ -46,8 +46,9 @@ from tests.owner_support import (
     wait_until_serving,
     wait_while_progressing,
 )
+from tests.timing import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(300)))]
 
 SESSIONS = 20
 APPENDS = 12

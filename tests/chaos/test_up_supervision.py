@@ -42,7 +42,7 @@ from services.kit.settings import KafkaSettings
 from services.kit.store.client import KafkaStore
 from tests.timing import eventually, scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(600)))]
 
 RUNS = 12
 VERBOSE = ["--verbose"] if os.environ.get("SUPERVISION_VERBOSE") else []

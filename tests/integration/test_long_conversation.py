@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 
 from bench.memory_bench import WINDOW, run_conversation
+from tests.timing import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(300)))]
 
 TURNS = 1000
 
