@@ -125,7 +125,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
             try:
-                process.wait(timeout=60)
+                process.wait(timeout=scaled(60))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()

@@ -247,7 +247,9 @@ class Deployment:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
         }
         self.owner = Owner(self.stack, self.prefix, self.database, self.log_dir / "owner.log")
-        self.store = KafkaStore(self.stack.kafka_settings(topic_prefix=self.prefix), reply_timeout_s=10.0)
+        self.store = KafkaStore(
+            self.stack.kafka_settings(topic_prefix=self.prefix), reply_timeout_s=scaled(10.0)
+        )
         self.events = TopicReader(self.stack.bootstrap, self.prefix + Topic.RUNS_EVENTS.value)
         self.turns = TopicReader(self.stack.bootstrap, self.prefix + Topic.HISTORY_TURNS.value)
         self.results = TopicReader(self.stack.bootstrap, self.prefix + Topic.TOOLS_RESULTS.value)

@@ -46,6 +46,7 @@ from tests.e2e.agent_support import (
     phases,
     terminal_workflow,
 )
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ class SseFollower:
         self.events: list[RunEvent] = []
         self.ids: list[str] = []
         self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=httpx.Timeout(10.0, read=None), headers=headers
+            base_url=base_url, timeout=httpx.Timeout(scaled(10.0), read=None), headers=headers
         )
         self._opened = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -69,7 +70,7 @@ class SseFollower:
     async def start(self) -> SseFollower:
         self._task = asyncio.create_task(self._read(), name=f"sse {self.session_id}")
         opened = asyncio.create_task(self._opened.wait())
-        await asyncio.wait({opened, self._task}, timeout=20.0, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({opened, self._task}, timeout=scaled(20.0), return_when=asyncio.FIRST_COMPLETED)
         if not self._opened.is_set():
             opened.cancel()
             if self._task.done():
@@ -133,7 +134,7 @@ async def deployment(
         with_gateway=True,
     ) as deployment:
         started = time.monotonic()
-        async with httpx.AsyncClient(base_url=deployment.gateway_url, timeout=5.0) as http:
+        async with httpx.AsyncClient(base_url=deployment.gateway_url, timeout=scaled(5.0)) as http:
 
             async def gateway_up() -> bool:
                 with contextlib.suppress(httpx.HTTPError):
@@ -151,7 +152,7 @@ async def deployment(
 @pytest.fixture
 async def http(deployment: Deployment) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(
-        base_url=deployment.gateway_url, timeout=15.0, headers=deployment.gateway_headers
+        base_url=deployment.gateway_url, timeout=scaled(15.0), headers=deployment.gateway_headers
     ) as client:
         yield client
 

@@ -229,27 +229,27 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     try:
         state = _wait_for(state_file, up, within=60)
         assert state["pid"] == up.pid
-        health = httpx.get(state["gateway_url"] + "/healthz", timeout=10)
+        health = httpx.get(state["gateway_url"] + "/healthz", timeout=scaled(10))
         assert health.json() == {"status": "ok", "open_streams": 0}
         # One command is enough: `quipu up` issued itself an admin key and printed it.
         key = _printed_key(tmp_path / "up.log", up, within=30)
         unknown = f"{state['gateway_url']}/v1/sessions/none"
-        assert httpx.get(unknown, timeout=10).status_code == 401
-        signed_in = httpx.get(unknown, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert httpx.get(unknown, timeout=scaled(10)).status_code == 401
+        signed_in = httpx.get(unknown, headers={"Authorization": f"Bearer {key}"}, timeout=scaled(10))
         assert signed_in.json()["code"] == "SESSION_NOT_FOUND"
         if importlib.util.find_spec("services.planner") is not None:
             turn = subprocess.run(
                 [sys.executable, "-m", "services.cli", "run", "what time is it?", "--timeout", "60"],
                 env=environment,
                 capture_output=True,
-                timeout=90,
+                timeout=scaled(90),
                 check=False,
             )
             output = turn.stdout.decode()
             assert turn.returncode == 0, output + turn.stderr.decode()
             assert output.rstrip().splitlines()[-1].startswith("✓ completed  ")  # then its tokens
         up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=scaled(30)) == 0
         assert not state_file.exists()
     finally:
         if up.poll() is None:

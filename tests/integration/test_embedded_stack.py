@@ -144,7 +144,7 @@ async def test_a_handled_message_is_committed_and_not_redelivered(
         await broker.start()
         try:
             await broker.publish(payload, name, key=b"run-1")
-            await asyncio.wait_for(arrived.wait(), 10)
+            await asyncio.wait_for(arrived.wait(), scaled(10))
             await asyncio.sleep(0.3)  # room for a wrongly redelivered message to show up
         finally:
             await broker.stop()

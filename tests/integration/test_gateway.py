@@ -70,7 +70,7 @@ async def gateway(served: ServedStack) -> AsyncIterator[Gateway]:
     asgi = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://gateway", headers=operator
     )
-    http = httpx.AsyncClient(base_url=server.url, timeout=20.0, headers=operator)
+    http = httpx.AsyncClient(base_url=server.url, timeout=scaled(20.0), headers=operator)
     try:
         yield Gateway(served, app, server, asgi, http)
     finally:
@@ -232,7 +232,7 @@ async def test_reconnecting_with_last_event_id_resumes_exactly_after_it(gateway:
         await publish_events(gateway, [live[0], reply(other, "run-x", 99), live[1]])
         assert keys(await stream.take(2)) == [event.event_key for event in live]
         await stream.nothing_more()
-        assert (await asyncio.wait_for(stream.comments.get(), 5)).comment  # keep-alive while idle
+        assert (await asyncio.wait_for(stream.comments.get(), scaled(5))).comment  # keep-alive while idle
     ids = [message.id for message in first + rest]
     assert len(set(ids)) == 6 and ids == sorted(ids, key=lambda id_: int(id_.split("-")[1]))
     await wait_until_no_open_streams(gateway)
@@ -317,7 +317,7 @@ async def test_the_stream_and_the_shared_reader_show_the_same_events(gateway: Ga
     await reader.start()
     try:
         read: list[StreamedEvent] = []
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(scaled(10)):
             while len(read) < 4:
                 read += await reader.read(0.2)
     finally:
@@ -333,7 +333,7 @@ async def test_the_stream_and_the_shared_reader_show_the_same_events(gateway: Ga
 async def until_closed(stream: SSEStream, run_id: str, within: float = 20.0) -> list[RunEvent]:
     """A run's events up to its run_stream_end."""
     seen: list[RunEvent] = []
-    async with asyncio.timeout(within):
+    async with asyncio.timeout(scaled(within)):
         while True:
             event = (await stream.next(within)).run_event()
             if event.run_id != run_id:

@@ -42,6 +42,7 @@ from tests.conformance.builders import (
 )
 from tests.integration.test_gateway_support import ServedStack, unique_name
 from tests.support.gateway_keys import TestKeys
+from tests.timing import scaled
 
 MARK = "ANA-PRIVATE"
 """In every piece of A's data: no response to anyone else may carry it."""
@@ -157,7 +158,7 @@ async def gateway(served: ServedStack) -> AsyncIterator[Gateway]:
     )
     server = EmbeddedServer(app)
     await server.start()
-    http = httpx.AsyncClient(base_url=server.url, timeout=30.0)
+    http = httpx.AsyncClient(base_url=server.url, timeout=scaled(30.0))
     try:
         spec = (await http.get("/openapi.json")).json()
         yield Gateway(keys, http, spec, published)

@@ -33,6 +33,7 @@ from services.kit.settings import KafkaSettings
 from services.kit.store.memory import InMemoryStore
 from tests.integration.test_gateway_support import ServedStack, eventually, unique_name
 from tests.support.gateway_keys import TestKeys
+from tests.timing import scaled
 
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:9", flavour="tansu")
 ANA = MemoryScope(tenant_id="t1", principal_id="ana")
@@ -228,7 +229,7 @@ async def test_memory_routes_on_the_real_owner(stack: EmbeddedStack) -> None:
                 httpx.AsyncClient(
                     transport=httpx.ASGITransport(app=app),
                     base_url="http://gw",
-                    timeout=30.0,
+                    timeout=scaled(30.0),
                     headers=keys.admin("t1"),
                 ) as client,
             ):

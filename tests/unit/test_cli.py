@@ -29,6 +29,7 @@ from services.cli import output as cli_output
 from services.cli.render import EventPrinter
 from services.cli.settings import CliSettings
 from services.kit.settings import KafkaSettings
+from tests.timing import scaled
 
 runner = CliRunner()
 
@@ -250,7 +251,7 @@ def test_help_and_a_mistyped_command_do_not_import_the_runtime(argv: list[str]) 
         f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=scaled(60), check=False
     )
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
 

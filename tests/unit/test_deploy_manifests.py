@@ -39,6 +39,7 @@ from services.tool_executor.app import create_app as create_tool_executor
 from services.tool_executor.settings import ToolExecutorSettings
 from services.transcript_recorder.app import create_app as create_transcript_recorder
 from services.transcript_recorder.settings import TranscriptRecorderSettings
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -356,7 +357,7 @@ def test_the_image_entrypoint_runs_exactly_the_services(tmp_path: Path) -> None:
             env=environment,
             capture_output=True,
             text=True,
-            timeout=10,
+            timeout=scaled(10),
             check=False,
         )
 
