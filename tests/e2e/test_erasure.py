@@ -27,7 +27,6 @@ from services.kit.memory.client import KafkaMemoryStore
 from services.kit.transcript import build_messages_from_run_log
 from tests.e2e.agent_support import Deployment, eventually
 from tests.owner_support import client_on, resting_bytes
-from tests.timing import scaled
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,15 +73,15 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
         deployment.start_recorder()
         session_id, other_session = await deployment.session(), await deployment.session()
         first = await _turn(deployment, session_id, "erin", f"my locker code is {said}")
-        await deployment.until_closed(first.run_id, within=scaled(60))
+        await deployment.until_closed(first.run_id, within=60)
         second = await _turn(deployment, session_id, "erin", f"ask me whether {asked} is ripe")
-        await deployment.until_event(second.run_id, _suspended, scaled(60), "suspension")
+        await deployment.until_event(second.run_id, _suspended, 60, "suspension")
         bystander = await _turn(deployment, other_session, "bruno", f"my locker code is {kept}")
-        await deployment.until_closed(bystander.run_id, within=scaled(60))
+        await deployment.until_closed(bystander.run_id, within=60)
 
         memory = KafkaMemoryStore(deployment.store)
         recorded = await eventually(
-            lambda: memory.list_history(session_id, 0, 10), scaled(30), "erin's turn in the history"
+            lambda: memory.list_history(session_id, 0, 10), 30, "erin's turn in the history"
         )
         assert any(said in row.text for row in recorded)
         before = await _database_dump(stack, name)
