@@ -385,7 +385,7 @@ class Served:
         self.database = database
         self.settings = stack.kafka_settings(topic_prefix=prefix)
         self.owner = Owner(stack, prefix, database, log_path)
-        self.store = KafkaStore(self.settings, reply_timeout_s=10.0)
+        self.store = KafkaStore(self.settings, reply_timeout_s=scaled(10.0))
 
     def topic(self, name: str) -> str:
         """The physical name of a registry topic under this prefix."""

@@ -102,7 +102,7 @@ async def test_sigkill_mid_stream_applies_every_command_exactly_once(crashable: 
     began = time.monotonic()
     crashable.owner.start()
     async with (
-        KafkaStore(settings, reply_timeout_s=10.0) as store,
+        KafkaStore(settings, reply_timeout_s=scaled(10.0)) as store,
         ReplyReader(stack.bootstrap, replies_topic) as replies,
         RawPublisher(stack.bootstrap) as publisher,
     ):
@@ -199,7 +199,7 @@ async def test_a_transaction_left_open_by_the_kill_does_not_stall_the_next_owner
     client = mongo_client(stack)
     try:
         async with (
-            KafkaStore(settings, reply_timeout_s=10.0) as store,
+            KafkaStore(settings, reply_timeout_s=scaled(10.0)) as store,
             ReplyReader(stack.bootstrap, replies_topic) as replies,
             RawPublisher(stack.bootstrap) as publisher,
         ):

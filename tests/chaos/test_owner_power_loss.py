@@ -179,7 +179,7 @@ async def test_a_power_loss_mid_stream_loses_no_acknowledged_command(
     owner.start()
     try:
         async with (
-            KafkaStore(settings, reply_timeout_s=10.0) as store,
+            KafkaStore(settings, reply_timeout_s=scaled(10.0)) as store,
             ReplyReader(stack.bootstrap, replies_topic) as replies,
             RawPublisher(stack.bootstrap) as publisher,
         ):

@@ -19,6 +19,7 @@ from deploy.local.stack import EmbeddedStack, create_topics
 from services.kit.store.client import KafkaStore
 from services.kit.store.protocol import Store
 from tests.conformance.implementations import register_implementation
+from tests.timing import scaled
 
 _CLIENTS: list[KafkaStore] = []
 
@@ -37,7 +38,9 @@ async def kafka_store_client(stack: EmbeddedStack) -> AsyncIterator[KafkaStore]:
         },
     ).start()
     try:
-        async with KafkaStore(stack.kafka_settings(topic_prefix=prefix), reply_timeout_s=10.0) as client:
+        async with KafkaStore(
+            stack.kafka_settings(topic_prefix=prefix), reply_timeout_s=scaled(10.0)
+        ) as client:
             _CLIENTS.append(client)
             yield client
             _CLIENTS.clear()

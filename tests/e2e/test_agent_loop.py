@@ -35,6 +35,7 @@ from services.kit.store.client import KafkaStore
 from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
 from services.planner.adapters import load_records
 from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +115,7 @@ async def deployment(
     owner = Owner(stack, prefix, database, log_dir / "owner.log").start()
     planner = ServiceProcess("services.planner", environment, log_dir / "planner.log").start()
     executor = ServiceProcess("services.tool_executor", environment, log_dir / "executor.log").start()
-    store = KafkaStore(stack.kafka_settings(topic_prefix=prefix), reply_timeout_s=10.0)
+    store = KafkaStore(stack.kafka_settings(topic_prefix=prefix), reply_timeout_s=scaled(10.0))
     events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
     turns = TopicReader(stack.bootstrap, prefix + Topic.HISTORY_TURNS.value)
     try:

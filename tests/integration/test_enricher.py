@@ -32,6 +32,7 @@ from services.kit.memory.retrieval_eval import (
 )
 from tests.integration.test_gateway_support import ServedStack, eventually, unique_name
 from tests.owner_support import RawPublisher, TopicReader, mongo_client
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ async def served_memory(stack: EmbeddedStack) -> AsyncIterator[tuple[ServedStack
 
 @asynccontextmanager
 async def enricher(served: ServedStack) -> AsyncIterator[FastStream]:
-    app = create_app(served.kafka, EnricherSettings(store_timeout_s=10.0))
+    app = create_app(served.kafka, EnricherSettings(store_timeout_s=scaled(10.0)))
     await app.start()
     try:
         yield app

@@ -36,6 +36,7 @@ from services.kit.models.scripted import ScriptedModel
 from services.kit.settings import KafkaSettings
 from services.storage_owner.app import create_app as create_owner
 from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -106,12 +107,12 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     extractor = create_extractor(
         settings,
-        FactExtractorSettings(profile_every_turns=2, store_reply_timeout_s=10.0),
+        FactExtractorSettings(profile_every_turns=2, store_reply_timeout_s=scaled(10.0)),
         FactExtractorDeps(model=model, agents={"assistant": ASSISTANT, "diary": DIARY}),
     )
     started = time.monotonic()
     await owner.start()
-    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=10.0)
+    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
     await memory.start()
     await extractor.start()
     readers = [

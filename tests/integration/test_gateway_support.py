@@ -61,7 +61,7 @@ class ServedStack:
         self.kafka: KafkaSettings = stack.kafka_settings(topic_prefix=self.prefix)
         self.mongo: MongoSettings = stack.mongo_settings(database=name)
         self.owner: FastStream = create_owner(self.kafka, self.mongo)
-        self.store = KafkaStore(self.kafka, reply_timeout_s=10.0)
+        self.store = KafkaStore(self.kafka, reply_timeout_s=scaled(10.0))
 
     def topic(self, name: Topic) -> str:
         """The physical name of a registry topic."""

@@ -127,9 +127,9 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     services = (planner, recorder, extractor, enricher)
     started = time.monotonic()
     await owner.start()
-    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=10.0)
+    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
     await memory.start()
-    store = KafkaStore(settings, reply_timeout_s=10.0)
+    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
     await asyncio.gather(*(service.start() for service in services))
     readers = [

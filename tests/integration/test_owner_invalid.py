@@ -43,6 +43,7 @@ from tests.conformance.builders import (
 )
 from tests.conformance.memory_builders import new
 from tests.owner_support import Owner, RawPublisher, ReplyReader, Served, TopicReader, wait_until_serving
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -477,7 +478,7 @@ async def test_a_command_resent_after_unavailable_returns_the_original_result(
     owner = Owner(stack, topic_prefix, unique, None).start()
     try:
         async with (
-            KafkaStore(settings, reply_timeout_s=10.0) as store,
+            KafkaStore(settings, reply_timeout_s=scaled(10.0)) as store,
             ReplyReader(stack.bootstrap, settings.topic_prefix + Topic.STORAGE_REPLIES.value) as replies,
         ):
             await wait_until_serving(store, owner)

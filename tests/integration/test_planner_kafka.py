@@ -41,6 +41,7 @@ from services.planner.app import create_app as create_planner
 from services.storage_owner.app import create_app as create_owner
 from services.tool_executor.app import create_app as create_executor
 from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     executor = create_executor(settings)
     started = time.monotonic()
     await owner.start()
-    store = KafkaStore(settings, reply_timeout_s=10.0)
+    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
     await asyncio.gather(planner.start(), executor.start())
     readers = [TopicReader(stack.bootstrap, prefix + name.value) for name in _READ]

@@ -98,9 +98,9 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
     started = time.monotonic()
     await owner.start()
-    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=10.0)
+    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
     await memory.start()
-    store = KafkaStore(settings, reply_timeout_s=10.0)
+    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
     await asyncio.gather(recorder.start(), planner.start())
     readers = [
