@@ -21,7 +21,7 @@ from contracts.topics import Topic
 from services.cli import app
 from services.cli.status import CONSUMERS, Consumer, measure, observe_consumer
 from services.kit.settings import KafkaSettings
-from tests.timing import eventually
+from tests.timing import eventually, scaled
 
 OWNER = next(consumer for consumer in CONSUMERS if consumer.topic is Topic.STORAGE_COMMANDS)
 PLANNER = next(consumer for consumer in CONSUMERS if consumer.topic is Topic.RUNS_REQUESTED)
@@ -80,7 +80,7 @@ async def test_lag_is_the_high_watermark_minus_the_committed_offset(
     assert (planner.members, planner.lag, planner.unmeasured) == (1, 5, "")  # 7 produced, 2 committed
     assert (owner.members, owner.lag) == (0, 0)  # a group that never ran, on an empty topic
 
-    seen = await observe_consumer(kafka_settings, Topic.RUNS_REQUESTED, timeout_s=5)
+    seen = await observe_consumer(kafka_settings, Topic.RUNS_REQUESTED, timeout_s=scaled(5))
     assert seen.startswith("planner is consuming") and "1 member(s), 5 message(s) not yet handled" in seen
 
 
@@ -88,7 +88,7 @@ async def test_a_group_without_a_member_is_said_to_have_none(kafka_settings: Kaf
     await produce(kafka_settings, Topic.STORAGE_COMMANDS, singles=1, batched=2)
     [owner] = await measure(kafka_settings, [OWNER])
     assert (owner.members, owner.lag) == (0, 3)
-    seen = await observe_consumer(kafka_settings, Topic.STORAGE_COMMANDS, timeout_s=5)
+    seen = await observe_consumer(kafka_settings, Topic.STORAGE_COMMANDS, timeout_s=scaled(5))
     assert seen.startswith("no storage_owner is consuming") and "has no member" in seen
 
 
@@ -97,7 +97,7 @@ async def test_what_cannot_be_measured_is_said(kafka_settings: KafkaSettings) ->
     renamed = KafkaSettings.for_embedded(
         kafka_settings.bootstrap, topic_prefix=f"absent{uuid.uuid4().hex[:6]}."
     )
-    [measured] = await measure(renamed, [missing], timeout_s=2)
+    [measured] = await measure(renamed, [missing], timeout_s=scaled(2))
     assert measured.lag is None and "not measured" in measured.unmeasured
 
 
