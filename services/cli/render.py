@@ -18,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from contracts.errors import ErrorCode
 from contracts.events import RunEvent, RunPhase, StreamEventType
 from contracts.store import RunMeta, Session
 from contracts.transcript import Message, message_to_wire
@@ -26,8 +27,40 @@ from contracts.wire import format_timestamp
 
 def compact(value: Any, limit: int = 160) -> str:
     """`value` as one line of JSON, cut at `limit` characters."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return _cut(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str), limit)
+
+
+def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+PREVIEW_WIDTH = 80
+"""How many characters of a tool's result a live `tool_end` line shows."""
+
+
+def preview(value: Any, limit: int = PREVIEW_WIDTH) -> str:
+    """`value` on one line (text as is, anything else as compact JSON), cut with `…` at `limit`."""
+    if not isinstance(value, str):
+        return compact(value, limit)
+    return _cut(" ".join(value.split()), limit)
+
+
+def tool_end_line(payload: dict[str, Any]) -> Text:
+    """`⚙ calculator ok 12 ms → 42`: which tool, how it ended, how long it took, what it returned."""
+    failed = bool(payload.get("is_error"))
+    line = Text(f"⚙ {payload.get('tool_name') or '?'} ", style="cyan")
+    line.append("error" if failed else "ok", style="red" if failed else "green")
+    duration = payload.get("duration_ms")
+    if isinstance(duration, int | float):
+        line.append(f" {duration:,.0f} ms")
+    if payload.get("awaiting"):
+        line.append(" · waits for an answer")
+    elif "result" in payload:
+        result = payload["result"]
+        if isinstance(result, dict) and result.get("omitted"):  # too big for an event: its cut JSON
+            result = result.get("preview", "")
+        line.append(f" → {preview(result)}", style="dim")
+    return line
 
 
 def prompt_of(event: RunEvent) -> str:
@@ -96,7 +129,9 @@ class EventPrinter:
                     style="cyan",
                 )
             )
-        elif kind in (StreamEventType.TOOL_START, StreamEventType.TOOL_END, StreamEventType.TOOL_UPDATE):
+        elif kind is StreamEventType.TOOL_END:
+            self._line(tool_end_line(payload))
+        elif kind in (StreamEventType.TOOL_START, StreamEventType.TOOL_UPDATE):
             name = payload.get("tool_name") or payload.get("name") or ""
             self._line(Text(f"⚙ {kind.value} {name} {compact(payload)}", style="cyan"))
         elif kind is StreamEventType.RUN_STREAM_END:
@@ -130,6 +165,12 @@ class EventPrinter:
         reason = (payload.get("cancellation") or {}).get("reason", "")
         if phase == RunPhase.COMPLETED.value:
             self._closing_line(run_id, Text("✓ completed", style="bold green"))
+        elif phase == RunPhase.FAILED.value and failure.get("kind") == ErrorCode.SESSION_PRINCIPAL_MISMATCH:
+            # The planner refused the turn before any model call; whose session it is stays unsaid.
+            refused = "✗ refused: this session belongs to another principal; pass its owner's --principal"
+            self._closing_line(
+                run_id, Text(f"{refused} (or leave out --session to start a new one)", style="bold red")
+            )
         elif phase == RunPhase.FAILED.value:
             failed = f"✗ failed: {failure.get('message', '')}".rstrip(": ")
             self._closing_line(run_id, Text(failed, style="bold red"))

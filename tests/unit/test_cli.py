@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from contracts.events import RunEvent, StreamEventType
+from contracts.events import RunEvent, StreamEventType, capped_value
 from contracts.store import RunMeta, RunStatus, StartOutcome
 from contracts.wire import utc_now_ms
 from services import cli
@@ -421,3 +421,46 @@ def test_the_store_timeouts_are_settings(monkeypatch: pytest.MonkeyPatch) -> Non
     settings = CliSettings()
     store = client.store_client(KafkaSettings(bootstrap="127.0.0.1:9"), settings)
     assert (store._reply_timeout_s, store._attempts) == (30.0, 5)
+
+
+def test_a_tool_end_says_which_tool_how_it_ended_how_long_and_what_it_returned() -> None:
+    long = {"rows": [f"row-{n}" for n in range(40)]}
+    text = shown(
+        event(
+            StreamEventType.TOOL_END,
+            "t1",
+            {
+                "tool_use_id": "u1",
+                "tool_name": "calculator",
+                "is_error": False,
+                "result": 42,
+                "duration_ms": 12,
+            },
+        ),
+        event(
+            StreamEventType.TOOL_END,
+            "t2",
+            {"tool_name": "weather", "is_error": True, "result": "no such\ncity", "duration_ms": 1500},
+        ),
+        event(StreamEventType.TOOL_END, "t3", {"tool_name": "search", "result": long, "duration_ms": 3}),
+        event(StreamEventType.TOOL_END, "t4", {"tool_name": "fetch", "result": capped_value("x" * 99_999)}),
+    )
+    first, second, third, fourth = text.splitlines()
+    assert first == "⚙ calculator ok 12 ms → 42"
+    assert second == "⚙ weather error 1,500 ms → no such city"
+    assert third.startswith('⚙ search ok 3 ms → {"rows":["row-0",') and third.endswith("…")
+    assert len(third) < 120
+    assert fourth.startswith('⚙ fetch ok → "xxx') and fourth.endswith("…") and len(fourth) < 120
+
+
+def test_a_turn_refused_as_someone_elses_session_says_to_pass_the_right_principal() -> None:
+    refused = {
+        "phase": "failed",
+        "status": "failed",
+        "failure": {
+            "message": "session s-1 belongs to another principal",
+            "kind": "SESSION_PRINCIPAL_MISMATCH",
+        },
+    }
+    [line] = shown(event(StreamEventType.WORKFLOW, "refused", refused)).splitlines()
+    assert line.startswith("✗ refused: this session belongs to another principal") and "--principal" in line
