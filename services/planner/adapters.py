@@ -355,14 +355,19 @@ AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
 class SessionOwners:
     """Whose each session is, claimed through the memory store before a turn's run starts.
 
-    A session's history has one owner (its tenant and principal); the recorder refuses a turn of
-    anybody else. Claiming at start refuses such a turn before any model call, instead of
-    answering it and losing it from history. An owner never changes, so the answers are kept
-    (at most `sessions` of them): a session's later turns cost no store command.
+    A session has one owner (its tenant and principal). When the gateway created it, that is the
+    owner it recorded on the session from the creator's credential; only a session created without
+    one (`quipu run --session`) is its first turn's. The history's owner is claimed for exactly
+    that owner, whoever's turn comes first, so the two always agree and a turn of anybody else is
+    refused before any model call (instead of answered, then lost from history). Reading the
+    session here, not writing the history's owner from the gateway, keeps it one idempotent write
+    with no crash window between two stores. An owner never changes, so the answers are kept (at
+    most `sessions` of them): a session's later turns cost no store command.
     """
 
-    def __init__(self, memory: MemoryStore, *, sessions: int = 4096) -> None:
+    def __init__(self, memory: MemoryStore, store: Store, *, sessions: int = 4096) -> None:
         self._memory = memory
+        self._store = store
         self._sessions = max(1, sessions)
         self._owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
@@ -370,7 +375,7 @@ class SessionOwners:
         """Pass when `scope` owns the session (claiming it when unowned); StoreError else."""
         owner = self._owners.get(session_id)
         if owner is None:
-            claimed = await self._memory.claim_session(session_id, scope)
+            claimed = await self._memory.claim_session(session_id, await self._owner_scope(session_id, scope))
             owner = (claimed.tenant_id, claimed.principal_id)
             self._owners[session_id] = owner
             while len(self._owners) > self._sessions:
@@ -379,6 +384,14 @@ class SessionOwners:
             raise StoreError(
                 ErrorCode.SESSION_PRINCIPAL_MISMATCH, f"session {session_id} belongs to another principal"
             )
+
+    async def _owner_scope(self, session_id: str, turn: MemoryScope) -> MemoryScope:
+        """Whom to claim the history for: the owner recorded on the session, else the turn's."""
+        recorded = (await self._store.load_session_status(session_id)).owner
+        if recorded is None:
+            return turn
+        principal = history_principal(recorded.principal_id, session_id)
+        return turn.model_copy(update={"tenant_id": recorded.tenant_id, "principal_id": principal})
 
 
 # --- the planner --------------------------------------------------------------------------------

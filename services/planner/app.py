@@ -111,7 +111,7 @@ def create_app(
             catalog=given.catalog or default_catalog(),
             agents=given.agents or default_agents(),
             context=context,
-            owners=SessionOwners(memory) if memory is not None else None,
+            owners=SessionOwners(memory, store) if memory is not None else None,
         )
         holder.planner = Planner(ready, publisher, settings)
 

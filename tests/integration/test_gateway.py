@@ -18,13 +18,17 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
+from contracts.errors import ErrorCode, StoreError
 from contracts.events import RunEvent, StreamEventType
+from contracts.memory import MemoryScope
 from contracts.runs import CancelRun, RunKind, RunRequested
 from contracts.topics import TOPICS, Topic
 from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack
 from services.gateway.app import EmbeddedServer, create_app
 from services.kit.events import RunEventReader, StreamedEvent, partition_for_key
+from services.kit.memory.client import KafkaMemoryStore
+from services.planner.adapters import SessionOwners
 from tests.conformance.builders import running_root
 from tests.integration.test_gateway_support import (
     QUESTION,
@@ -52,6 +56,7 @@ class Gateway:
     server: EmbeddedServer
     asgi: httpx.AsyncClient
     http: httpx.AsyncClient
+    keys: TestKeys
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,7 @@ async def gateway(served: ServedStack) -> AsyncIterator[Gateway]:
     )
     http = httpx.AsyncClient(base_url=server.url, timeout=scaled(20.0), headers=operator)
     try:
-        yield Gateway(served, app, server, asgi, http)
+        yield Gateway(served, app, server, asgi, http, keys)
     finally:
         await asgi.aclose()
         await http.aclose()
@@ -165,6 +170,33 @@ async def test_session_lifecycle_through_the_owner(gateway: Gateway) -> None:
 
 
 # --- publishing -------------------------------------------------------------------------------------
+
+
+async def test_a_session_created_here_is_its_creators_before_its_first_turn(gateway: Gateway) -> None:
+    """The planner claims the history for the owner the gateway recorded, whoever's turn comes
+    first: a raw turn of bob's into alice's new session is refused, alice's turns are served."""
+    alice = gateway.keys.issue("alice", "t1")
+    created = await gateway.asgi.post("/v1/sessions", json={}, headers=alice)
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session_id"]
+    store = gateway.served.store
+
+    def planner_owners() -> SessionOwners:  # each a planner process of its own: nothing remembered
+        return SessionOwners(KafkaMemoryStore(store), store)
+
+    def scope(principal_id: str) -> MemoryScope:
+        return MemoryScope(tenant_id="t1", principal_id=principal_id, agent_id="assistant")
+
+    for _ in range(2):  # a redelivered request is refused the same way
+        with pytest.raises(StoreError) as refused:
+            await planner_owners().require(session_id, scope("bob"))  # `RunRequested` straight to Kafka
+        assert refused.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
+    await planner_owners().require(session_id, scope("alice"))
+    turn = await gateway.asgi.post(
+        "/v1/runs", json={"agent_id": "assistant", "text": QUESTION, "session_id": session_id}, headers=alice
+    )
+    assert turn.status_code == 202, turn.text
+    await planner_owners().require(session_id, scope("alice"))
 
 
 async def test_a_turn_is_published_on_runs_requested_keyed_by_its_session(gateway: Gateway) -> None:

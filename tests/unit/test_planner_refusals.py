@@ -13,11 +13,11 @@ import pytest
 from contracts.errors import ErrorCode, StoreError
 from contracts.events import StreamEventType
 from contracts.runs import RunRequested, TurnCompleted
+from contracts.store import SessionOwner
 from services.kit.delivery import PermanentError
 from services.kit.memory.memory_store import InMemoryMemoryStore
 from services.kit.memory.summary import Summarizer
 from services.kit.models.scripted import ScriptedModel
-from services.planner.adapters import SessionOwners
 from services.transcript_recorder.logic import TranscriptRecorder
 from tests.unit.test_planner_runs import Harness, make_harness, says, turn
 
@@ -25,7 +25,7 @@ from tests.unit.test_planner_runs import Harness, make_harness, says, turn
 def harness_with_history() -> tuple[Harness, InMemoryMemoryStore]:
     """A planner whose sessions are claimed in `memory`, the store the recorder writes to."""
     memory = InMemoryMemoryStore()
-    return make_harness(lambda request: says("Here you are."), owners=SessionOwners(memory)), memory
+    return make_harness(lambda request: says("Here you are."), history=memory), memory
 
 
 def refusal(h: Harness, run_id: str) -> tuple[str, bool]:
@@ -64,6 +64,21 @@ async def test_a_turn_by_someone_else_in_alices_session_is_refused_before_any_mo
     assert await record_every_turn(h, memory) == 2
     rows = await memory.list_history(session, 0, 500)
     assert [row.text for row in rows] == ["my name is Alice", "Here you are.", "thanks", "Here you are."]
+
+
+async def test_a_session_the_gateway_created_is_its_creators_before_any_turn() -> None:
+    h, memory = harness_with_history()
+    session = await h.session(SessionOwner(tenant_id="t1", principal_id="alice"))
+    bob = turn("what did alice say?", session, principal_id="bob", tenant_id="t1")
+    with pytest.raises(PermanentError, match="another principal"):
+        await h.deliver(bob)  # the first turn, straight onto `runs.requested`
+    assert refusal(h, bob.run_id) == (ErrorCode.SESSION_PRINCIPAL_MISMATCH.value, True)
+    assert h.model.requests == []
+
+    await h.deliver(turn("hello", session, principal_id="alice", tenant_id="t1"))
+    assert len(h.model.requests) == 1
+    assert await record_every_turn(h, memory) == 1
+    assert [row.text for row in await memory.list_history(session, 0, 500)] == ["hello", "Here you are."]
 
 
 async def test_an_anonymous_session_stays_anonymous_and_its_turns_are_all_recorded() -> None:

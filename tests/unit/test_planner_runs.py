@@ -20,12 +20,13 @@ import pytest
 from contracts.events import RunEvent, StreamEventType
 from contracts.lifecycle import decode_run_completed
 from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
-from contracts.store import Record, RunStatus
+from contracts.store import Record, RunStatus, SessionOwner
 from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
 from contracts.wire import utc_now_ms
 from services.kit.agents import AgentRegistry, AgentSpec
 from services.kit.delivery import PermanentError, RetryableError
+from services.kit.memory.protocol import MemoryStore
 from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
 from services.kit.models.scripted import ScriptedModel
 from services.kit.settings import KafkaSettings
@@ -162,11 +163,11 @@ class Harness:
     bus: Bus
     planner: Planner
 
-    async def session(self) -> str:
+    async def session(self, owner: SessionOwner | None = None) -> str:
         session_id = (
             "s-" + hashlib.sha256(str(id(self)).encode() + utc_now_ms().isoformat().encode()).hexdigest()[:8]
         )
-        await self.store.create_session(session_id, utc_now_ms())
+        await self.store.create_session(session_id, utc_now_ms(), owner)
         return session_id
 
     async def deliver(self, message: Output) -> None:
@@ -195,8 +196,9 @@ class Harness:
 
 
 def make_harness(
-    answer: Answer, settings: PlannerSettings | None = None, owners: SessionOwners | None = None
+    answer: Answer, settings: PlannerSettings | None = None, history: MemoryStore | None = None
 ) -> Harness:
+    """A planner over in-memory parts; with `history`, its sessions' owners are claimed there."""
     store = InMemoryStore()
     model = FakeModel(answer)
     bus = Bus()
@@ -206,7 +208,7 @@ def make_harness(
         catalog=default_catalog(),
         agents=AGENTS,
         context=SessionHistoryContext(store, 12),
-        owners=owners,
+        owners=SessionOwners(history, store) if history is not None else None,
     )
     return Harness(store, model, bus, Planner(deps, bus, settings or PlannerSettings()))
 
