@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from pathlib import Path
@@ -16,11 +17,11 @@ from pydantic import ValidationError
 from rich.panel import Panel
 from rich.text import Text
 
-from contracts.errors import StoreError
+from contracts.errors import ErrorCode, StoreError
 from contracts.memory import MemoryScope
 from contracts.store import CancellationReason
 from contracts.transcript import Message, TranscriptError
-from contracts.wire import format_timestamp, utc_now_ms
+from contracts.wire import utc_now_ms
 from services.cli.client import (
     connected,
     drive,
@@ -30,12 +31,21 @@ from services.cli.client import (
     store_client,
 )
 from services.cli.output import CliError, console
-from services.cli.render import message_panel, meta_lines, runs_table, session_line
+from services.cli.render import (
+    FACTS_OUTLIVE_SESSIONS,
+    fact_lines,
+    facts_outlive_purge,
+    message_panel,
+    meta_lines,
+    runs_table,
+    session_line,
+)
 from services.cli.settings import CliSettings
 from services.cli.state import client_settings, client_target
 from services.gateway.logic import RunRequest, cancel_request, resume_request, turn_request
 from services.kit.memory.client import KafkaMemoryStore
 from services.kit.memory.reindex import Principal, principals_from_changes, reindex
+from services.kit.store.client import KafkaStore
 
 
 def _cli_settings() -> CliSettings:
@@ -185,10 +195,34 @@ def purge_session(session_id: str) -> None:
 
     async def work() -> None:
         async with store_client(kafka, settings) as store:
+            owner = await _history_owner(KafkaMemoryStore(store), session_id)
             await store.purge_session(session_id)
         console.print(f"session {session_id}: purged", soft_wrap=True)
+        console.print(facts_outlive_purge(owner), soft_wrap=True)
 
     run_command(work, kafka, settings)
+
+
+async def _history_owner(memory: KafkaMemoryStore, session_id: str) -> str:
+    """The principal a session's history belongs to; empty when unknown (anonymous, no turn yet)."""
+    with contextlib.suppress(StoreError):  # only the purge's closing hint depends on it
+        for row in await memory.history_tail(session_id, 1):
+            return row.principal_id
+    return ""
+
+
+async def _purged(store: KafkaStore, session_ids: set[str]) -> set[str]:
+    """Which of `session_ids` were purged (one status read each)."""
+
+    async def purged(session_id: str) -> bool:
+        try:
+            await store.load_session_status(session_id)
+        except StoreError as error:
+            return error.code is ErrorCode.SESSION_PURGED
+        return False
+
+    found = await asyncio.gather(*(purged(session_id) for session_id in sorted(session_ids)))
+    return {session_id for session_id, gone in zip(sorted(session_ids), found, strict=True) if gone}
 
 
 def _memory(kafka: Any, settings: CliSettings) -> KafkaMemoryStore:
@@ -203,21 +237,24 @@ def memory_list(principal: str, tenant: str, agent: str) -> None:
     kafka = client_settings()
 
     async def work() -> None:
-        async with _memory(kafka, settings) as memory:
-            facts = await memory.list_facts(
+        async with store_client(kafka, settings) as store:
+            facts = await KafkaMemoryStore(store).list_facts(
                 MemoryScope(tenant_id=tenant, principal_id=principal, agent_id=agent)
             )
+            purged = await _purged(store, {fact.provenance.session_id for fact in facts} - {""})
         if not facts:
             console.print(Text(f"nothing remembered about {principal}", style="dim"))
+            return
         for fact in facts:
-            console.print(Text.assemble((fact.fact_id, "bold"), f"  {fact.text}"), soft_wrap=True)
-            where = f"session {fact.provenance.session_id}, turn {fact.provenance.turn_id}"
-            owner = f"agent {fact.scope.agent_id} · " if fact.scope.agent_id else ""
-            updated = format_timestamp(fact.updated_at)
-            console.print(
-                Text(f"    {owner}v{fact.version} · from {where} · updated {updated}", style="dim"),
-                soft_wrap=True,
-            )
+            for line in fact_lines(fact, session_purged=fact.provenance.session_id in purged):
+                console.print(line, soft_wrap=True)
+        console.print(
+            Text(
+                f"{FACTS_OUTLIVE_SESSIONS}; remove one with `quipu memory delete {principal} FACT_ID`",
+                style="dim",
+            ),
+            soft_wrap=True,
+        )
 
     run_command(work, kafka, settings)
 

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from contracts.errors import ErrorCode
 from contracts.events import RunEvent, RunPhase, StreamEventType
+from contracts.memory import Fact
 from contracts.store import RunMeta, Session
 from contracts.transcript import Message, message_to_wire
 from contracts.wire import format_timestamp
@@ -239,3 +240,30 @@ def runs_table(runs: list[RunMeta]) -> Table:
     for meta in runs:
         table.add_row(meta.run_id, meta.agent_id, meta.status.value, format_timestamp(meta.started_at))
     return table
+
+
+FACTS_OUTLIVE_SESSIONS = "facts stay in memory after the session they came from is purged"
+"""Why a fact can name a session that no longer exists."""
+
+
+def fact_lines(fact: Fact, *, session_purged: bool) -> list[Text]:
+    """A fact, then where it came from (marked when that session was purged)."""
+    session = fact.provenance.session_id + (" (purged)" if session_purged else "")
+    where = f"session {session}, turn {fact.provenance.turn_id}"
+    owner = f"agent {fact.scope.agent_id} · " if fact.scope.agent_id else ""
+    updated = format_timestamp(fact.updated_at)
+    return [
+        Text.assemble((fact.fact_id, "bold"), f"  {fact.text}"),
+        Text(f"    {owner}v{fact.version} · from {where} · updated {updated}", style="dim"),
+    ]
+
+
+def facts_outlive_purge(principal: str) -> Text:
+    """What a purge leaves: the facts learned in the session, and the commands that show or remove them."""
+    who = principal or "PRINCIPAL"
+    whose = f"{principal}'s" if principal else "the person's"
+    return Text(
+        f"facts learned in it stay in {whose} memory: `quipu memory list {who}` shows them, "
+        f"`quipu memory delete {who} FACT_ID` removes one, `quipu memory forget {who}` removes all",
+        style="dim",
+    )

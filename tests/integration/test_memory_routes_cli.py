@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance
+from contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
+from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack
 from services.cli import app
 from services.kit.memory.client import KafkaMemoryStore
@@ -39,18 +40,38 @@ async def quipu(served: ServedStack, *args: str, input: str | None = None) -> An
 async def test_memory_commands(stack: EmbeddedStack) -> None:
     async with ServedStack(stack, unique_name()) as served:
         memory = KafkaMemoryStore(served.store)
-        for fact_id, text in [("f-1", "Lives in Madrid."), ("f-2", "Drinks coffee black.")]:
+        await served.store.create_session("s-gone", utc_now_ms())
+        said = HistoryTurn(
+            session_id="s-gone",
+            turn_id="t-2",
+            scope=ANA,
+            user_text="I take my coffee black.",
+            assistant_text="Noted.",
+            created_at=utc_now_ms(),
+        )
+        await memory.append_history_turn(said)
+        for fact_id, text, session in [
+            ("f-1", "Lives in Madrid.", "s-1"),
+            ("f-2", "Drinks coffee black.", "s-gone"),
+        ]:
             operation = FactOperation(
                 kind=FactOperationKind.NEW,
                 fact_id=fact_id,
                 text=text,
-                provenance=Provenance(session_id="s-1", turn_id="t-9"),
+                provenance=Provenance(session_id=session, turn_id="t-9"),
             )
             await memory.apply_fact_operations(ANA, [operation], f"new/{fact_id}")
+        await served.store.end_session("s-gone", utc_now_ms())
+
+        purged = await quipu(served, "sessions", "purge", "s-gone")
+        assert purged.exit_code == 0, purged.output
+        assert "facts learned in it stay in ana's memory: `quipu memory list ana`" in purged.output
 
         listed = await quipu(served, "memory", "list", "ana", "--tenant", "t1")
         assert listed.exit_code == 0, listed.output
         assert "f-1  Lives in Madrid." in listed.output and "from session s-1, turn t-9" in listed.output
+        assert "from session s-gone (purged), turn t-9" in listed.output
+        assert "facts stay in memory after the session they came from is purged" in listed.output
 
         reindexed = await quipu(served, "memory", "reindex")  # every principal seen on memory.changes
         assert reindexed.exit_code == 0, reindexed.output

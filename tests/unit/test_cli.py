@@ -464,3 +464,9 @@ def test_a_turn_refused_as_someone_elses_session_says_to_pass_the_right_principa
     }
     [line] = shown(event(StreamEventType.WORKFLOW, "refused", refused)).splitlines()
     assert line.startswith("✗ refused: this session belongs to another principal") and "--principal" in line
+
+
+def test_a_purge_of_an_anonymous_session_still_says_its_facts_stay() -> None:
+    assert render.facts_outlive_purge("ana").plain.startswith("facts learned in it stay in ana's memory")
+    anonymous = render.facts_outlive_purge("").plain
+    assert "the person's memory" in anonymous and "`quipu memory list PRINCIPAL`" in anonymous
