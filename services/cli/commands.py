@@ -19,7 +19,7 @@ from rich.text import Text
 
 from contracts.errors import ErrorCode, StoreError
 from contracts.memory import MemoryScope
-from contracts.store import CancellationReason
+from contracts.store import CancellationReason, SessionOwner
 from contracts.transcript import Message, TranscriptError
 from contracts.wire import utc_now_ms
 from services.cli.client import (
@@ -195,7 +195,7 @@ def purge_session(session_id: str) -> None:
 
     async def work() -> None:
         async with store_client(kafka, settings) as store:
-            owner = await _history_owner(KafkaMemoryStore(store), session_id)
+            owner = await _owner(store, session_id)
             await store.purge_session(session_id)
         console.print(f"session {session_id}: purged", soft_wrap=True)
         console.print(facts_outlive_purge(owner), soft_wrap=True)
@@ -203,12 +203,16 @@ def purge_session(session_id: str) -> None:
     run_command(work, kafka, settings)
 
 
-async def _history_owner(memory: KafkaMemoryStore, session_id: str) -> str:
-    """The principal a session's history belongs to; empty when unknown (anonymous, no turn yet)."""
-    with contextlib.suppress(StoreError):  # only the purge's closing hint depends on it
-        for row in await memory.history_tail(session_id, 1):
-            return row.principal_id
-    return ""
+async def _owner(store: KafkaStore, session_id: str) -> SessionOwner | None:
+    """Who a session belongs to: the owner recorded at its creation, else its history's principal;
+    None when unknown (anonymous, or no turn yet). Only the purge's closing hint depends on it."""
+    with contextlib.suppress(StoreError):
+        session = await store.load_session_status(session_id)
+        if session.owner is not None:
+            return session.owner
+        for row in await KafkaMemoryStore(store).history_tail(session_id, 1):
+            return SessionOwner(tenant_id="", principal_id=row.principal_id) if row.principal_id else None
+    return None
 
 
 async def _purged(store: KafkaStore, session_ids: set[str]) -> set[str]:

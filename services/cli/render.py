@@ -21,7 +21,7 @@ from rich.text import Text
 from contracts.errors import ErrorCode
 from contracts.events import RunEvent, RunPhase, StreamEventType
 from contracts.memory import Fact
-from contracts.store import RunMeta, Session
+from contracts.store import RunMeta, Session, SessionOwner
 from contracts.transcript import Message, message_to_wire
 from contracts.wire import format_timestamp
 
@@ -258,12 +258,13 @@ def fact_lines(fact: Fact, *, session_purged: bool) -> list[Text]:
     ]
 
 
-def facts_outlive_purge(principal: str) -> Text:
+def facts_outlive_purge(owner: SessionOwner | None) -> Text:
     """What a purge leaves: the facts learned in the session, and the commands that show or remove them."""
-    who = principal or "PRINCIPAL"
-    whose = f"{principal}'s" if principal else "the person's"
+    who = owner.principal_id if owner else "PRINCIPAL"
+    whose = f"{owner.principal_id}'s" if owner else "the person's"
+    where = f" --tenant {owner.tenant_id}" if owner and owner.tenant_id else ""
     return Text(
-        f"facts learned in it stay in {whose} memory: `quipu memory list {who}` shows them, "
-        f"`quipu memory delete {who} FACT_ID` removes one, `quipu memory forget {who}` removes all",
+        f"facts learned in it stay in {whose} memory: `quipu memory list {who}{where}` shows them, "
+        f"`quipu memory delete {who} FACT_ID{where}` removes one, `quipu memory forget {who}{where}` all",
         style="dim",
     )

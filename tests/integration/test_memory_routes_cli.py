@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
+from contracts.store import SessionOwner
 from contracts.wire import utc_now_ms
 from deploy.local.stack import EmbeddedStack
 from services.cli import app
@@ -65,7 +66,17 @@ async def test_memory_commands(stack: EmbeddedStack) -> None:
 
         purged = await quipu(served, "sessions", "purge", "s-gone")
         assert purged.exit_code == 0, purged.output
-        assert "facts learned in it stay in ana's memory: `quipu memory list ana`" in purged.output
+        assert (
+            "facts learned in it stay in ana's memory: `quipu memory list ana`" in purged.output
+        )  # its history's
+        await served.store.create_session(
+            "s-owned", utc_now_ms(), SessionOwner(tenant_id="t1", principal_id="ana")
+        )
+        await served.store.end_session("s-owned", utc_now_ms())
+        purged = await quipu(served, "sessions", "purge", "s-owned")
+        assert (
+            "stay in ana's memory: `quipu memory list ana --tenant t1`" in purged.output
+        )  # its recorded owner
 
         listed = await quipu(served, "memory", "list", "ana", "--tenant", "t1")
         assert listed.exit_code == 0, listed.output

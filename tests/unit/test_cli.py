@@ -21,7 +21,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from contracts.events import RunEvent, StreamEventType, capped_value
-from contracts.store import RunMeta, RunStatus, StartOutcome
+from contracts.store import RunMeta, RunStatus, SessionOwner, StartOutcome
 from contracts.wire import utc_now_ms
 from services import cli
 from services.cli import app, client, launch, render, state
@@ -466,7 +466,8 @@ def test_a_turn_refused_as_someone_elses_session_says_to_pass_the_right_principa
     assert line.startswith("✗ refused: this session belongs to another principal") and "--principal" in line
 
 
-def test_a_purge_of_an_anonymous_session_still_says_its_facts_stay() -> None:
-    assert render.facts_outlive_purge("ana").plain.startswith("facts learned in it stay in ana's memory")
-    anonymous = render.facts_outlive_purge("").plain
+def test_a_purge_names_the_owner_of_the_facts_that_stay_when_it_is_known() -> None:
+    owned = render.facts_outlive_purge(SessionOwner(tenant_id="t1", principal_id="ana")).plain
+    assert owned.startswith("facts learned in it stay in ana's memory: `quipu memory list ana --tenant t1`")
+    anonymous = render.facts_outlive_purge(None).plain
     assert "the person's memory" in anonymous and "`quipu memory list PRINCIPAL`" in anonymous
