@@ -88,6 +88,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Built once, off the loop: on the first `/openapi.json` or `/docs` request it would hold
+        # the loop (and every open stream) for the second pydantic takes (FastAPI keeps the result).
+        await asyncio.to_thread(app.openapi)
         if deps is not None:
             app.state.deps = deps
             app.state.memory = memory

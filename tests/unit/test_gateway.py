@@ -408,7 +408,15 @@ async def test_unknown_routes_docs_page_and_health(gateway: Gateway) -> None:
     assert (await gateway.client.get("/healthz")).json() == {"status": "ok", "open_streams": 0}
 
 
-@pytest.mark.event_loop_block_threshold(15)  # the in-process transport copies 1.5 MB of script in the loop
+async def test_the_openapi_schema_is_built_at_startup_before_any_request() -> None:
+    """Built on the first `/openapi.json` or `/docs` request it held the loop for a second under
+    load (every open stream stalled); startup builds it in a thread instead."""
+    made = Gateway(InMemoryStore())
+    assert made.app.openapi_schema is None
+    async with made.app.router.lifespan_context(made.app):
+        assert made.app.openapi_schema is not None
+
+
 async def test_the_docs_pages_load_every_asset_from_the_gateway_itself(gateway: Gateway) -> None:
     """`/docs` and `/redoc` must render with no network: every script, style and icon they load is
     served by the gateway (a CDN URL would leave an offline user with a blank page)."""
