@@ -46,6 +46,7 @@ from tests.e2e.agent_support import (
     phases,
     terminal_workflow,
 )
+from tests.support.gateway_keys import ADMIN_PRINCIPAL
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -320,7 +321,9 @@ async def test_quipu_run_shows_the_same_events_as_the_sse_stream(
     }
     async with session_stream(deployment, http) as stream:
         text = "calculate 6*7; ask the math_agent to calculate 2+3"
-        arguments = ["run", text, "--session", stream.session_id, "--no-interactive", "--timeout", "60"]
+        # The session is the gateway caller's (its owner from the credential): the CLI names it.
+        session = ["--session", stream.session_id, "--principal", ADMIN_PRINCIPAL]
+        arguments = ["run", text, *session, "--no-interactive", "--timeout", "60"]
         started = time.monotonic()
         result: Any = await asyncio.to_thread(CliRunner().invoke, cli.app, arguments, env=environment)
         cli_s = time.monotonic() - started

@@ -13,6 +13,10 @@ from services.gateway.settings import GatewaySettings
 EVERY_SCOPE_BUT_ADMIN = [scope for scope in Scope if scope is not Scope.ADMIN]
 
 
+ADMIN_PRINCIPAL = "operator"
+"""The principal an admin key is issued to unless a test names another."""
+
+
 class TestKeys:
     """A keys file of its own; `issue` hands out `Authorization` headers of new keys."""
 
@@ -35,7 +39,7 @@ class TestKeys:
         self.file.add(stored)
         return {"Authorization": f"Bearer {key}"}
 
-    def admin(self, tenant_id: str = "", principal_id: str = "operator") -> dict[str, str]:
+    def admin(self, tenant_id: str = "", principal_id: str = ADMIN_PRINCIPAL) -> dict[str, str]:
         """Headers of a new admin key of the tenant."""
         return self.issue(principal_id, tenant_id, [Scope.ADMIN])
 
