@@ -224,7 +224,11 @@ class EventLoopWatchdog:
                 quiet_since = now
             quiet_since = max(quiet_since, self._beat)
             held = now - quiet_since
-            if current is None and held > self.threshold:
+            if current is None and held > self.threshold and self._waiting_in_selector():
+                # The loop sits in its selector: no callback holds it, the process was starved
+                # (CPU or another thread's GIL) on a busy machine. Not a stall of the loop's.
+                quiet_since = now
+            elif current is None and held > self.threshold:
                 current = Stall(started=quiet_since, seconds=held, stack=self._loop_stack())
                 self.stalls.append(current)
             elif current is not None:
@@ -236,6 +240,14 @@ class EventLoopWatchdog:
     def _heartbeat_gone(self) -> bool:
         # A test that cancels every task kills the heartbeat too: measure nothing then.
         return self._heartbeat is None or self._heartbeat.done()
+
+    def _waiting_in_selector(self) -> bool:
+        frame = sys._current_frames().get(self._loop_thread)
+        return (
+            frame is not None
+            and frame.f_code.co_name == "select"
+            and os.path.basename(frame.f_code.co_filename) == "selectors.py"
+        )
 
     def _loop_stack(self) -> str:
         frame = sys._current_frames().get(self._loop_thread)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -299,6 +300,31 @@ async def test_the_watchdog_catches_a_blocking_call_and_ignores_awaiting() -> No
     assert len(watchdog.stalls) == 1
     assert watchdog.stalls[0].seconds >= 1.5 * threshold
     assert "test_the_watchdog_catches_a_blocking_call" in watchdog.stalls[0].stack
+
+
+@pytest.mark.allow_event_loop_blocking
+async def test_the_watchdog_does_not_blame_the_loop_for_a_starved_process() -> None:
+    # Another thread holding the GIL (a C-level loop never yields it) starves the idle loop, as a
+    # busy CI machine does: the loop sits in its selector, and no callback of its holds it.
+    loop = asyncio.get_running_loop()
+    go, done = threading.Event(), asyncio.Event()
+
+    def starve() -> None:
+        go.wait()
+        sum(range(3 * 10**7))
+        loop.call_soon_threadsafe(done.set)
+
+    starving = threading.Thread(target=starve)
+    starving.start()  # started first: Thread.start itself waits, in the loop's thread
+    watchdog = EventLoopWatchdog(threshold=0.1, interval=0.02)
+    watchdog.start()
+    await asyncio.sleep(0.05)
+    go.set()
+    await done.wait()
+    await watchdog.stop()
+    starving.join()
+
+    assert watchdog.stalls == []
 
 
 @pytest.fixture
