@@ -223,6 +223,7 @@ class Deployment:
     planner: ServiceProcess | None = None
     executors: list[ServiceProcess] = field(default_factory=list)
     gateway: ServiceProcess | None = None
+    recorder: ServiceProcess | None = None
     gateway_url: str = ""
     gateway_headers: dict[str, str] = field(default_factory=dict)
     store: KafkaStore = field(init=False)
@@ -291,7 +292,8 @@ class Deployment:
         for close in closers:
             with contextlib.suppress(Exception):
                 await close()
-        processes = [process for process in [self.planner, self.gateway, *self.executors] if process]
+        started = [self.planner, self.gateway, self.recorder, *self.executors]
+        processes = [process for process in started if process]
         await asyncio.gather(*(asyncio.to_thread(process.stop, 15.0) for process in processes))
         await self.owner.stop()  # last: the others' shutdown may still write through it
         with contextlib.suppress(Exception):
@@ -344,8 +346,9 @@ class Deployment:
         return executor
 
     def start_recorder(self) -> ServiceProcess:
-        """The transcript recorder (product history of every finished turn)."""
-        return self._process("services.transcript_recorder", "recorder")
+        """The transcript recorder (product history of every finished turn); stopped by `close`."""
+        self.recorder = self._process("services.transcript_recorder", "recorder")
+        return self.recorder
 
     def start_gateway(self) -> ServiceProcess:
         """The gateway process on a free port."""
