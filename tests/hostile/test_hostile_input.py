@@ -30,7 +30,13 @@ from tests.hostile.fleet import GROUPS, Fleet
 from tests.hostile.generators import MARKER, Hostile, drawn, hand_made, never_valid, poison
 from tests.timing import eventually, scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(300)))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(int(scaled(300))),
+    # The suite's own readers (aiokafka decodes fetched batches in the event loop) take whole
+    # seconds over the 5 MB records; the services under test run in their own processes.
+    pytest.mark.event_loop_block_threshold(15),
+]
 
 DRAWN_PER_TOPIC = 12
 """Hypothesis bodies per topic (bounded: the suite must stay a couple of minutes on 2 cores)."""
