@@ -19,14 +19,14 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## create .venv and install quipu with its dev extras
 
 demo: $(STAMP) ## start the embedded stack and drive a session end to end
-	$(BIN)/python -m services.demo
+	$(BIN)/python -m quipu.services.demo
 
 test: $(STAMP) lint ## run the whole suite against the embedded broker and database
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP) ## import boundaries (import-linter), ruff and mypy --strict
 	$(BIN)/lint-imports
-	$(BIN)/ruff check contracts services deploy tests bench
+	$(BIN)/ruff check quipu contracts services deploy tests bench
 	$(BIN)/mypy
 
 typecheck: $(STAMP) ## mypy --strict

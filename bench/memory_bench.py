@@ -30,21 +30,21 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from contracts.runs import RunRequested, TurnCompleted
-from contracts.wire import utc_now_ms
-from services.kit.agents import ASSISTANT, AgentRegistry, AgentSpec
-from services.kit.memory.context import MemoryContextSource
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.summary import Summarizer, read_summarizer_request
-from services.kit.models.estimate import estimate_request_tokens
-from services.kit.models.port import ModelRequest, ModelResponse, TextDelta
-from services.kit.models.scripted import ScriptedModel
-from services.kit.store.memory import InMemoryStore
-from services.kit.tool_catalog import default_catalog
-from services.planner.adapters import Planner, PublishedTurns, ReadyDeps
-from services.planner.logic import Output
-from services.planner.settings import PlannerSettings
-from services.transcript_recorder.logic import TranscriptRecorder
+from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.agents import ASSISTANT, AgentRegistry, AgentSpec
+from quipu.services.domain.memory.context import MemoryContextSource
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.summary import Summarizer, read_summarizer_request
+from quipu.services.domain.models.estimate import estimate_request_tokens
+from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.domain.tool_catalog import default_catalog
+from quipu.services.planner.adapters import Planner, PublishedTurns, ReadyDeps
+from quipu.services.planner.logic import Output
+from quipu.services.planner.settings import PlannerSettings
+from quipu.services.transcript_recorder.logic import TranscriptRecorder
 
 TURNS = 1000
 WINDOW = 12

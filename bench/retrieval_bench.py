@@ -7,7 +7,7 @@ searched `ROUNDS` times with `search_index`, one at a time, as the context build
 - `fact_retrieval_p50_ms`: median latency of one search_index call, end to end (the client's
   Kafka hop to the owner, the owner's MongoDB transaction, BM25 and rehydration, the reply);
 - `retrieval_recall_at_5` / `retrieval_mrr`: quality of the method chosen (BM25 over the index),
-  identical on every backend because the scoring is shared (`services/kit/memory/rules.py`).
+  identical on every backend because the scoring is shared (`services/domain/memory/rules.py`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import statistics
 import uuid
 from pathlib import Path
 
-from deploy.local.stack import EmbeddedStack, create_topics
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.reindex import Principal, reindex
-from services.kit.memory.retrieval_eval import evaluate, load_labelled, record_facts
-from services.kit.settings import MongoSettings
-from services.kit.store.client import KafkaStore
-from services.storage_owner.app import create_app
+from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services.domain.memory.reindex import Principal, reindex
+from quipu.services.domain.memory.retrieval_eval import evaluate, load_labelled, record_facts
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import MongoSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.storage_owner.app import create_app
 
 LABELLED = Path(__file__).parents[1] / "tests" / "data" / "retrieval_labelled.json"
 ROUNDS = 5

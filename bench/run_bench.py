@@ -60,25 +60,25 @@ from typing import Any, cast
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from contracts.events import RunEvent, RunPhase, StreamEventType
-from contracts.runs import RunRequested
-from contracts.store_operation import Backend, StoreOperation
-from contracts.topics import Topic
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.logging import configure_logging
-from services.kit.memory.protocol import MemoryStore
-from services.kit.models.port import ModelClient, ModelRequest, ModelResponse, TextDelta
-from services.kit.models.scripted import ScriptedModel
-from services.kit.settings import KafkaSettings, ServiceSettings
-from services.kit.store.client import KafkaStore
-from services.kit.store.protocol import Store
-from services.planner.adapters import PlannerDeps
-from services.planner.app import create_app as create_planner
-from services.storage_owner.adapters import MongoStore
-from services.storage_owner.app import create_app as create_owner
-from services.storage_owner.memory_adapters import MongoMemoryStore
-from services.tool_executor.app import create_app as create_executor
+from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
+from quipu.contracts.runs import RunRequested
+from quipu.contracts.store_operation import Backend, StoreOperation
+from quipu.contracts.topics import Topic
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.models.port import ModelClient, ModelRequest, ModelResponse, TextDelta
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.store.protocol import Store
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.adapters import PlannerDeps
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.storage_owner.adapters import MongoStore
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.services.tool_executor.app import create_app as create_executor
 
 TEXT = "calculate 6*7"
 WARMUP_RUNS = 5

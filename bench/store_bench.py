@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable
 from pymongo import AsyncMongoClient
 
 from bench.workload import OPS_PER_RUN, one_run
-from deploy.local.stack import EmbeddedStack, create_topics
-from services.kit.settings import MongoSettings
-from services.kit.store.client import KafkaStore
-from services.kit.store.protocol import Store
-from services.storage_owner.adapters import MongoStore
-from services.storage_owner.app import create_app
+from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services.domain.store.protocol import Store
+from quipu.services.kit.settings import MongoSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.storage_owner.adapters import MongoStore
+from quipu.services.storage_owner.app import create_app
 
 RUNS = 60
 RAW_TRANSACTIONS = 300

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from contracts.lifecycle import encode_run_completed, encode_run_started
-from contracts.store import CancellationReason, Record, RunStart, RunStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.lifecycle import encode_run_completed, encode_run_started
+from quipu.contracts.store import CancellationReason, Record, RunStart, RunStatus
+from quipu.services.domain.store.protocol import Store
 
 OPS_PER_RUN = 5
 """create_session, start_root_run, two appends, record_run_terminal."""

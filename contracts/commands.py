@@ -16,9 +16,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from contracts.errors import ErrorBody
-from contracts.memory_commands import MemoryCommand
-from contracts.store import (
+from quipu.contracts.errors import ErrorBody
+from quipu.contracts.memory_commands import MemoryCommand
+from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
     Page,
@@ -30,8 +30,8 @@ from contracts.store import (
     SessionOwner,
     StartResult,
 )
-from contracts.store_operation import StoreOperation as StoreOperation  # noqa: PLC0414  re-exported
-from contracts.wire import Timestamp
+from quipu.contracts.store_operation import StoreOperation as StoreOperation  # noqa: PLC0414  re-exported
+from quipu.contracts.wire import Timestamp
 
 
 class CreateSession(StoreOperation):

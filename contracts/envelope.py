@@ -6,7 +6,7 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.wire import Timestamp, utc_now_ms
+from quipu.contracts.wire import Timestamp, utc_now_ms
 
 QUIPU_NAMESPACE = uuid.UUID("6b3c2f0e-9a51-4c1e-8f7d-2a9e5d4b7c10")
 

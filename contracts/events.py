@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import Field
 
-from contracts.envelope import Envelope
-from contracts.wire import Timestamp
+from quipu.contracts.envelope import Envelope
+from quipu.contracts.wire import Timestamp
 
 
 class RunPhase(StrEnum):

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from contracts.errors import invalid
-from contracts.store import CancellationReason, LifecycleType, RunStart, RunStatus
+from quipu.contracts.errors import invalid
+from quipu.contracts.store import CancellationReason, LifecycleType, RunStart, RunStatus
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

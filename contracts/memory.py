@@ -13,8 +13,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.envelope import Envelope
-from contracts.wire import Timestamp
+from quipu.contracts.envelope import Envelope
+from quipu.contracts.wire import Timestamp
 
 
 class _Value(BaseModel):

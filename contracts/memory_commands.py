@@ -1,6 +1,6 @@
 """Memory commands on `storage.commands`: one model per `MemoryStore` method.
 
-Same pattern as `contracts.commands`: each command names a `MemoryStore` method and its own
+Same pattern as `quipu.contracts.commands`: each command names a `MemoryStore` method and its own
 fields are that method's keyword arguments; `backend` tells the owner to apply it to its memory
 store. Commands are keyed by session id when they touch one session, else by principal id.
 """
@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from contracts.memory import (
+from quipu.contracts.memory import (
     Fact,
     FactChanged,
     FactOperation,
@@ -25,7 +25,7 @@ from contracts.memory import (
     ScoredFact,
     SessionSummary,
 )
-from contracts.store_operation import Backend, StoreOperation
+from quipu.contracts.store_operation import Backend, StoreOperation
 
 
 class MemoryOperation(StoreOperation):

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.envelope import Envelope
-from contracts.store import CancellationReason
+from quipu.contracts.envelope import Envelope
+from quipu.contracts.store import CancellationReason
 
 
 class RunKind(StrEnum):

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from contracts.wire import Timestamp, WireBytes
+from quipu.contracts.wire import Timestamp, WireBytes
 
 
 class SessionStatus(StrEnum):

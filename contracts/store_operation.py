@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from contracts.envelope import Envelope
-from contracts.store import Record, RunStart
+from quipu.contracts.envelope import Envelope
+from quipu.contracts.store import Record, RunStart
 
 
 class Backend(StrEnum):

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.envelope import Envelope
+from quipu.contracts.envelope import Envelope
 
 TOOL_RESULT_RECORD = "tool_result"
 """Type of the ordinary run record (key `tool-result/<tool_use_id>`) holding one tool result as it

@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from contracts.store import is_erased
+from quipu.contracts.store import is_erased
 
 TRANSCRIPT_MESSAGES_SEEDED = "transcript_messages_seeded"
 """Record type: history that existed before the run (rebuilds model input, never a new reply)."""

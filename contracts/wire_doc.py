@@ -2,8 +2,8 @@
 command framing, reply routing and the dead-letter format, for people writing clients in other
 languages.
 
-    python -m contracts.wire_doc            # rewrite docs/wire.md
-    python -m contracts.wire_doc --check    # exit 1 when docs/wire.md is not what the contracts say
+    python -m quipu.contracts.wire_doc            # rewrite docs/wire.md
+    python -m quipu.contracts.wire_doc --check    # exit 1 when docs/wire.md is not what the contracts say
 
 The tables come from the models (field names, types, defaults, descriptions); the prose around
 them is here. A test asserts that the committed file equals `render()`, and that the dead-letter
@@ -24,16 +24,16 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, StoreCommand, StoreReply
-from contracts.envelope import Envelope
-from contracts.errors import ErrorCode
-from contracts.events import RunEvent
-from contracts.lifecycle import lifecycle_payload_keys
-from contracts.memory import FactChanged, HistoryRecorded
-from contracts.runs import CancelRun, RunRequested, TurnCompleted
-from contracts.store_operation import Backend, StoreOperation
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.topics import TOPICS, Topic, dead_letter_topic
+from quipu.contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, StoreCommand, StoreReply
+from quipu.contracts.envelope import Envelope
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.events import RunEvent
+from quipu.contracts.lifecycle import lifecycle_payload_keys
+from quipu.contracts.memory import FactChanged, HistoryRecorded
+from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
+from quipu.contracts.store_operation import Backend, StoreOperation
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.topics import TOPICS, Topic, dead_letter_topic
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "wire.md"
 """Where the generated document lives in the repository."""
@@ -241,7 +241,7 @@ _INTRO = """\
 # Quipu on the wire
 
 What every Kafka topic carries, byte for byte, for people who write a producer or consumer in
-another language. Generated from the contracts by `python -m contracts.wire_doc`; do not edit by
+another language. Generated from the contracts by `python -m quipu.contracts.wire_doc`; do not edit by
 hand (a test fails when this file and the contracts disagree).
 
 ## Conventions
@@ -417,7 +417,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         current = DOC_PATH.exists() and DOC_PATH.read_text(encoding="utf-8") == text
         if not current:
-            print(f"{DOC_PATH} is stale: run python -m contracts.wire_doc", file=sys.stderr)
+            print(f"{DOC_PATH} is stale: run python -m quipu.contracts.wire_doc", file=sys.stderr)
         return 0 if current else 1
     DOC_PATH.parent.mkdir(exist_ok=True)
     DOC_PATH.write_text(text, encoding="utf-8")

@@ -23,25 +23,31 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from contracts.memory import MemoryScope
-from contracts.runs import RunRequested
-from deploy.local.stack import EmbeddedStack, create_topics
-from services.cli.client import RunFollower, connected, ensure_session, pending_inputs, planner_diagnosis
-from services.cli.launch import quipu_command
-from services.cli.render import EventPrinter, count_by_status
-from services.cli.settings import CliSettings
-from services.enricher.app import create_app as create_enricher
-from services.fact_extractor.app import create_app as create_fact_extractor
-from services.gateway.logic import RunRequest, resume_request, turn_request
-from services.kit.events import RunEventReader, StartAt
-from services.kit.logging import configure_logging
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
-from services.kit.store.client import KafkaStore
-from services.planner.app import create_app as create_planner
-from services.storage_owner.app import create_app as create_owner
-from services.tool_executor.app import create_app as create_tool_executor
-from services.transcript_recorder.app import create_app as create_recorder
+from quipu.contracts.memory import MemoryScope
+from quipu.contracts.runs import RunRequested
+from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services.cli.client import (
+    RunFollower,
+    connected,
+    ensure_session,
+    pending_inputs,
+    planner_diagnosis,
+)
+from quipu.services.cli.launch import quipu_command
+from quipu.services.cli.render import EventPrinter, count_by_status
+from quipu.services.cli.settings import CliSettings
+from quipu.services.enricher.app import create_app as create_enricher
+from quipu.services.fact_extractor.app import create_app as create_fact_extractor
+from quipu.services.gateway.logic import RunRequest, resume_request, turn_request
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.run_events import RunEventReader, StartAt
+from quipu.services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.tool_executor.app import create_app as create_tool_executor
+from quipu.services.transcript_recorder.app import create_app as create_recorder
 
 console = Console()
 
@@ -165,7 +171,7 @@ async def run_demo() -> bool:
 
 
 def main() -> None:
-    """Entry point of `python -m services.demo` (`make demo`)."""
+    """Entry point of `python -m quipu.services.demo` (`make demo`)."""
     configure_logging(ServiceSettings(service_name="demo", log_level="WARNING"))
     sys.exit(0 if asyncio.run(run_demo()) else 1)
 

@@ -41,8 +41,8 @@ from typing import Any
 
 import pytest
 
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.settings import KafkaSettings, MongoSettings
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from tests.timing import scaled
 
 BLOCK_THRESHOLD_ENV = "QUIPU_TEST_BLOCK_THRESHOLD"

@@ -1,6 +1,6 @@
 """Helpers for the storage-owner tests: an owner process, raw topic readers, raw command bytes.
 
-The owner tests talk to a real `python -m services.storage_owner` process on the embedded stack.
+The owner tests talk to a real `python -m quipu.services.storage_owner` process on the embedded stack.
 They watch the topics the owner writes (`storage.replies`, `runs.events`, `storage.commands.dlq`)
 with raw aiokafka consumers outside any consumer group (no join, every partition, from the
 beginning), so what they see is what any consumer would see on the wire.
@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
 
-from contracts.commands import (
+from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     REPLY_TO_HEADER,
     AppendRunRecord,
@@ -31,12 +31,12 @@ from contracts.commands import (
     StartRootRun,
     StoreOperation,
 )
-from contracts.errors import ErrorCode, StoreError
-from contracts.store import Record, RunStart
-from deploy.local.services import ServiceProcess
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.store.client import KafkaStore
-from services.storage_owner.adapters import client_options
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import Record, RunStart
+from quipu.deploy.local.services import ServiceProcess
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.storage_owner.adapters import client_options
 from tests.conformance.builders import (
     all_run_records,
     all_session_records,
@@ -47,7 +47,7 @@ from tests.conformance.builders import (
 )
 from tests.timing import scaled
 
-OWNER_MODULE = "services.storage_owner"
+OWNER_MODULE = "quipu.services.storage_owner"
 
 Document = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""`python -m deploy.local.secantus_daemon --transaction-lifetime-s N [secantus flags]`.
+"""`python -m quipu.deploy.local.secantus_daemon --transaction-lifetime-s N [secantus flags]`.
 
 SecantusDB's daemon command line has no flag for the transaction lifetime (mongod's
 `transactionLifetimeLimitSeconds`, 60 s in both). A transaction whose client was killed stays

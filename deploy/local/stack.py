@@ -16,7 +16,7 @@ test run leaves no orphans; `stop()` is registered with `atexit` as well.
 With `QUIPU_KAFKA_BOOTSTRAP` (or `QUIPU_MONGO_URI`) set, that endpoint is used
 as it is and nothing is started for it.
 
-`python -m deploy.local.stack` starts the stack and prints the environment
+`python -m quipu.deploy.local.stack` starts the stack and prints the environment
 variables that point a service at it, until Ctrl-C.
 """
 
@@ -50,11 +50,11 @@ from aiokafka.errors import KafkaError
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from contracts.topics import TOPICS, dead_letter_topic
-from services.kit.settings import KafkaFlavour, KafkaSettings, MongoSettings
+from quipu.contracts.topics import TOPICS, dead_letter_topic
+from quipu.services.kit.settings import KafkaFlavour, KafkaSettings, MongoSettings
 
 # Through a standard logger: silent below WARNING until the application configures
-# logging (services.kit.logging), instead of structlog's default print to stdout.
+# logging (quipu.services.kit.logging), instead of structlog's default print to stdout.
 log = structlog.wrap_logger(logging.getLogger(__name__))
 
 BOOTSTRAP_ENV = "QUIPU_KAFKA_BOOTSTRAP"
@@ -527,7 +527,7 @@ class EmbeddedStack:
         argv = [
             sys.executable,
             "-m",
-            "deploy.local.secantus_daemon",
+            "quipu.deploy.local.secantus_daemon",
             "--transaction-lifetime-s",
             str(self._transaction_lifetime_s),
             "--config",
@@ -602,8 +602,8 @@ class EmbeddedStack:
 
 def main() -> None:
     """Start the stack, print the variables that point services at it, wait for Ctrl-C."""
-    from services.kit.logging import configure_logging  # noqa: PLC0415 - CLI only
-    from services.kit.settings import ServiceSettings  # noqa: PLC0415 - CLI only
+    from quipu.services.kit.logging import configure_logging  # noqa: PLC0415 - CLI only
+    from quipu.services.kit.settings import ServiceSettings  # noqa: PLC0415 - CLI only
 
     configure_logging(ServiceSettings(service_name="embedded-stack"))
     stop = threading.Event()

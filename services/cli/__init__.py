@@ -50,7 +50,7 @@ memory_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(memory_app, name="memory")
-from services.cli.keys import keys_app  # noqa: E402 - declared in its own module, registered here
+from quipu.services.cli.keys import keys_app  # noqa: E402 - declared in its own module, registered here
 
 app.add_typer(keys_app, name="keys")
 
@@ -66,15 +66,15 @@ SERVICES = (
 GATEWAY = "gateway"
 
 CANCELLATION_REASONS = ("user_requested", "engine_canceled")
-"""What `quipu cancel --reason` accepts (contracts.store.CancellationReason, without the store's own)."""
+"""What `quipu cancel --reason` accepts (`CancellationReason` without the store's own)."""
 
 
 def _quiet_logging(verbose: bool = False) -> None:
     """Library logs only when they matter; QUIPU_LOG_LEVEL still wins."""
     import os  # noqa: PLC0415
 
-    from services.kit.logging import configure_logging  # noqa: PLC0415 - not for --help
-    from services.kit.settings import ServiceSettings  # noqa: PLC0415
+    from quipu.services.kit.logging import configure_logging  # noqa: PLC0415 - not for --help
+    from quipu.services.kit.settings import ServiceSettings  # noqa: PLC0415
 
     level = "INFO" if verbose else "WARNING"
     overrides: dict[str, Any] = {} if "QUIPU_LOG_LEVEL" in os.environ else {"log_level": level}
@@ -82,7 +82,7 @@ def _quiet_logging(verbose: bool = False) -> None:
 
 
 def _interactive(flag: bool | None) -> bool:
-    from services.cli.output import console  # noqa: PLC0415
+    from quipu.services.cli.output import console  # noqa: PLC0415
 
     return flag if flag is not None else sys.stdin.isatty() and console.is_terminal
 
@@ -146,7 +146,7 @@ def run(
 ) -> None:
     """Send a message to an agent and show the run live: phases, tools, the streamed reply."""
     text = message_text(message, file)
-    from services.cli import commands  # noqa: PLC0415 - the heavy part, only when it runs
+    from quipu.services.cli import commands  # noqa: PLC0415 - the heavy part, only when it runs
 
     _quiet_logging()
     raise typer.Exit(
@@ -182,7 +182,7 @@ def answer(
 ) -> None:
     """Answer a suspended run: its continuation starts in the same session."""
     value = parse_answer(sys.stdin.read().removesuffix("\n") if text == "-" else text, as_json)
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     raise typer.Exit(
@@ -202,7 +202,7 @@ def cancel(
         raise typer.BadParameter(
             f"{reason!r} is not one of {', '.join(CANCELLATION_REASONS)}", param_hint="--reason"
         )
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.cancel(run_id, reason)
@@ -211,7 +211,7 @@ def cancel(
 @app.command()
 def status() -> None:
     """What runs (services, pids, restarts) and how far each consumer group lags."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.status()
@@ -220,7 +220,7 @@ def status() -> None:
 @runs_app.command("show")
 def runs_show(run_id: Annotated[str, typer.Argument(help="The run.")]) -> None:
     """A run's state and its transcript."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.show_run(run_id)
@@ -232,7 +232,7 @@ SessionArgument = Annotated[str, typer.Argument(help="The session.")]
 @sessions_app.command("show")
 def sessions_show(session_id: SessionArgument) -> None:
     """A session's status and its runs."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.show_session(session_id)
@@ -241,7 +241,7 @@ def sessions_show(session_id: SessionArgument) -> None:
 @sessions_app.command("end")
 def sessions_end(session_id: SessionArgument) -> None:
     """End a session: running runs may finish; new runs stop at once."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.end_session(session_id)
@@ -252,7 +252,7 @@ def sessions_purge(
     session_id: Annotated[str, typer.Argument(help="The session (ended, no run running).")],
 ) -> None:
     """Delete an ended session and all its runs for good; its id can never be used again."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.purge_session(session_id)
@@ -272,7 +272,7 @@ def memory_list(
     principal: PrincipalArgument, tenant: TenantOption = "", agent: MemoryAgentOption = ""
 ) -> None:
     """The person's current facts, with the session and turn each came from."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.memory_list(principal, tenant, agent)
@@ -285,7 +285,7 @@ def memory_delete(
     tenant: TenantOption = "",
 ) -> None:
     """Delete one fact: it leaves retrieval and future prompts at once (its wording stays in the audit)."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.memory_delete(principal, fact_id, tenant)
@@ -298,7 +298,7 @@ def memory_export(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
 ) -> None:
     """Everything remembered about the person (facts, previous versions, profile) as JSON."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.memory_export(principal, tenant, output)
@@ -313,7 +313,7 @@ def memory_forget(
     """Forget the person: facts, audit, profile, history, summaries and index entries, for good."""
     if not yes and not typer.confirm(f"Erase everything Quipu remembers about {principal}?"):
         raise typer.Exit(1)
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.memory_forget(principal, tenant)
@@ -328,7 +328,7 @@ def memory_reindex(
     ] = None,
 ) -> None:
     """Rebuild the derived retrieval index from curated memory (the authority)."""
-    from services.cli import commands  # noqa: PLC0415
+    from quipu.services.cli import commands  # noqa: PLC0415
 
     _quiet_logging()
     commands.memory_reindex(principal, tenant)
@@ -347,8 +347,8 @@ def serve(
         raise typer.BadParameter(
             f"unknown service {service!r}; one of: {', '.join((*SERVICES, GATEWAY))}", param_hint="SERVICE"
         )
-    from services.cli import launch  # noqa: PLC0415
-    from services.cli.output import fail  # noqa: PLC0415
+    from quipu.services.cli import launch  # noqa: PLC0415
+    from quipu.services.cli.output import fail  # noqa: PLC0415
 
     if not launch.installed(name):
         fail(f"service {service!r} is not part of this installation yet")
@@ -367,8 +367,8 @@ def up(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Start the embedded broker and database and every service; Ctrl-C stops them all."""
-    from services.cli import launch  # noqa: PLC0415
-    from services.cli.output import CliError, fail  # noqa: PLC0415
+    from quipu.services.cli import launch  # noqa: PLC0415
+    from quipu.services.cli.output import CliError, fail  # noqa: PLC0415
 
     _quiet_logging(verbose)
     try:
@@ -378,5 +378,5 @@ def up(
 
 
 def main() -> None:
-    """Entry point of `python -m services.cli`."""
+    """Entry point of `python -m quipu.services.cli`."""
     app()

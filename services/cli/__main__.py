@@ -1,5 +1,5 @@
-"""`python -m services.cli`: the same as the `quipu` command."""
+"""`python -m quipu.services.cli`: the same as the `quipu` command."""
 
-from services.cli import main
+from quipu.services.cli import main
 
 main()

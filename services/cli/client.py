@@ -20,22 +20,22 @@ import typer
 from pydantic import ValidationError
 from rich.text import Text
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.events import RunEvent, RunPhase, StreamEventType
-from contracts.lifecycle import decode_run_suspended
-from contracts.runs import RunRequested
-from contracts.store import LifecycleType, Session
-from contracts.topics import Topic
-from contracts.wire import utc_now_ms
-from services.cli.output import EXIT_FAILED, EXIT_WAITING, CliError, console, errors, fail
-from services.cli.render import EventPrinter, prompt_of
-from services.cli.settings import CliSettings
-from services.cli.state import CLIENT_ID
-from services.gateway.adapters import KafkaRunPublisher
-from services.gateway.logic import GatewayError, require_open, resume_request
-from services.kit.events import EventStreamError, RunEventReader, StartAt
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
+from quipu.contracts.lifecycle import decode_run_suspended
+from quipu.contracts.runs import RunRequested
+from quipu.contracts.store import LifecycleType, Session
+from quipu.contracts.topics import Topic
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.cli.output import EXIT_FAILED, EXIT_WAITING, CliError, console, errors, fail
+from quipu.services.cli.render import EventPrinter, prompt_of
+from quipu.services.cli.settings import CliSettings
+from quipu.services.cli.state import CLIENT_ID
+from quipu.services.gateway.adapters import KafkaRunPublisher
+from quipu.services.gateway.logic import GatewayError, require_open, resume_request
+from quipu.services.kit.run_events import EventStreamError, RunEventReader, StartAt
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
 
 Diagnosis = Callable[[], Coroutine[Any, Any, str]]
 """Looks at the broker and says, in a few words, what it sees."""
@@ -91,7 +91,7 @@ def owner_diagnosis(kafka: KafkaSettings, settings: CliSettings) -> Diagnosis:
     """What the storage owner's consumer group shows (members, lag), in a few words."""
 
     async def diagnose() -> str:
-        from services.cli.status import observe_consumer  # noqa: PLC0415 - only when something is wrong
+        from quipu.services.cli.status import observe_consumer  # noqa: PLC0415 - only when something is wrong
 
         return await observe_consumer(kafka, Topic.STORAGE_COMMANDS, settings.status_timeout_s)
 
@@ -102,7 +102,7 @@ def planner_diagnosis(kafka: KafkaSettings, settings: CliSettings) -> Diagnosis:
     """What the planner's request group shows (members, lag), in a few words."""
 
     async def diagnose() -> str:
-        from services.cli.status import observe_consumer  # noqa: PLC0415 - only when something is wrong
+        from quipu.services.cli.status import observe_consumer  # noqa: PLC0415 - only when something is wrong
 
         return await observe_consumer(kafka, Topic.RUNS_REQUESTED, settings.status_timeout_s)
 

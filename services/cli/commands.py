@@ -1,6 +1,6 @@
 """The work of each client command (`run`, `answer`, `cancel`, `runs`, `sessions`, `memory`, `status`).
 
-`services.cli` declares the commands and imports this module only when one of them runs, so that
+`quipu.services.cli` declares the commands and imports this module only when one of them runs, so that
 `quipu --help` or a mistyped command does not load Kafka, pydantic models and the gateway.
 """
 
@@ -17,12 +17,12 @@ from pydantic import ValidationError
 from rich.panel import Panel
 from rich.text import Text
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import MemoryScope
-from contracts.store import CancellationReason, SessionOwner
-from contracts.transcript import Message, TranscriptError
-from contracts.wire import utc_now_ms
-from services.cli.client import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import MemoryScope
+from quipu.contracts.store import CancellationReason, SessionOwner
+from quipu.contracts.transcript import Message, TranscriptError
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.cli.client import (
     connected,
     drive,
     ensure_session,
@@ -30,8 +30,8 @@ from services.cli.client import (
     run_command,
     store_client,
 )
-from services.cli.output import CliError, console
-from services.cli.render import (
+from quipu.services.cli.output import CliError, console
+from quipu.services.cli.render import (
     FACTS_OUTLIVE_SESSIONS,
     fact_lines,
     facts_outlive_purge,
@@ -40,12 +40,12 @@ from services.cli.render import (
     runs_table,
     session_line,
 )
-from services.cli.settings import CliSettings
-from services.cli.state import client_settings, client_target
-from services.gateway.logic import RunRequest, cancel_request, resume_request, turn_request
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.reindex import Principal, principals_from_changes, reindex
-from services.kit.store.client import KafkaStore
+from quipu.services.cli.settings import CliSettings
+from quipu.services.cli.state import client_settings, client_target
+from quipu.services.domain.memory.reindex import Principal, principals_from_changes, reindex
+from quipu.services.gateway.logic import RunRequest, cancel_request, resume_request, turn_request
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.store_client import KafkaStore
 
 
 def _cli_settings() -> CliSettings:
@@ -141,7 +141,7 @@ def show_run(run_id: str) -> None:
     kafka = client_settings()
 
     async def work() -> None:
-        from services.kit.transcript import build_messages_from_run_log  # noqa: PLC0415 - only here
+        from quipu.services.domain.transcript import build_messages_from_run_log  # noqa: PLC0415 - only here
 
         async with store_client(kafka, settings) as store:
             meta = await store.load_run(run_id)
@@ -335,7 +335,7 @@ def memory_reindex(principal: str | None, tenant: str | None) -> None:
 
 def status() -> None:
     """What runs (from `quipu up`'s state) and each consumer group's members and lag."""
-    from services.cli.status import lag_table, measure, services_table  # noqa: PLC0415
+    from quipu.services.cli.status import lag_table, measure, services_table  # noqa: PLC0415
 
     settings = _cli_settings()
     target = client_target()

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from services.gateway.access import Scope
+    from quipu.services.gateway.access import Scope
 
 LOCAL_ADMIN = "quipu up local admin"
 """Name of the key `quipu up` issues itself (the previous one is revoked at each start)."""
 
 SCOPES = ("runs:read", "runs:write", "memory:read", "memory:write", "admin")
-"""What `--scope` accepts (services.gateway.access.Scope)."""
+"""What `--scope` accepts (quipu.services.gateway.access.Scope)."""
 
 keys_app = typer.Typer(
     help="Issue, list and revoke the gateway's API keys.", no_args_is_help=True, rich_markup_mode=None
@@ -43,8 +43,8 @@ def keys_file_path() -> Path:
 
 def issue_local_admin(path: Path) -> str:
     """A fresh admin key of the default tenant for the embedded default; the previous one is revoked."""
-    from services.gateway.access import Scope  # noqa: PLC0415 - not for --help
-    from services.gateway.api_keys import KeyFile, new_key  # noqa: PLC0415
+    from quipu.services.gateway.access import Scope  # noqa: PLC0415 - not for --help
+    from quipu.services.gateway.api_keys import KeyFile, new_key  # noqa: PLC0415
 
     keys = KeyFile(path)
     keys.revoke_named(LOCAL_ADMIN)
@@ -60,7 +60,7 @@ def local_gateway_access() -> tuple[Path, str]:
 
 
 def _scopes(names: list[str] | None, admin: bool) -> list[Scope]:
-    from services.gateway.access import Scope  # noqa: PLC0415
+    from quipu.services.gateway.access import Scope  # noqa: PLC0415
 
     if admin:
         return [Scope.ADMIN]
@@ -95,8 +95,8 @@ def create(
     """Issue a key; it is printed once and never stored."""
     from rich.text import Text  # noqa: PLC0415
 
-    from services.cli.output import console  # noqa: PLC0415
-    from services.gateway.api_keys import KeyFile, new_key  # noqa: PLC0415
+    from quipu.services.cli.output import console  # noqa: PLC0415
+    from quipu.services.gateway.api_keys import KeyFile, new_key  # noqa: PLC0415
 
     if not principal.strip():
         raise typer.BadParameter("a key acts as a principal", param_hint="--principal")
@@ -119,9 +119,9 @@ def list_keys(file: FileOption = None) -> None:
     """Every key issued (never a secret), revoked ones marked."""
     from rich.table import Table  # noqa: PLC0415
 
-    from contracts.wire import format_timestamp  # noqa: PLC0415
-    from services.cli.output import console  # noqa: PLC0415
-    from services.gateway.api_keys import KeyFile  # noqa: PLC0415
+    from quipu.contracts.wire import format_timestamp  # noqa: PLC0415
+    from quipu.services.cli.output import console  # noqa: PLC0415
+    from quipu.services.gateway.api_keys import KeyFile  # noqa: PLC0415
 
     table = Table("principal", "tenant", "scopes", "name", "created", "revoked")
     table.add_column("key id", no_wrap=True)  # whole, to copy into `quipu keys revoke`
@@ -143,8 +143,8 @@ def revoke(
     key_id: Annotated[str, typer.Argument(help="The key id (`quipu keys list`).")], file: FileOption = None
 ) -> None:
     """Revoke a key: the gateway refuses it from its next request on."""
-    from services.cli.output import console, fail  # noqa: PLC0415
-    from services.gateway.api_keys import KeyFile  # noqa: PLC0415
+    from quipu.services.cli.output import console, fail  # noqa: PLC0415
+    from quipu.services.gateway.api_keys import KeyFile  # noqa: PLC0415
 
     if KeyFile(file or keys_file_path()).revoke(key_id) is None:
         fail(f"no key {key_id!r}")

@@ -3,7 +3,7 @@
 `quipu up` refuses to start when another live `quipu up` owns the same state file (clients would
 silently switch to the new stack), and when the gateway's port is taken (a gateway that cannot
 bind would leave the stack without its HTTP API); `--gateway-port 0` picks a free port and says
-which. `--processes` runs each service as a supervised child process (deploy.local.services).
+which. `--processes` runs each service as a supervised child process (quipu.deploy.local.services).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
-from services.cli import GATEWAY, SERVICES
-from services.cli.keys import local_gateway_access
-from services.cli.output import CliError, console, warn
-from services.cli.state import read_state, remove_state, shown_path, state_file, write_state
-from services.kit.settings import KafkaSettings, MongoSettings
+from quipu.services.cli import GATEWAY, SERVICES
+from quipu.services.cli.keys import local_gateway_access
+from quipu.services.cli.output import CliError, console, warn
+from quipu.services.cli.state import read_state, remove_state, shown_path, state_file, write_state
+from quipu.services.kit.settings import KafkaSettings, MongoSettings
 
 GATEWAY_HOST = "127.0.0.1"
 
@@ -52,7 +52,7 @@ def quipu_command() -> str:
     if on_path is not None and Path(on_path).resolve() == script.resolve():
         return "quipu"
     if not script.exists():
-        return f"{sys.executable} -m services.cli"
+        return f"{sys.executable} -m quipu.services.cli"
     with contextlib.suppress(ValueError):
         return str(Path(os.path.abspath(script)).relative_to(Path.cwd()))
     return str(script)
@@ -124,9 +124,9 @@ async def _start_in_process(
         console.print(Text(f"  ✓ {name}", style="green"))
     if _load_service(GATEWAY) is None:
         return ""
-    from services.gateway.app import EmbeddedServer  # noqa: PLC0415 - lazily, like every service
-    from services.gateway.app import create_app as create_gateway  # noqa: PLC0415
-    from services.gateway.settings import GatewaySettings  # noqa: PLC0415
+    from quipu.services.gateway.app import EmbeddedServer  # noqa: PLC0415 - lazily, like every service
+    from quipu.services.gateway.app import create_app as create_gateway  # noqa: PLC0415
+    from quipu.services.gateway.settings import GatewaySettings  # noqa: PLC0415
 
     settings = GatewaySettings(host=GATEWAY_HOST, port=gateway_port, api_keys_file=keys_file)
     server = EmbeddedServer(create_gateway(kafka, settings=settings), settings.host, settings.port)
@@ -166,8 +166,8 @@ def child_environment(environment: dict[str, str], verbose: bool) -> dict[str, s
 
 
 async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
-    from deploy.local.services import Supervisor  # noqa: PLC0415 - only `up` needs these
-    from deploy.local.stack import EmbeddedStack, create_topics  # noqa: PLC0415
+    from quipu.deploy.local.services import Supervisor  # noqa: PLC0415 - only `up` needs these
+    from quipu.deploy.local.stack import EmbeddedStack, create_topics  # noqa: PLC0415
 
     path = state_file()
     refuse_a_second_stack(path)

@@ -18,12 +18,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from contracts.errors import ErrorCode
-from contracts.events import RunEvent, RunPhase, StreamEventType
-from contracts.memory import Fact
-from contracts.store import RunMeta, Session, SessionOwner
-from contracts.transcript import Message, message_to_wire
-from contracts.wire import format_timestamp
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
+from quipu.contracts.memory import Fact
+from quipu.contracts.store import RunMeta, Session, SessionOwner
+from quipu.contracts.transcript import Message, message_to_wire
+from quipu.contracts.wire import format_timestamp
 
 
 def compact(value: Any, limit: int = 160) -> str:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.cli.output import fail, note
-from services.kit.settings import KafkaSettings
+from quipu.services.cli.output import fail, note
+from quipu.services.kit.settings import KafkaSettings
 
 STATE_FILE_ENV = "QUIPU_STATE_FILE"
 CLIENT_ID = "quipu-cli"

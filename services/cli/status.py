@@ -27,9 +27,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from contracts.topics import Topic
-from services.cli.state import CLIENT_ID, alive
-from services.kit.settings import KafkaSettings
+from quipu.contracts.topics import Topic
+from quipu.services.cli.state import CLIENT_ID, alive
+from quipu.services.kit.settings import KafkaSettings
 
 
 @dataclass(frozen=True)

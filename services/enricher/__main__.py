@@ -1,14 +1,14 @@
-"""`python -m services.enricher`: the enricher alone, against the configured Kafka (and its storage owner)."""
+"""`python -m quipu.services.enricher`: the enricher, against the configured Kafka (and its storage owner)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.enricher.app import SERVICE, create_app
-from services.enricher.settings import EnricherSettings
-from services.kit.lifecycle import serve
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.enricher.app import SERVICE, create_app
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
 
 
 def main() -> None:

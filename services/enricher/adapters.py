@@ -15,14 +15,14 @@ import random
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import FactChanged
-from contracts.wire import utc_now_ms
-from services.enricher.logic import DropEntries, UpsertEntry, index_update
-from services.enricher.settings import EnricherSettings
-from services.kit.delivery import PermanentError, is_retryable
-from services.kit.logging import get_logger
-from services.kit.memory.reindex import IndexMaintenance, Principal, ReindexReport, reindex
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import FactChanged
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.reindex import IndexMaintenance, Principal, ReindexReport, reindex
+from quipu.services.enricher.logic import DropEntries, UpsertEntry, index_update
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.kit.delivery import PermanentError, is_retryable
+from quipu.services.kit.logging import get_logger
 
 logger = get_logger(__name__)
 

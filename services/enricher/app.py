@@ -9,14 +9,14 @@ from datetime import datetime
 
 from faststream import FastStream
 
-from contracts.wire import utc_now_ms
-from services.enricher import handlers
-from services.enricher.adapters import Enricher
-from services.enricher.settings import EnricherSettings
-from services.kit.broker import broker_delivery, make_broker
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.reindex import IndexMaintenance
-from services.kit.settings import KafkaSettings
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.reindex import IndexMaintenance
+from quipu.services.enricher import handlers
+from quipu.services.enricher.adapters import Enricher
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
 
 SERVICE = "enricher"
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from faststream.kafka import KafkaBroker
 from pydantic import TypeAdapter
 
-from contracts.memory import FactChanged
-from contracts.topics import Topic
-from services.enricher.adapters import Enricher
-from services.enricher.settings import EnricherSettings
-from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from services.kit.delivery import Delivery
-from services.kit.settings import KafkaSettings
+from quipu.contracts.memory import FactChanged
+from quipu.contracts.topics import Topic
+from quipu.services.enricher.adapters import Enricher
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
+from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.settings import KafkaSettings
 
 FACT_CHANGED = TypeAdapter(FactChanged)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from contracts.memory import FactChanged, FactChangeKind, IndexEntry, MemoryScope
-from services.kit.delivery import PermanentError
-from services.kit.memory.rules import MAX_FACT_TEXT, term_frequencies
+from quipu.contracts.memory import FactChanged, FactChangeKind, IndexEntry, MemoryScope
+from quipu.services.domain.memory.rules import MAX_FACT_TEXT, term_frequencies
+from quipu.services.kit.delivery import PermanentError
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,14 @@
-"""`python -m services.fact_extractor`: the fact extractor alone, against the configured Kafka."""
+"""`python -m quipu.services.fact_extractor`: the fact extractor alone, against the configured Kafka."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.fact_extractor.app import SERVICE, create_app
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.lifecycle import serve
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.fact_extractor.app import SERVICE, create_app
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
 
 
 def main() -> None:

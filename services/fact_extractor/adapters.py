@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import (
     Fact,
     FactChanged,
     HistoryMessage,
@@ -34,7 +34,12 @@ from contracts.memory import (
     MemoryScope,
     Profile,
 )
-from services.fact_extractor.logic import (
+from quipu.services.domain.agents import AgentSpec
+from quipu.services.domain.memory.context import is_anonymous_principal
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest, ModelResponse, StopReason
+from quipu.services.fact_extractor.logic import (
     ModelOutputError,
     ProfileLimits,
     Refusal,
@@ -49,16 +54,11 @@ from services.fact_extractor.logic import (
     profile_text,
     validate_operations,
 )
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.agents import AgentSpec
-from services.kit.delivery import PermanentError, RetryableError
-from services.kit.logging import bound_ids, get_logger
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.context import is_anonymous_principal
-from services.kit.memory.protocol import MemoryStore
-from services.kit.models.factory import ModelSettings, make_model
-from services.kit.models.port import ModelClient, ModelError, ModelRequest, ModelResponse, StopReason
-from services.kit.settings import KafkaSettings
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.delivery import PermanentError, RetryableError
+from quipu.services.kit.logging import bound_ids, get_logger
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
 
 logger = get_logger(__name__)
 

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 
-from services.fact_extractor import handlers
-from services.fact_extractor.adapters import FactExtractor, open_memory_store, open_model
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.agents import AgentSpec, default_agents
-from services.kit.broker import broker_delivery, make_broker
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.protocol import MemoryStore
-from services.kit.models.port import ModelClient
-from services.kit.settings import KafkaSettings
+from quipu.services.domain.agents import AgentSpec, default_agents
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.models.port import ModelClient
+from quipu.services.fact_extractor import handlers
+from quipu.services.fact_extractor.adapters import FactExtractor, open_memory_store, open_model
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
 
 SERVICE = "fact-extractor"
 

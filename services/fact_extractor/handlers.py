@@ -16,13 +16,13 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
 
-from contracts.memory import HistoryRecorded
-from contracts.topics import Topic
-from services.fact_extractor.adapters import FactExtractor
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key, consume_concurrently
-from services.kit.delivery import Delivery
-from services.kit.settings import KafkaSettings
+from quipu.contracts.memory import HistoryRecorded
+from quipu.contracts.topics import Topic
+from quipu.services.fact_extractor.adapters import FactExtractor
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key, consume_concurrently
+from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.settings import KafkaSettings
 
 HISTORY_RECORDED = TypeAdapter(HistoryRecorded)
 

@@ -13,7 +13,7 @@ the refusal):
 3. `update`/`delete` must name a current fact of the scope (invented, foreign or out-of-scope ids
    are ignored) and each fact is touched at most once per turn;
 4. texts are cleaned (whitespace), must be non-empty and at most `max_fact_chars` long;
-5. the sensitive-data filter (`services.kit.memory.safety`) refuses credentials, payment, bank,
+5. the sensitive-data filter (`quipu.services.domain.memory.safety`) refuses credentials, payment, bank,
    national-id and health data and instructions aimed at the assistant;
 6. a cheap grounding check: the fact's key words must appear in what the user said (for
    `user_confirmed`, also in the assistant message the user answered; for `update`, words kept
@@ -44,8 +44,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from contracts.envelope import derive_id
-from contracts.memory import (
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.memory import (
     Fact,
     FactOperation,
     FactOperationKind,
@@ -54,10 +54,10 @@ from contracts.memory import (
     Profile,
     Provenance,
 )
-from contracts.transcript import Message, TextPart
-from services.kit.memory.rules import tokenize
-from services.kit.memory.safety import SensitiveCategory, fold, sensitive_category
-from services.kit.models.port import ModelRequest, ModelResponse, StopReason
+from quipu.contracts.transcript import Message, TextPart
+from quipu.services.domain.memory.rules import tokenize
+from quipu.services.domain.memory.safety import SensitiveCategory, fold, sensitive_category
+from quipu.services.domain.models.port import ModelRequest, ModelResponse, StopReason
 
 # --- the model's side: schema, prompts and decoding ----------------------------------------------
 

@@ -1,13 +1,13 @@
-"""`python -m services.gateway`: the gateway alone, against the configured Kafka (and its storage owner)."""
+"""`python -m quipu.services.gateway`: the gateway, against the configured Kafka (and its storage owner)."""
 
 from __future__ import annotations
 
 import uvicorn
 
-from services.gateway.app import SERVICE, create_app
-from services.gateway.settings import GatewaySettings
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.gateway.app import SERVICE, create_app
+from quipu.services.gateway.settings import GatewaySettings
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
 
 
 def main() -> None:
@@ -19,7 +19,7 @@ def main() -> None:
         app,
         host=settings.host,
         port=settings.port,
-        log_config=None,  # uvicorn's loggers go through services.kit.logging
+        log_config=None,  # uvicorn's loggers go through quipu.services.kit.logging
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 

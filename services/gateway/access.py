@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contracts.errors import ErrorCode
-from contracts.store import RunMeta, Session, SessionOwner
-from services.gateway.logic import INVALID_REQUEST, GatewayError
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.store import RunMeta, Session, SessionOwner
+from quipu.services.gateway.logic import INVALID_REQUEST, GatewayError
 
 
 class Scope(StrEnum):

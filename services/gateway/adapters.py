@@ -11,11 +11,17 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.runs import CancelRun, RunRequested
-from contracts.topics import Topic
-from services.kit.events import EventPosition, EventStreamError, RunEventReader, StartAt, StreamedEvent
-from services.kit.settings import KafkaSettings
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.runs import CancelRun, RunRequested
+from quipu.contracts.topics import Topic
+from quipu.services.kit.run_events import (
+    EventPosition,
+    EventStreamError,
+    RunEventReader,
+    StartAt,
+    StreamedEvent,
+)
+from quipu.services.kit.settings import KafkaSettings
 
 logger = structlog.get_logger(__name__)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.wire import Timestamp, utc_now_ms
-from services.gateway.access import Caller, Scope
+from quipu.contracts.wire import Timestamp, utc_now_ms
+from quipu.services.gateway.access import Caller, Scope
 
 PREFIX = "qk"
 """First part of every key, so a key is told from a JWT (and found by secret scanners)."""

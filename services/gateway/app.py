@@ -20,17 +20,17 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from contracts.errors import StoreError
-from services.gateway import logic, memory_routes
-from services.gateway.adapters import EventStreams, KafkaRunPublisher
-from services.gateway.auth import Authenticator, authenticate
-from services.gateway.body_limit import BodyLimit
-from services.gateway.handlers import GatewayDeps, health_router, router
-from services.gateway.logic import GatewayError
-from services.gateway.settings import GatewaySettings
-from services.kit.logging import get_logger
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
+from quipu.contracts.errors import StoreError
+from quipu.services.gateway import logic, memory_routes
+from quipu.services.gateway.adapters import EventStreams, KafkaRunPublisher
+from quipu.services.gateway.auth import Authenticator, authenticate
+from quipu.services.gateway.body_limit import BodyLimit
+from quipu.services.gateway.handlers import GatewayDeps, health_router, router
+from quipu.services.gateway.logic import GatewayError
+from quipu.services.gateway.settings import GatewaySettings
+from quipu.services.kit.logging import get_logger
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
 
 SERVICE = "gateway"
 

@@ -21,11 +21,11 @@ from urllib.parse import unquote
 from fastapi import Depends, Request
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
-from services.gateway.access import Caller, Scope
-from services.gateway.api_keys import KeyFile, split_key, verify
-from services.gateway.logic import GatewayError
-from services.gateway.oidc import InvalidTokenError, JwtVerifier
-from services.gateway.settings import GatewaySettings
+from quipu.services.gateway.access import Caller, Scope
+from quipu.services.gateway.api_keys import KeyFile, split_key, verify
+from quipu.services.gateway.logic import GatewayError
+from quipu.services.gateway.oidc import InvalidTokenError, JwtVerifier
+from quipu.services.gateway.settings import GatewaySettings
 
 TOKEN_COOKIE = "quipu_token"
 UNAUTHENTICATED = "UNAUTHENTICATED"

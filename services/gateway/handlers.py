@@ -11,15 +11,16 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.store import Page, RunMeta, Session
-from contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
-from contracts.wire import utc_now_ms
-from services.gateway import access, logic
-from services.gateway.access import Caller
-from services.gateway.adapters import EventStreams
-from services.gateway.auth import RunsReader, RunsWriter
-from services.gateway.logic import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import Page, RunMeta, Session
+from quipu.contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.gateway import access, logic
+from quipu.services.gateway.access import Caller
+from quipu.services.gateway.adapters import EventStreams
+from quipu.services.gateway.auth import RunsReader, RunsWriter
+from quipu.services.gateway.logic import (
     AnswerRequest,
     CancelRequest,
     CreateSessionRequest,
@@ -33,8 +34,7 @@ from services.gateway.logic import (
     RunRequest,
     TranscriptResponse,
 )
-from services.kit.events import EventPosition, EventStreamError, InvalidPositionError, StartAt
-from services.kit.transcript import build_messages_from_run_log
+from quipu.services.kit.run_events import EventPosition, EventStreamError, InvalidPositionError, StartAt
 
 
 @dataclass

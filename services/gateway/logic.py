@@ -12,11 +12,19 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.envelope import derive_id
-from contracts.errors import ErrorCode, StoreError
-from contracts.runs import CancelRun, RunKind, RunRequested
-from contracts.store import CancellationReason, Page, RunMeta, RunStatus, Session, SessionOwner, SessionStatus
-from contracts.transcript import Message
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested
+from quipu.contracts.store import (
+    CancellationReason,
+    Page,
+    RunMeta,
+    RunStatus,
+    Session,
+    SessionOwner,
+    SessionStatus,
+)
+from quipu.contracts.transcript import Message
 
 # --- ports --------------------------------------------------------------------------------------
 

@@ -24,17 +24,17 @@ import structlog
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import Fact, MemoryScope, PrincipalExport
-from services.gateway import access
-from services.gateway.access import Caller
-from services.gateway.auth import Admin, MemoryReader, MemoryWriter
-from services.gateway.logic import ErrorResponse, GatewayError
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.protocol import MemoryStore
-from services.kit.memory.reindex import Principal, ReindexReport, principals_from_changes, reindex
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import Fact, MemoryScope, PrincipalExport
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.memory.reindex import Principal, ReindexReport, principals_from_changes, reindex
+from quipu.services.gateway import access
+from quipu.services.gateway.access import Caller
+from quipu.services.gateway.auth import Admin, MemoryReader, MemoryWriter
+from quipu.services.gateway.logic import ErrorResponse, GatewayError
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
 
 logger = structlog.get_logger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import jwt
 
-from services.gateway.access import Caller, Scope
+from quipu.services.gateway.access import Caller, Scope
 
 LEEWAY_S = 30
 """Clock skew tolerated on `exp`, `nbf` and `iat`."""

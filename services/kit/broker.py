@@ -24,7 +24,7 @@ Why not FastStream's defaults (PLATFORM_NOTES):
   concurrently (1 s for eight).
 - FastStream's own access logger writes formatted text to stdout and does not
   propagate; the broker gets a standard logger instead, so its lines go
-  through `services.kit.logging` (JSON, redaction) like everything else.
+  through `quipu.services.kit.logging` (JSON, redaction) like everything else.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any, Literal, TypedDict
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 
-from services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
-from services.kit.settings import KafkaSettings
+from quipu.services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
+from quipu.services.kit.settings import KafkaSettings
 
 BROKER_LOGGER_NAME = "quipu.faststream"
 """Standard logger FastStream writes its 'Received'/'Processed' lines to."""

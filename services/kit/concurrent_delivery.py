@@ -37,12 +37,12 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
-from contracts.topics import Topic
-from services.kit.broker import subscriber_options, topic
-from services.kit.delivery import ConsumedMessage, describe_error
-from services.kit.keyed_locks import KeyedLocks
-from services.kit.logging import get_logger
-from services.kit.settings import ConsumerSettings, KafkaSettings
+from quipu.contracts.topics import Topic
+from quipu.services.kit.broker import subscriber_options, topic
+from quipu.services.kit.delivery import ConsumedMessage, describe_error
+from quipu.services.kit.keyed_locks import KeyedLocks
+from quipu.services.kit.logging import get_logger
+from quipu.services.kit.settings import ConsumerSettings, KafkaSettings
 
 logger = get_logger(__name__)
 

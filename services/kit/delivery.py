@@ -30,8 +30,8 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from pydantic import ValidationError
 
-from contracts.errors import StoreError
-from contracts.topics import dead_letter_topic
+from quipu.contracts.errors import StoreError
+from quipu.contracts.topics import dead_letter_topic
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)

@@ -25,8 +25,8 @@ import time
 
 from faststream import FastStream
 
-from services.kit.logging import get_logger
-from services.kit.settings import ConsumerSettings
+from quipu.services.kit.logging import get_logger
+from quipu.services.kit.settings import ConsumerSettings
 
 logger = get_logger(__name__)
 

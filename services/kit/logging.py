@@ -46,8 +46,8 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from services.kit.delivery import describe_error
-from services.kit.settings import ServiceSettings
+from quipu.services.kit.delivery import describe_error
+from quipu.services.kit.settings import ServiceSettings
 
 REDACTED = "[REDACTED]"
 

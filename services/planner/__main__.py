@@ -1,14 +1,14 @@
-"""`python -m services.planner`: the planner alone, against the configured Kafka (and its owner)."""
+"""`python -m quipu.services.planner`: the planner alone, against the configured Kafka (and its owner)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.kit.lifecycle import serve
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, ServiceSettings
-from services.planner.app import SERVICE, create_app
-from services.planner.settings import PlannerSettings
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.planner.app import SERVICE, create_app
+from quipu.services.planner.settings import PlannerSettings
 
 
 def main() -> None:

@@ -21,11 +21,11 @@ from typing import Protocol
 import structlog
 from faststream.kafka import KafkaBroker
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
-from contracts.memory import HistoryRole, MemoryScope
-from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
-from contracts.store import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
+from quipu.contracts.memory import HistoryRole, MemoryScope
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
+from quipu.contracts.store import (
     AppendResult,
     LifecycleType,
     Record,
@@ -35,9 +35,9 @@ from contracts.store import (
     StartResult,
     is_erased,
 )
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.topics import Topic
-from contracts.transcript import (
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
     Message,
@@ -45,21 +45,25 @@ from contracts.transcript import (
     TranscriptError,
     encode_messages,
 )
-from contracts.wire import utc_now_ms
-from services.kit.agents import AgentRegistry, AgentSpec, UnknownAgentError
-from services.kit.broker import topic
-from services.kit.delivery import PermanentError, RetryableError
-from services.kit.keyed_locks import KeyedLocks
-from services.kit.memory.context import ContextBlocks, ContextSource, SpokenTurn, history_principal
-from services.kit.memory.protocol import MemoryStore
-from services.kit.memory.summary import Summarizer, SummaryError, Utterance
-from services.kit.models.estimate import estimate_request_tokens
-from services.kit.models.port import ModelClient, ModelError, ModelRequest
-from services.kit.settings import KafkaSettings
-from services.kit.store.protocol import Store
-from services.kit.tool_catalog import ToolCatalog, agent_tool
-from services.kit.transcript import PAGE_LIMIT, build_messages_from_run_log, validate_planner_transcript
-from services.planner.logic import (
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.agents import AgentRegistry, AgentSpec, UnknownAgentError
+from quipu.services.domain.memory.context import ContextBlocks, ContextSource, SpokenTurn, history_principal
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.memory.summary import Summarizer, SummaryError, Utterance
+from quipu.services.domain.models.estimate import estimate_request_tokens
+from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest
+from quipu.services.domain.store.protocol import Store
+from quipu.services.domain.tool_catalog import ToolCatalog, agent_tool
+from quipu.services.domain.transcript import (
+    PAGE_LIMIT,
+    build_messages_from_run_log,
+    validate_planner_transcript,
+)
+from quipu.services.kit.broker import topic
+from quipu.services.kit.delivery import PermanentError, RetryableError
+from quipu.services.kit.keyed_locks import KeyedLocks
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.planner.logic import (
     CANCEL_KEY,
     CONTEXT_KEY,
     CONTEXT_TYPE,
@@ -117,7 +121,7 @@ from services.planner.logic import (
     tool_result_key,
     user_message,
 )
-from services.planner.settings import PlannerSettings
+from quipu.services.planner.settings import PlannerSettings
 
 logger = structlog.get_logger(__name__)
 

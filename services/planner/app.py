@@ -6,17 +6,17 @@ import asyncio
 
 from faststream import FastStream
 
-from services.kit.agents import default_agents
-from services.kit.broker import broker_delivery, make_broker
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.context import ContextSource, MemoryContextSource
-from services.kit.memory.protocol import MemoryStore
-from services.kit.models.factory import ModelSettings, make_model
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
-from services.kit.tool_catalog import default_catalog
-from services.planner import handlers
-from services.planner.adapters import (
+from quipu.services.domain.agents import default_agents
+from quipu.services.domain.memory.context import ContextSource, MemoryContextSource
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.tool_catalog import default_catalog
+from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner import handlers
+from quipu.services.planner.adapters import (
     KafkaPublisher,
     Planner,
     PlannerDeps,
@@ -25,7 +25,7 @@ from services.planner.adapters import (
     SessionHistoryContext,
     SessionOwners,
 )
-from services.planner.settings import PlannerSettings
+from quipu.services.planner.settings import PlannerSettings
 
 SERVICE = "planner"
 

@@ -14,14 +14,14 @@ from typing import TypeVar
 from faststream.kafka import KafkaBroker
 from pydantic import TypeAdapter
 
-from contracts.runs import CancelRun, RunRequested
-from contracts.tools import ToolCallCompleted
-from contracts.topics import Topic
-from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from services.kit.delivery import Delivery
-from services.kit.settings import KafkaSettings
-from services.planner.adapters import Planner, ignoring_erased_runs
-from services.planner.settings import PlannerSettings
+from quipu.contracts.runs import CancelRun, RunRequested
+from quipu.contracts.tools import ToolCallCompleted
+from quipu.contracts.topics import Topic
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
+from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.planner.adapters import Planner, ignoring_erased_runs
+from quipu.services.planner.settings import PlannerSettings
 
 T = TypeVar("T")
 

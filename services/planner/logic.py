@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from contracts.envelope import derive_id
-from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType
-from contracts.lifecycle import (
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType
+from quipu.contracts.lifecycle import (
     Failure,
     RunCompletedPayload,
     canonical_json,
@@ -54,10 +54,16 @@ from contracts.lifecycle import (
     encode_run_started,
     encode_run_suspended,
 )
-from contracts.runs import CancelRun, ParentToolCall, RunKind, RunRequested, TurnCompleted
-from contracts.store import CancellationReason, Checkpoint, LifecycleType, Record, RunStart, RunStatus
-from contracts.tools import TOOL_RESULT_RECORD, AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
-from contracts.transcript import (
+from quipu.contracts.runs import CancelRun, ParentToolCall, RunKind, RunRequested, TurnCompleted
+from quipu.contracts.store import CancellationReason, Checkpoint, LifecycleType, Record, RunStart, RunStatus
+from quipu.contracts.tools import (
+    TOOL_RESULT_RECORD,
+    AwaitInput,
+    AwaitKind,
+    ToolCallCompleted,
+    ToolCallRequested,
+)
+from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
     Message,
@@ -71,10 +77,10 @@ from contracts.transcript import (
     encode_json_value,
     encode_messages,
 )
-from services.kit.agents import AgentSpec
-from services.kit.memory.context import ContextBlocks
-from services.kit.memory.summary import summary_block, summary_of_block
-from services.kit.models.port import ModelRequest, ModelResponse, ToolSpec
+from quipu.services.domain.agents import AgentSpec
+from quipu.services.domain.memory.context import ContextBlocks
+from quipu.services.domain.memory.summary import summary_block, summary_of_block
+from quipu.services.domain.models.port import ModelRequest, ModelResponse, ToolSpec
 
 # --- record types and keys -----------------------------------------------------------------------
 

@@ -1,14 +1,14 @@
-"""`python -m services.storage_owner`: the owner alone, against the configured Kafka and MongoDB."""
+"""`python -m quipu.services.storage_owner`: the owner alone, against the configured Kafka and MongoDB."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.kit.lifecycle import serve
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
-from services.storage_owner.app import SERVICE, create_app
-from services.storage_owner.settings import OwnerSettings
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
+from quipu.services.storage_owner.app import SERVICE, create_app
+from quipu.services.storage_owner.settings import OwnerSettings
 
 
 def main() -> None:

@@ -64,13 +64,13 @@ from pymongo.errors import (
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.store import ERASED_PAYLOAD, Checkpoint, Record
-from contracts.wire import utc_now_ms
-from services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
-from services.kit.store.rules import RuleStore
-from services.kit.store.state import RunState, SessionState, StoreTransaction
-from services.storage_owner.keys import KEYS, MASTER_KEY_ID, Keyring, PrincipalKeys, sealing_principal
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, Record
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.store.rules import RuleStore
+from quipu.services.domain.store.state import RunState, SessionState, StoreTransaction
+from quipu.services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
+from quipu.services.storage_owner.keys import KEYS, MASTER_KEY_ID, Keyring, PrincipalKeys, sealing_principal
 
 T = TypeVar("T")
 X = TypeVar("X")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from services.kit.broker import broker_delivery, make_broker
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.protocol import MemoryStore
-from services.kit.settings import KafkaSettings, MongoSettings
-from services.kit.store.protocol import Store
-from services.storage_owner import handlers
-from services.storage_owner.adapters import MongoStore
-from services.storage_owner.keys import parse_master_key
-from services.storage_owner.memory_adapters import MongoMemoryStore
-from services.storage_owner.settings import OwnerSettings
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.store.protocol import Store
+from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.settings import KafkaSettings, MongoSettings
+from quipu.services.storage_owner import handlers
+from quipu.services.storage_owner.adapters import MongoStore
+from quipu.services.storage_owner.keys import parse_master_key
+from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.services.storage_owner.settings import OwnerSettings
 
 SERVICE = "storage-owner"
 

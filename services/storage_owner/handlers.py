@@ -20,18 +20,18 @@ from typing import Any
 
 from faststream.kafka import KafkaBroker
 
-from contracts.commands import STRICT_COMMAND, StoreOperation, StoreReply
-from contracts.errors import ErrorCode, StoreError
-from contracts.topics import Topic
-from services.kit.broker import topic
-from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from services.kit.delivery import ConsumedMessage, Delivery, PermanentError
-from services.kit.memory.protocol import MemoryStore
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import partition_count
-from services.kit.store.protocol import Store
-from services.storage_owner.logic import apply_command, correlation_of, reply_partition
-from services.storage_owner.settings import OwnerSettings
+from quipu.contracts.commands import STRICT_COMMAND, StoreOperation, StoreReply
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.topics import Topic
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.store.protocol import Store
+from quipu.services.kit.broker import topic
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
+from quipu.services.kit.delivery import ConsumedMessage, Delivery, PermanentError
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import partition_count
+from quipu.services.storage_owner.logic import apply_command, correlation_of, reply_partition
+from quipu.services.storage_owner.settings import OwnerSettings
 
 _RECOUNT_AFTER_S = 5.0
 

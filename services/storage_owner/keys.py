@@ -24,9 +24,9 @@ from pymongo import ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.wire import utc_now_ms
-from services.kit.memory.context import history_principal
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.context import history_principal
 
 KEYS = "memory_keys"
 """The collection of wrapped data keys (its name predates run-record sealing)."""

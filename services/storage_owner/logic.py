@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from contracts.commands import (
+from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     REPLY_TO_HEADER,
     AppendRunRecord,
@@ -29,19 +29,19 @@ from contracts.commands import (
     StoreReply,
     encode_result,
 )
-from contracts.envelope import derive_id
-from contracts.errors import ErrorCode, StoreError
-from contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType, capped_value
-from contracts.lifecycle import decode_run_completed
-from contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
-from contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations, DeleteFact
-from contracts.store import CancellationReason, Record, StartOutcome, StartResult
-from contracts.store_operation import Backend
-from contracts.tools import TOOL_RESULT_RECORD
-from contracts.topics import Topic
-from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
-from services.kit.memory.protocol import MemoryStore
-from services.kit.store.protocol import Store
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType, capped_value
+from quipu.contracts.lifecycle import decode_run_completed
+from quipu.contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
+from quipu.contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations, DeleteFact
+from quipu.contracts.store import CancellationReason, Record, StartOutcome, StartResult
+from quipu.contracts.store_operation import Backend
+from quipu.contracts.tools import TOOL_RESULT_RECORD
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.store.protocol import Store
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
-from contracts.memory import (
+from quipu.contracts.memory import (
     Fact,
     FactChanged,
     HistoryMessage,
@@ -58,9 +58,9 @@ from contracts.memory import (
     Provenance,
     SessionSummary,
 )
-from contracts.wire import utc_now_ms
-from services.kit.memory.rules import MemoryRules, MemorySession, MemoryTransaction
-from services.storage_owner.adapters import (
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.rules import MemoryRules, MemorySession, MemoryTransaction
+from quipu.services.storage_owner.adapters import (
     TransactionLoop,
     TransactionPolicy,
     WriteRaceError,
@@ -69,7 +69,15 @@ from services.storage_owner.adapters import (
     load_generated_secret,
     with_own_client,
 )
-from services.storage_owner.keys import KEYS, MASTER_KEY_ID, Keyring, PrincipalKeys, digest, unwrap, wrap
+from quipu.services.storage_owner.keys import (
+    KEYS,
+    MASTER_KEY_ID,
+    Keyring,
+    PrincipalKeys,
+    digest,
+    unwrap,
+    wrap,
+)
 
 T = TypeVar("T")
 

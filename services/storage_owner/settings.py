@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from services.kit.settings import ConsumerSettings
+from quipu.services.kit.settings import ConsumerSettings
 
 
 class OwnerSettings(ConsumerSettings):

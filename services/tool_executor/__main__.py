@@ -1,14 +1,14 @@
-"""`python -m services.tool_executor`: the tool executor alone, against the configured Kafka."""
+"""`python -m quipu.services.tool_executor`: the tool executor alone, against the configured Kafka."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.kit.lifecycle import serve
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, ServiceSettings
-from services.tool_executor.app import SERVICE, create_app
-from services.tool_executor.settings import ToolExecutorSettings
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.tool_executor.app import SERVICE, create_app
+from quipu.services.tool_executor.settings import ToolExecutorSettings
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from contracts.tools import ToolCallCompleted
-from services.kit.tool_catalog import (
+from quipu.contracts.tools import ToolCallCompleted
+from quipu.services.domain.tool_catalog import (
     ASK_USER,
     CALCULATOR,
     CURRENT_TIME,
@@ -25,7 +25,7 @@ from services.kit.tool_catalog import (
     CurrentTimeArguments,
     NotesArguments,
 )
-from services.tool_executor.logic import (
+from quipu.services.tool_executor.logic import (
     ToolContext,
     ToolError,
     ToolImplementation,
@@ -145,7 +145,7 @@ class RememberedResults:
 def default_implementations(
     clock: Clock = system_clock, notes: NotesStore | None = None
 ) -> dict[str, ToolImplementation]:
-    """The implementations of the shipped tools (`services.kit.tool_catalog.DEFAULT_TOOLS`)."""
+    """The implementations of the shipped tools (`quipu.services.domain.tool_catalog.DEFAULT_TOOLS`)."""
     return {
         CURRENT_TIME: current_time_tool(clock),
         CALCULATOR: run_calculator,

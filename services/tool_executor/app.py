@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 from faststream import FastStream
 
-from services.kit.broker import broker_delivery, make_broker
-from services.kit.settings import KafkaSettings
-from services.kit.tool_catalog import ToolCatalog, default_catalog
-from services.tool_executor import handlers
-from services.tool_executor.adapters import RememberedResults, default_implementations
-from services.tool_executor.logic import CompletedCalls, ToolImplementation, ToolRunner
-from services.tool_executor.settings import ToolExecutorSettings
+from quipu.services.domain.tool_catalog import ToolCatalog, default_catalog
+from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.tool_executor import handlers
+from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
+from quipu.services.tool_executor.logic import CompletedCalls, ToolImplementation, ToolRunner
+from quipu.services.tool_executor.settings import ToolExecutorSettings
 
 SERVICE = "tool-executor"
 

@@ -26,16 +26,16 @@ from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter, ValidationError
 
-from contracts.runs import CancelRun
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.topics import Topic
-from services.kit.broker import topic
-from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from services.kit.delivery import Delivery, PermanentError, RetryableError
-from services.kit.logging import bound_ids, get_logger
-from services.kit.settings import KafkaSettings
-from services.tool_executor.logic import ToolRunner
-from services.tool_executor.settings import ToolExecutorSettings
+from quipu.contracts.runs import CancelRun
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.topics import Topic
+from quipu.services.kit.broker import topic
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
+from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError
+from quipu.services.kit.logging import bound_ids, get_logger
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.tool_executor.logic import ToolRunner
+from quipu.services.tool_executor.settings import ToolExecutorSettings
 
 CALL = TypeAdapter(ToolCallRequested)
 CANCEL = TypeAdapter(CancelRun)

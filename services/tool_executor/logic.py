@@ -24,23 +24,23 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from contracts.envelope import derive_id
-from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
-from contracts.transcript import (
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.transcript import (
     TOOL_RESULT_MAX_BYTES,
     TranscriptError,
     bounded_tool_result,
     encode_json_value,
 )
-from contracts.wire import utc_now_ms
-from services.kit.logging import REDACTED, SECRET_VALUE_PATTERN
-from services.kit.tool_catalog import (
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.tool_catalog import (
     ArgumentError,
     AskUserArguments,
     CalculatorArguments,
     ToolCatalog,
     ToolDefinition,
 )
+from quipu.services.kit.logging import REDACTED, SECRET_VALUE_PATTERN
 
 ERROR_TEXT_LIMIT = 2000
 """Longest error text given back to the model."""

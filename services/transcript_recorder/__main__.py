@@ -1,14 +1,14 @@
-"""`python -m services.transcript_recorder`: the recorder alone, against the configured Kafka (and owner)."""
+"""`python -m quipu.services.transcript_recorder`: the recorder, against the configured Kafka (and owner)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.kit.lifecycle import serve
-from services.kit.logging import configure_logging
-from services.kit.settings import KafkaSettings, ServiceSettings
-from services.transcript_recorder.app import SERVICE, create_app
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.settings import KafkaSettings, ServiceSettings
+from quipu.services.transcript_recorder.app import SERVICE, create_app
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 
 
 def main() -> None:

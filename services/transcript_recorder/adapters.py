@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.summary import Summarizer
-from services.kit.models.factory import ModelSettings, make_model
-from services.kit.models.port import ModelClient
-from services.kit.settings import KafkaSettings
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.services.domain.memory.summary import Summarizer
+from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.port import ModelClient
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 
 
 def memory_client(kafka: KafkaSettings, settings: TranscriptRecorderSettings) -> KafkaMemoryStore:

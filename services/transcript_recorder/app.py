@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 
-from services.kit.broker import broker_delivery, make_broker
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.protocol import MemoryStore
-from services.kit.models.port import ModelClient
-from services.kit.settings import KafkaSettings
-from services.transcript_recorder import adapters, handlers
-from services.transcript_recorder.logic import TranscriptRecorder
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.models.port import ModelClient
+from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.transcript_recorder import adapters, handlers
+from quipu.services.transcript_recorder.logic import TranscriptRecorder
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 
 SERVICE = "transcript-recorder"
 

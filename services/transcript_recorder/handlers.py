@@ -11,13 +11,13 @@ from __future__ import annotations
 from faststream.kafka import KafkaBroker
 from pydantic import TypeAdapter
 
-from contracts.runs import TurnCompleted
-from contracts.topics import Topic
-from services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from services.kit.delivery import Delivery
-from services.kit.settings import KafkaSettings
-from services.transcript_recorder.logic import TranscriptRecorder
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.contracts.runs import TurnCompleted
+from quipu.contracts.topics import Topic
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
+from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.transcript_recorder.logic import TranscriptRecorder
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 
 TURN_COMPLETED = TypeAdapter(TurnCompleted)
 

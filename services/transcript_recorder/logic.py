@@ -25,14 +25,12 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import HistoryAppendResult, HistoryTurn, MemoryScope, SessionSummary
-from contracts.runs import TurnCompleted
-from services.kit.delivery import PermanentError
-from services.kit.logging import get_logger
-from services.kit.memory.context import history_principal
-from services.kit.memory.protocol import MemoryStore
-from services.kit.memory.summary import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import HistoryAppendResult, HistoryTurn, MemoryScope, SessionSummary
+from quipu.contracts.runs import TurnCompleted
+from quipu.services.domain.memory.context import history_principal
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.memory.summary import (
     DEFAULT_WINDOW_MESSAGES,
     Summarizer,
     SummaryError,
@@ -40,7 +38,9 @@ from services.kit.memory.summary import (
     utterances,
     window_start,
 )
-from services.kit.models.port import ModelError
+from quipu.services.domain.models.port import ModelError
+from quipu.services.kit.delivery import PermanentError
+from quipu.services.kit.logging import get_logger
 
 logger = get_logger(__name__)
 

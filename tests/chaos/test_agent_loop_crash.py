@@ -31,13 +31,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.events import StreamEventType
-from contracts.lifecycle import decode_run_completed
-from contracts.store import LifecycleType, RunStatus
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
-from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
-from services.planner.logic import TOOL_RESULT_TYPE, final_text
+from quipu.contracts.events import StreamEventType
+from quipu.contracts.lifecycle import decode_run_completed
+from quipu.contracts.store import LifecycleType, RunStatus
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
+from quipu.services.planner.logic import TOOL_RESULT_TYPE, final_text
 from tests.e2e.agent_support import (
     Deployment,
     assert_each_use_has_one_result,

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.commands import AppendRunRecord
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.store.client import KafkaStore
+from quipu.contracts.commands import AppendRunRecord
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.store_client import KafkaStore
 from tests.conformance.builders import (
     all_run_records,
     ms,

@@ -31,9 +31,9 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from contracts.topics import Topic
-from deploy.local.stack import BOOTSTRAP_ENV, FLAVOUR_ENV, EmbeddedStack, create_topics, delete_topics
-from services.kit.store.client import KafkaStore
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import BOOTSTRAP_ENV, FLAVOUR_ENV, EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.store_client import KafkaStore
 from tests.owner_support import (
     Owner,
     RawPublisher,

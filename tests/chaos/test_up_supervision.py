@@ -30,16 +30,16 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import StoreError
-from contracts.store import RunMeta, RunStatus
-from contracts.wire import utc_now_ms
-from services.cli import SERVICES
-from services.cli.state import STATE_FILE_ENV
-from services.cli.status import CONSUMERS
-from services.gateway.adapters import KafkaRunPublisher
-from services.gateway.logic import RunRequest, turn_request
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
+from quipu.contracts.errors import StoreError
+from quipu.contracts.store import RunMeta, RunStatus
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.cli import SERVICES
+from quipu.services.cli.state import STATE_FILE_ENV
+from quipu.services.cli.status import CONSUMERS
+from quipu.services.gateway.adapters import KafkaRunPublisher
+from quipu.services.gateway.logic import RunRequest, turn_request
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
 from tests.timing import eventually, scaled
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(scaled(600)))]
@@ -113,7 +113,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     state_file, log_path = directory / "up.json", directory / "up.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", "--processes", "--gateway-port", "0", *VERBOSE],
+            [sys.executable, "-m", "quipu.services.cli", "up", "--processes", "--gateway-port", "0",
+             *VERBOSE],
             env=_environment(state_file),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -279,7 +280,7 @@ async def test_status_shows_every_service_up_and_each_groups_lag(up: Up, clients
     environment = _environment(up.state_file)
     shown = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "services.cli", "status"],
+        [sys.executable, "-m", "quipu.services.cli", "status"],
         env=environment,
         capture_output=True,
         timeout=scaled(60),

@@ -1,6 +1,6 @@
 """Builders that let conformance tests read like STORE_CONTRACT.md.
 
-Pure builders make commands with canonical payloads (`contracts.lifecycle` encoders); the async
+Pure builders make commands with canonical payloads (`quipu.contracts.lifecycle` encoders); the async
 steps at the bottom drive a store through the common preparations and read it back. Identifiers
 are uuid-based so that tests never collide, even on a shared backend.
 """
@@ -15,8 +15,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.lifecycle import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.lifecycle import (
     Failure,
     encode_cancellation_intent,
     encode_child_run_linked,
@@ -24,7 +24,7 @@ from contracts.lifecycle import (
     encode_run_started,
     encode_run_suspended,
 )
-from contracts.store import (
+from quipu.contracts.store import (
     AppendResult,
     CancellationReason,
     Checkpoint,
@@ -38,7 +38,7 @@ from contracts.store import (
     StartOutcome,
     StartResult,
 )
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.kit.memory.protocol import MemoryStore
-from services.kit.store.protocol import Store
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.implementations import IMPLEMENTATIONS
 from tests.conformance.kafka_backend import kafka_store_client  # noqa: F401  registers "kafka"
 from tests.conformance.memory_implementations import MEMORY_IMPLEMENTATIONS

@@ -29,7 +29,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 
 StoreFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[Store]]
 """Builds one fresh, isolated store for one test."""
@@ -48,7 +48,7 @@ def register_implementation(name: str, factory: StoreFactory) -> None:
 @asynccontextmanager
 async def _memory_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     # Imported lazily so that a broken or missing implementation fails its own tests only.
-    from services.kit.store.memory import InMemoryStore  # noqa: PLC0415
+    from quipu.services.domain.store.memory import InMemoryStore  # noqa: PLC0415
 
     yield InMemoryStore()
 

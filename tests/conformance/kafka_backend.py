@@ -1,6 +1,6 @@
 """The "kafka" conformance implementation: Kafka store client → storage-owner process → MongoDB.
 
-One owner process (`python -m services.storage_owner`, serving a MongoStore) and one client serve
+One owner process (`python -m quipu.services.storage_owner`, serving a MongoStore) and one client serve
 the whole session: starting an owner costs a consumer-group join, and every conformance test uses
 unique ids, so sharing them is safe. The fixture is autouse in `tests/conformance` so it is set up
 by pytest-asyncio on the session loop, not from inside a running test.
@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from deploy.local.services import ServiceProcess
-from deploy.local.stack import EmbeddedStack, create_topics
-from services.kit.store.client import KafkaStore
-from services.kit.store.protocol import Store
+from quipu.deploy.local.services import ServiceProcess
+from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services.domain.store.protocol import Store
+from quipu.services.kit.store_client import KafkaStore
 from tests.conformance.implementations import register_implementation
 from tests.timing import scaled
 
@@ -30,7 +30,7 @@ async def kafka_store_client(stack: EmbeddedStack) -> AsyncIterator[KafkaStore]:
     prefix = f"conf{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
     owner = ServiceProcess(
-        "services.storage_owner",
+        "quipu.services.storage_owner",
         {
             **stack.environment(),
             "QUIPU_KAFKA_TOPIC_PREFIX": prefix,

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import (
     FactChanged,
     FactOperation,
     FactOperationKind,
@@ -20,7 +20,7 @@ from contracts.memory import (
     Provenance,
     SessionSummary,
 )
-from services.kit.memory.protocol import MemoryStore
+from quipu.services.domain.memory.protocol import MemoryStore
 
 T = TypeVar("T")
 

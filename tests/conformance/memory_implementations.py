@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
-from services.kit.memory.protocol import MemoryStore
+from quipu.services.domain.memory.protocol import MemoryStore
 
 MemoryStoreFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[MemoryStore]]
 """Builds one fresh, isolated memory store for one test."""
@@ -35,14 +35,14 @@ def register_memory_implementation(name: str, factory: MemoryStoreFactory) -> No
 
 @asynccontextmanager
 async def _in_memory(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
-    from services.kit.memory.memory_store import InMemoryMemoryStore  # noqa: PLC0415
+    from quipu.services.domain.memory.memory_store import InMemoryMemoryStore  # noqa: PLC0415
 
     yield InMemoryMemoryStore()
 
 
 @asynccontextmanager
 async def _mongo(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
-    from services.storage_owner.memory_adapters import MongoMemoryStore  # noqa: PLC0415
+    from quipu.services.storage_owner.memory_adapters import MongoMemoryStore  # noqa: PLC0415
 
     client = request.getfixturevalue("mongo_client").get()
     store = await MongoMemoryStore.open(client, f"memory_conformance_{uuid.uuid4().hex[:16]}")
@@ -54,7 +54,7 @@ async def _mongo(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
 
 @asynccontextmanager
 async def _kafka(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
-    from services.kit.memory.client import KafkaMemoryStore  # noqa: PLC0415
+    from quipu.services.kit.memory_client import KafkaMemoryStore  # noqa: PLC0415
     from tests.conformance.kafka_backend import _CLIENTS  # noqa: PLC0415
 
     yield KafkaMemoryStore(_CLIENTS[0])

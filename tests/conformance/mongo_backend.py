@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from deploy.local.stack import EmbeddedStack
-from services.kit.store.protocol import Store
-from services.storage_owner.adapters import MongoStore, client_options
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.store.protocol import Store
+from quipu.services.storage_owner.adapters import MongoStore, client_options
 from tests.conformance.implementations import register_implementation
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.store import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import (
     AppendResult,
     CancellationReason,
     LifecycleType,
@@ -23,7 +23,7 @@ from contracts.store import (
     StartOutcome,
     StartResult,
 )
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
     all_session_records,

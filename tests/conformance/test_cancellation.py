@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.store import CancellationReason, RunStart, RunStatus, SessionStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.store import CancellationReason, RunStart, RunStatus, SessionStatus
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     STATE_CHANGE_GAP,
     all_run_records,

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import encode_child_run_linked
-from contracts.store import (
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import encode_child_run_linked
+from quipu.contracts.store import (
     CancellationReason,
     LifecycleType,
     RunStart,
@@ -17,7 +17,7 @@ from contracts.store import (
     SessionStatus,
     StartOutcome,
 )
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     ChildStart,
     all_run_records,

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import decode_run_started
-from contracts.store import CancellationReason, LifecycleType, RunStart, RunStatus, StartOutcome
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import decode_run_started
+from quipu.contracts.store import CancellationReason, LifecycleType, RunStart, RunStatus, StartOutcome
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     CHECKPOINT_BYTES,
     STATE_CHANGE_GAP,

@@ -7,15 +7,15 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import (
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import (
     encode_cancellation_intent,
     encode_child_run_linked,
     encode_run_completed,
     encode_run_started,
     encode_run_suspended,
 )
-from contracts.store import (
+from quipu.contracts.store import (
     AppendResult,
     CancellationReason,
     LifecycleType,
@@ -23,7 +23,7 @@ from contracts.store import (
     RunStart,
     RunStatus,
 )
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
     changed,

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
     ms,

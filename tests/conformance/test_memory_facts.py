@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from contracts.errors import ErrorCode
-from contracts.memory import FactChangeKind
-from services.kit.memory.protocol import MemoryStore
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.memory import FactChangeKind
+from quipu.services.domain.memory.protocol import MemoryStore
 from tests.conformance.memory_builders import (
     PROVENANCE,
     delete,

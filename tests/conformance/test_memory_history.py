@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from contracts.errors import ErrorCode
-from contracts.memory import HistoryRole
-from services.kit.memory.protocol import MemoryStore
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.memory import HistoryRole
+from quipu.services.domain.memory.protocol import MemoryStore
 from tests.conformance.memory_builders import ms, record_turns, refused, scope, turn, uid
 
 

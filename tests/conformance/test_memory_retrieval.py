@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts.errors import ErrorCode
-from contracts.memory import IndexEntry, MemoryScope, Profile
-from services.kit.memory.protocol import MemoryStore
-from services.kit.memory.rules import build_index_entry
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.memory import IndexEntry, MemoryScope, Profile
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.memory.rules import build_index_entry
 from tests.conformance.memory_builders import ms, other_agent, refused, remember, scope, uid, update
 
 

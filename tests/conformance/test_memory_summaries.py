@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts.errors import ErrorCode, StoreError
-from services.kit.memory.protocol import MemoryStore
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.services.domain.memory.protocol import MemoryStore
 from tests.conformance.memory_builders import record_turns, refused, scope, summary, uid
 
 

@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import decode_cancellation_intent, decode_run_completed
-from contracts.store import CancellationReason, LifecycleType, Record, RunStart, RunStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import decode_cancellation_intent, decode_run_completed
+from quipu.contracts.store import CancellationReason, LifecycleType, Record, RunStart, RunStatus
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
     changed,

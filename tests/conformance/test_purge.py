@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.store import CancellationReason, RunStart, RunStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.store import CancellationReason, RunStart, RunStatus
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
     changed,

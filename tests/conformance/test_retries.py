@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from contracts.store import AppendResult, CancellationReason, RunStatus, StartResult
-from services.kit.store.protocol import Store
+from quipu.contracts.store import AppendResult, CancellationReason, RunStatus, StartResult
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     child_start,
     ended_session,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import unicodedata
 
-from contracts.errors import ErrorCode
-from contracts.store import SessionOwner, SessionStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.store import SessionOwner, SessionStatus
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     ms,
     open_session,

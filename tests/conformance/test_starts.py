@@ -8,16 +8,16 @@ from collections.abc import Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import encode_run_completed, encode_run_started
-from contracts.store import (
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import encode_run_completed, encode_run_started
+from quipu.contracts.store import (
     CancellationReason,
     LifecycleType,
     RunStatus,
     SessionStatus,
     StartOutcome,
 )
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     STATE_CHANGE_GAP,
     RootStart,

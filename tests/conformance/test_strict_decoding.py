@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import Failure, encode_run_completed, encode_run_started
-from contracts.store import CancellationReason, Record, RunStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import Failure, encode_run_completed, encode_run_started
+from quipu.contracts.store import CancellationReason, Record, RunStatus
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     RootStart,
     all_run_records,

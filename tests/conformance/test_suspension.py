@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import encode_run_suspended
-from contracts.store import (
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import encode_run_suspended
+from quipu.contracts.store import (
     CancellationReason,
     Checkpoint,
     Record,
@@ -18,7 +18,7 @@ from contracts.store import (
     RunStatus,
     SessionStatus,
 )
-from services.kit.store.protocol import Store
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     CHECKPOINT_BYTES,
     STATE_CHANGE_GAP,

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.lifecycle import Failure, encode_run_completed
-from contracts.store import CancellationReason, Record, RunStart, RunStatus, SessionStatus
-from services.kit.store.protocol import Store
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.lifecycle import Failure, encode_run_completed
+from quipu.contracts.store import CancellationReason, Record, RunStart, RunStatus, SessionStatus
+from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     STATE_CHANGE_GAP,
     all_run_records,

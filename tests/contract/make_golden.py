@@ -9,13 +9,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.commands import AppendRunRecord, CreateSession, RecordRunSuspension, StartChildRun, StoreReply
-from contracts.errors import ErrorBody, ErrorCode
-from contracts.events import RunEvent, StreamEventType
-from contracts.lifecycle import encode_child_run_linked, encode_run_completed, encode_run_started
-from contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
-from contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations
-from contracts.store import CancellationReason, Checkpoint, Record, RunStart, RunStatus
+from quipu.contracts.commands import (
+    AppendRunRecord,
+    CreateSession,
+    RecordRunSuspension,
+    StartChildRun,
+    StoreReply,
+)
+from quipu.contracts.errors import ErrorBody, ErrorCode
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.lifecycle import encode_child_run_linked, encode_run_completed, encode_run_started
+from quipu.contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
+from quipu.contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations
+from quipu.contracts.store import CancellationReason, Checkpoint, Record, RunStart, RunStatus
 
 GOLDEN = Path(__file__).parent / "golden"
 AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-import contracts.commands
-import contracts.envelope
-import contracts.errors
-import contracts.events
-import contracts.runs
-import contracts.store
-import contracts.tools
-import contracts.transcript
-from contracts.commands import STORE_COMMAND, StoreReply
-from contracts.events import RunEvent
+import quipu.contracts.commands
+import quipu.contracts.envelope
+import quipu.contracts.errors
+import quipu.contracts.events
+import quipu.contracts.runs
+import quipu.contracts.store
+import quipu.contracts.tools
+import quipu.contracts.transcript
+from quipu.contracts.commands import STORE_COMMAND, StoreReply
+from quipu.contracts.events import RunEvent
 
 GOLDEN = Path(__file__).parent / "golden"
 READERS = {
@@ -53,14 +53,14 @@ def test_topic_payloads_ignore_unknown_fields_from_newer_producers() -> None:
 
 def _contract_models() -> list[type[BaseModel]]:
     modules = [
-        contracts.commands,
-        contracts.envelope,
-        contracts.errors,
-        contracts.events,
-        contracts.runs,
-        contracts.store,
-        contracts.tools,
-        contracts.transcript,
+        quipu.contracts.commands,
+        quipu.contracts.envelope,
+        quipu.contracts.errors,
+        quipu.contracts.events,
+        quipu.contracts.runs,
+        quipu.contracts.store,
+        quipu.contracts.tools,
+        quipu.contracts.transcript,
     ]
     return [
         member

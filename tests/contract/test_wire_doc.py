@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts import wire_doc
-from contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, STORE_COMMAND
-from contracts.store import LifecycleType
-from contracts.topics import TOPICS
-from services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
+from quipu.contracts import wire_doc
+from quipu.contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, STORE_COMMAND
+from quipu.contracts.store import LifecycleType
+from quipu.contracts.topics import TOPICS
+from quipu.services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
 from tests.unit.test_delivery import Broker, Message
 
 
 def test_the_committed_wire_document_is_the_generated_one() -> None:
     committed = wire_doc.DOC_PATH.read_text(encoding="utf-8")
-    assert committed == wire_doc.render(), "docs/wire.md is stale: run python -m contracts.wire_doc"
+    assert committed == wire_doc.render(), "docs/wire.md is stale: run python -m quipu.contracts.wire_doc"
     assert wire_doc.main(["--check"]) == 0
 
 

@@ -1,13 +1,13 @@
 """The agent loop as separate processes, for end-to-end and chaos tests; and an instrumented tool executor.
 
 `Deployment` starts, on a topic prefix and database of its own, the storage owner, the planner
-(`python -m services.planner`, `QUIPU_MODEL_PROVIDER=scripted`), tool executors and, on request,
-the gateway (`python -m services.gateway`), each a `ServiceProcess` that can be SIGKILLed and
+(`python -m quipu.services.planner`, `QUIPU_MODEL_PROVIDER=scripted`), tool executors and, on request,
+the gateway (`python -m quipu.services.gateway`), each a `ServiceProcess` that can be SIGKILLed and
 started again. The test is a client: it reads `runs.events`, `history.turns` and `tools.results`
 outside any consumer group, publishes raw `RunRequested`/`CancelRun` bytes, and reads the store
 through the storage owner's Kafka client.
 
-`python -m tests.e2e.agent_support` is the tool executor (`services.tool_executor.app.create_app`,
+`python -m tests.e2e.agent_support` is the tool executor (`quipu.services.tool_executor.app.create_app`,
 the shipped tools, the real dispatcher, ledger and idempotence record) with each tool wrapped so
 a test can see and time what happens inside the process:
 
@@ -84,11 +84,11 @@ def instrumented(
 
 def main() -> None:
     """Serve the tool executor with journaled (and maybe slowed) tools until interrupted."""
-    from services.kit.logging import configure_logging  # noqa: PLC0415 - only in the executor process
-    from services.kit.settings import KafkaSettings, ServiceSettings  # noqa: PLC0415
-    from services.tool_executor.adapters import default_implementations  # noqa: PLC0415
-    from services.tool_executor.app import SERVICE, ToolExecutorDeps, create_app  # noqa: PLC0415
-    from services.tool_executor.settings import ToolExecutorSettings  # noqa: PLC0415
+    from quipu.services.kit.logging import configure_logging  # noqa: PLC0415 - only in the executor process
+    from quipu.services.kit.settings import KafkaSettings, ServiceSettings  # noqa: PLC0415
+    from quipu.services.tool_executor.adapters import default_implementations  # noqa: PLC0415
+    from quipu.services.tool_executor.app import SERVICE, ToolExecutorDeps, create_app  # noqa: PLC0415
+    from quipu.services.tool_executor.settings import ToolExecutorSettings  # noqa: PLC0415
 
     journal = Path(os.environ[JOURNAL_ENV])
     delays: dict[str, float] = json.loads(os.environ.get(DELAYS_ENV) or "{}")
@@ -110,17 +110,17 @@ if __name__ == "__main__":
 
 from aiokafka import ConsumerRecord  # noqa: E402
 
-from contracts.events import RunEvent, StreamEventType  # noqa: E402
-from contracts.runs import CancelRun, RunRequested, TurnCompleted  # noqa: E402
-from contracts.store import CancellationReason, Record  # noqa: E402
-from contracts.tools import ToolCallCompleted  # noqa: E402
-from contracts.topics import Topic  # noqa: E402
-from contracts.transcript import Message, ToolResultPart, ToolUsePart  # noqa: E402
-from contracts.wire import utc_now_ms  # noqa: E402
-from deploy.local.services import ServiceProcess  # noqa: E402
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics  # noqa: E402
-from services.kit.store.client import KafkaStore  # noqa: E402
-from services.planner.adapters import load_records  # noqa: E402
+from quipu.contracts.events import RunEvent, StreamEventType  # noqa: E402
+from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted  # noqa: E402
+from quipu.contracts.store import CancellationReason, Record  # noqa: E402
+from quipu.contracts.tools import ToolCallCompleted  # noqa: E402
+from quipu.contracts.topics import Topic  # noqa: E402
+from quipu.contracts.transcript import Message, ToolResultPart, ToolUsePart  # noqa: E402
+from quipu.contracts.wire import utc_now_ms  # noqa: E402
+from quipu.deploy.local.services import ServiceProcess  # noqa: E402
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics  # noqa: E402
+from quipu.services.kit.store_client import KafkaStore  # noqa: E402
+from quipu.services.planner.adapters import load_records  # noqa: E402
 from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving  # noqa: E402
 from tests.support.gateway_keys import TestKeys  # noqa: E402
 from tests.timing import scaled  # noqa: E402
@@ -321,7 +321,7 @@ class Deployment:
 
     def start_planner(self) -> ServiceProcess:
         """A new planner process (the planner's consumer groups are shared by every copy)."""
-        self.planner = self._process("services.planner", "planner")
+        self.planner = self._process("quipu.services.planner", "planner")
         return self.planner
 
     async def kill_planner(self) -> None:
@@ -347,7 +347,7 @@ class Deployment:
 
     def start_recorder(self) -> ServiceProcess:
         """The transcript recorder (product history of every finished turn); stopped by `close`."""
-        self.recorder = self._process("services.transcript_recorder", "recorder")
+        self.recorder = self._process("quipu.services.transcript_recorder", "recorder")
         return self.recorder
 
     def start_gateway(self) -> ServiceProcess:
@@ -357,7 +357,7 @@ class Deployment:
         keys = TestKeys(self.log_dir)
         self.gateway_headers = keys.admin()
         self.gateway = self._process(
-            "services.gateway",
+            "quipu.services.gateway",
             "gateway",
             {
                 "QUIPU_GATEWAY_PORT": str(port),

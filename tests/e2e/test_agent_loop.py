@@ -18,22 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from contracts.events import RunEvent, StreamEventType
-from contracts.runs import RunRequested, TurnCompleted
-from contracts.topics import Topic
-from contracts.transcript import (
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_SEEDED,
     TextPart,
     ToolResultPart,
     ToolUsePart,
     decode_messages,
 )
-from contracts.wire import utc_now_ms
-from deploy.local.services import ServiceProcess
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.store.client import KafkaStore
-from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
-from services.planner.adapters import load_records
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.services import ServiceProcess
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.adapters import load_records
 from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving
 from tests.timing import scaled
 
@@ -86,7 +86,7 @@ class Deployment:
 
     def start_planner(self) -> ServiceProcess:
         self.planner = ServiceProcess(
-            "services.planner", self.environment, self.log_dir / "planner.log"
+            "quipu.services.planner", self.environment, self.log_dir / "planner.log"
         ).start()
         return self.planner
 
@@ -113,8 +113,8 @@ async def deployment(
         "QUIPU_JSON_LOGS": "true",
     }
     owner = Owner(stack, prefix, database, log_dir / "owner.log").start()
-    planner = ServiceProcess("services.planner", environment, log_dir / "planner.log").start()
-    executor = ServiceProcess("services.tool_executor", environment, log_dir / "executor.log").start()
+    planner = ServiceProcess("quipu.services.planner", environment, log_dir / "planner.log").start()
+    executor = ServiceProcess("quipu.services.tool_executor", environment, log_dir / "executor.log").start()
     store = KafkaStore(stack.kafka_settings(topic_prefix=prefix), reply_timeout_s=scaled(10.0))
     events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
     turns = TopicReader(stack.bootstrap, prefix + Topic.HISTORY_TURNS.value)

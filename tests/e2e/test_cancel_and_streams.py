@@ -2,7 +2,7 @@
 
 Every service is its own process (tests/e2e/agent_support.py): the storage owner, the planner
 (scripted model), the tool executor (the shipped tools, journaled; the calculator takes 1.7 s so
-a cancel lands while it runs) and the gateway (`python -m services.gateway`). The test is a
+a cancel lands while it runs) and the gateway (`python -m quipu.services.gateway`). The test is a
 user: it talks HTTP to the gateway, follows the session's Server-Sent Events with httpx, and runs
 `quipu run` (the typer command itself, in a worker thread, as a shell would).
 
@@ -31,14 +31,14 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from contracts.events import RunEvent, StreamEventType
-from contracts.lifecycle import decode_run_completed, decode_run_started
-from contracts.store import LifecycleType, RunStatus
-from deploy.local.stack import EmbeddedStack
-from services import cli
-from services.cli.render import EventPrinter
-from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
-from services.planner.logic import final_text
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.lifecycle import decode_run_completed, decode_run_started
+from quipu.contracts.store import LifecycleType, RunStatus
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services import cli
+from quipu.services.cli.render import EventPrinter
+from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
+from quipu.services.planner.logic import final_text
 from tests.e2e.agent_support import (
     Deployment,
     distinct,

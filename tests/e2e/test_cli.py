@@ -26,10 +26,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack
-from services.cli import app
-from services.cli.state import STATE_FILE_ENV
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.cli import app
+from quipu.services.cli.state import STATE_FILE_ENV
 from tests.integration.test_gateway_support import (
     QUESTION,
     ServedStack,
@@ -221,7 +221,7 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     environment["QUIPU_GATEWAY_API_KEYS_FILE"] = str(tmp_path / "gateway-keys.json")
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--gateway-port", "0"],
+        [sys.executable, "-m", "quipu.services.cli", "up", "--gateway-port", "0"],
         env=environment,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -237,9 +237,9 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert httpx.get(unknown, timeout=scaled(10)).status_code == 401
         signed_in = httpx.get(unknown, headers={"Authorization": f"Bearer {key}"}, timeout=scaled(10))
         assert signed_in.json()["code"] == "SESSION_NOT_FOUND"
-        if importlib.util.find_spec("services.planner") is not None:
+        if importlib.util.find_spec("quipu.services.planner") is not None:
             turn = subprocess.run(
-                [sys.executable, "-m", "services.cli", "run", "what time is it?", "--timeout", "60"],
+                [sys.executable, "-m", "quipu.services.cli", "run", "what time is it?", "--timeout", "60"],
                 env=environment,
                 capture_output=True,
                 timeout=scaled(90),

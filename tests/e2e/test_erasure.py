@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from contracts.events import StreamEventType
-from contracts.runs import RunRequested
-from contracts.topics import Topic
-from contracts.transcript import TranscriptErasedError
-from deploy.local.stack import EmbeddedStack
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.transcript import build_messages_from_run_log
+from quipu.contracts.events import StreamEventType
+from quipu.contracts.runs import RunRequested
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import TranscriptErasedError
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.kit.memory_client import KafkaMemoryStore
 from tests.e2e.agent_support import Deployment, eventually
 from tests.owner_support import client_on, resting_bytes
 

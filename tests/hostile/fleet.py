@@ -22,19 +22,19 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from contracts.events import StreamEventType
-from contracts.runs import RunRequested
-from contracts.topics import Topic
-from contracts.wire import utc_now_ms
-from deploy.local.services import ServiceProcess
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.enricher.settings import EnricherSettings
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.store.client import KafkaStore
-from services.planner.settings import PlannerSettings
-from services.storage_owner.settings import OwnerSettings
-from services.tool_executor.settings import ToolExecutorSettings
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.contracts.events import StreamEventType
+from quipu.contracts.runs import RunRequested
+from quipu.contracts.topics import Topic
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.services import ServiceProcess
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.settings import PlannerSettings
+from quipu.services.storage_owner.settings import OwnerSettings
+from quipu.services.tool_executor.settings import ToolExecutorSettings
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.owner_support import TopicReader
 from tests.timing import scaled
 

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from contracts.commands import STORE_COMMAND
-from contracts.memory import FactChanged, HistoryRecorded
-from contracts.runs import CancelRun, RunRequested, TurnCompleted
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.topics import Topic
+from quipu.contracts.commands import STORE_COMMAND
+from quipu.contracts.memory import FactChanged, HistoryRecorded
+from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.topics import Topic
 
 MARKER = "hostile-" + uuid.uuid4().hex[:12]
 """A value only hostile messages hold: it must never be seen in a log or a dead-letter header."""

@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import ConsumerRecord
 
-from contracts.errors import StoreError
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
+from quipu.contracts.errors import StoreError
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
 from tests.hostile.fleet import GROUPS, Fleet
 from tests.hostile.generators import MARKER, Hostile, drawn, hand_made, never_valid, poison
 from tests.timing import eventually, scaled

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deploy.local.stack import EmbeddedStack
+from quipu.deploy.local.stack import EmbeddedStack
 from tests.owner_support import client_on
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from contracts.transcript import (
+from quipu.contracts.transcript import (
     ImagePart,
     Message,
     Part,
@@ -25,9 +25,9 @@ from contracts.transcript import (
     ToolResultPart,
     ToolUsePart,
 )
-from services.kit.models.anthropic import AnthropicModel
-from services.kit.models.factory import ModelSettings, make_model
-from services.kit.models.port import ModelError, ModelRequest, StopReason, ToolSpec
+from quipu.services.domain.models.anthropic import AnthropicModel
+from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.port import ModelError, ModelRequest, StopReason, ToolSpec
 from tests.support.messages_api import (
     Delayed,
     DropConnection,

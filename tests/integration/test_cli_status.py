@@ -17,10 +17,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from typer.testing import CliRunner
 
-from contracts.topics import Topic
-from services.cli import app
-from services.cli.status import CONSUMERS, Consumer, measure, observe_consumer
-from services.kit.settings import KafkaSettings
+from quipu.contracts.topics import Topic
+from quipu.services.cli import app
+from quipu.services.cli.status import CONSUMERS, Consumer, measure, observe_consumer
+from quipu.services.kit.settings import KafkaSettings
 from tests.timing import eventually, scaled
 
 OWNER = next(consumer for consumer in CONSUMERS if consumer.topic is Topic.STORAGE_COMMANDS)

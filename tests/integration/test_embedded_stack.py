@@ -17,16 +17,16 @@ from aiokafka.admin import AIOKafkaAdminClient
 from faststream.middlewares import AckPolicy
 from pymongo import AsyncMongoClient
 
-from contracts.topics import TOPICS, Topic, topic_names
-from deploy.local.stack import (
+from quipu.contracts.topics import TOPICS, Topic, topic_names
+from quipu.deploy.local.stack import (
     BOOTSTRAP_ENV,
     MONGO_URI_ENV,
     EmbeddedStack,
     create_topics,
     delete_topics,
 )
-from services.kit.broker import make_broker, subscriber_options, topic
-from services.kit.settings import KafkaSettings
+from quipu.services.kit.broker import make_broker, subscriber_options, topic
+from quipu.services.kit.settings import KafkaSettings
 from tests.conftest import EventLoopWatchdog
 from tests.timing import scaled
 

@@ -16,20 +16,20 @@ from pathlib import Path
 import pytest
 from faststream import FastStream
 
-from contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance, ScoredFact
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
-from services.enricher.app import create_app
-from services.enricher.settings import EnricherSettings
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.reindex import Principal, principals_from_changes, reindex
-from services.kit.memory.retrieval_eval import (
+from quipu.contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance, ScoredFact
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.memory.reindex import Principal, principals_from_changes, reindex
+from quipu.services.domain.memory.retrieval_eval import (
     LabelledSet,
     evaluate,
     load_labelled,
     record_facts,
     with_fallback,
 )
+from quipu.services.enricher.app import create_app
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.kit.memory_client import KafkaMemoryStore
 from tests.integration.test_gateway_support import ServedStack, eventually, unique_name
 from tests.owner_support import RawPublisher, TopicReader, mongo_client
 from tests.timing import scaled

@@ -22,19 +22,19 @@ from typing import Any
 
 import pytest
 
-from contracts.memory import FactChanged, HistoryRecorded, HistoryTurn, MemoryScope
-from contracts.topics import Topic
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.fact_extractor.app import FactExtractorDeps
-from services.fact_extractor.app import create_app as create_extractor
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.agents import ASSISTANT, AgentSpec
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.models.port import ModelRequest
-from services.kit.models.scripted import ScriptedModel
-from services.kit.settings import KafkaSettings
-from services.storage_owner.app import create_app as create_owner
+from quipu.contracts.memory import FactChanged, HistoryRecorded, HistoryTurn, MemoryScope
+from quipu.contracts.topics import Topic
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.agents import ASSISTANT, AgentSpec
+from quipu.services.domain.models.port import ModelRequest
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.fact_extractor.app import FactExtractorDeps
+from quipu.services.fact_extractor.app import create_app as create_extractor
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.storage_owner.app import create_app as create_owner
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import scaled
 

@@ -18,17 +18,17 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.events import RunEvent, StreamEventType
-from contracts.memory import MemoryScope
-from contracts.runs import CancelRun, RunKind, RunRequested
-from contracts.topics import TOPICS, Topic
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack
-from services.gateway.app import EmbeddedServer, create_app
-from services.kit.events import RunEventReader, StreamedEvent, partition_for_key
-from services.kit.memory.client import KafkaMemoryStore
-from services.planner.adapters import SessionOwners
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.memory import MemoryScope
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested
+from quipu.contracts.topics import TOPICS, Topic
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.gateway.app import EmbeddedServer, create_app
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.run_events import RunEventReader, StreamedEvent, partition_for_key
+from quipu.services.planner.adapters import SessionOwners
 from tests.conformance.builders import running_root
 from tests.integration.test_gateway_support import (
     QUESTION,

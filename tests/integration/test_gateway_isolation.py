@@ -22,17 +22,17 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance
-from contracts.runs import CancelRun, RunRequested
-from contracts.store import RunStart
-from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
-from deploy.local.stack import EmbeddedStack
-from services.gateway import memory_routes
-from services.gateway.access import OWNER_LABELS
-from services.gateway.adapters import EventStreams, KafkaRunPublisher
-from services.gateway.app import EmbeddedServer, create_app
-from services.gateway.handlers import GatewayDeps
-from services.kit.memory.client import KafkaMemoryStore
+from quipu.contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance
+from quipu.contracts.runs import CancelRun, RunRequested
+from quipu.contracts.store import RunStart
+from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.gateway import memory_routes
+from quipu.services.gateway.access import OWNER_LABELS
+from quipu.services.gateway.adapters import EventStreams, KafkaRunPublisher
+from quipu.services.gateway.app import EmbeddedServer, create_app
+from quipu.services.gateway.handlers import GatewayDeps
+from quipu.services.kit.memory_client import KafkaMemoryStore
 from tests.conformance.builders import (
     ordinary,
     running_one_shot,

@@ -26,24 +26,24 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import FastStream
 
-from contracts.errors import StoreError
-from contracts.events import RUN_PHASE_CHANGED, RunEvent, StreamEventType
-from contracts.lifecycle import (
+from quipu.contracts.errors import StoreError
+from quipu.contracts.events import RUN_PHASE_CHANGED, RunEvent, StreamEventType
+from quipu.contracts.lifecycle import (
     Failure,
     encode_cancellation_intent,
     encode_run_completed,
     encode_run_started,
     encode_run_suspended,
 )
-from contracts.runs import CancelRun, RunKind, RunRequested
-from contracts.store import Checkpoint, Record, RunStart, RunStatus, StartOutcome
-from contracts.topics import Topic
-from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.settings import KafkaSettings, MongoSettings
-from services.kit.store.client import KafkaStore
-from services.storage_owner.app import create_app as create_owner
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested
+from quipu.contracts.store import Checkpoint, Record, RunStart, RunStatus, StartOutcome
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.settings import KafkaSettings, MongoSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.storage_owner.app import create_app as create_owner
 from tests.timing import scaled
 
 QUESTION = "Which city do you mean?"

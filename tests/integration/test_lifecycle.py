@@ -8,9 +8,9 @@ import signal
 
 from faststream import FastStream
 
-from services.kit.broker import make_broker
-from services.kit.lifecycle import serve
-from services.kit.settings import ConsumerSettings, KafkaSettings
+from quipu.services.kit.broker import make_broker
+from quipu.services.kit.lifecycle import serve
+from quipu.services.kit.settings import ConsumerSettings, KafkaSettings
 from tests.timing import eventually, scaled
 
 

@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import FactChanged, HistoryRecorded, Profile
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.rules import build_index_entry
-from services.storage_owner.keys import KEYS, parse_master_key
-from services.storage_owner.memory_adapters import HISTORY, INDEXES, MongoMemoryStore
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import FactChanged, HistoryRecorded, Profile
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.storage_owner.keys import KEYS, parse_master_key
+from quipu.services.storage_owner.memory_adapters import HISTORY, INDEXES, MongoMemoryStore
 from tests.conformance.memory_builders import (
     ms,
     new,

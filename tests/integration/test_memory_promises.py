@@ -18,29 +18,29 @@ from dataclasses import dataclass
 
 import pytest
 
-from contracts.events import RunEvent, StreamEventType
-from contracts.memory import FactChanged, FactChangeKind, HistoryRole, MemoryScope
-from contracts.runs import RunRequested, TurnCompleted
-from contracts.topics import Topic
-from contracts.transcript import Message, TextPart
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.enricher.app import create_app as create_enricher
-from services.fact_extractor.app import FactExtractorDeps
-from services.fact_extractor.app import create_app as create_extractor
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.summary import SUMMARY_HEADER, neutralise
-from services.kit.models.estimate import estimate_text_tokens
-from services.kit.models.port import ModelRequest
-from services.kit.models.scripted import ScriptedModel
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
-from services.planner.adapters import PlannerDeps, load_records
-from services.planner.app import create_app as create_planner
-from services.storage_owner.app import create_app as create_owner
-from services.transcript_recorder.app import RecorderDeps
-from services.transcript_recorder.app import create_app as create_recorder
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.memory import FactChanged, FactChangeKind, HistoryRole, MemoryScope
+from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import Message, TextPart
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.memory.summary import SUMMARY_HEADER, neutralise
+from quipu.services.domain.models.estimate import estimate_text_tokens
+from quipu.services.domain.models.port import ModelRequest
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.enricher.app import create_app as create_enricher
+from quipu.services.fact_extractor.app import FactExtractorDeps
+from quipu.services.fact_extractor.app import create_app as create_extractor
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.adapters import PlannerDeps, load_records
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.transcript_recorder.app import RecorderDeps
+from quipu.services.transcript_recorder.app import create_app as create_recorder
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import eventually, scaled
 

@@ -14,23 +14,23 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from contracts.memory import FactOperation, FactOperationKind, MemoryScope, Profile, Provenance
-from contracts.runs import CancelRun, RunRequested
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack
-from services.enricher.adapters import Enricher
-from services.enricher.app import create_app as create_enricher
-from services.enricher.settings import EnricherSettings
-from services.gateway.adapters import EventStreams
-from services.gateway.app import create_app
-from services.gateway.handlers import GatewayDeps
-from services.gateway.memory_routes import MemoryDeps
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.reindex import Principal
-from services.kit.memory.retrieval_eval import ManualClock
-from services.kit.settings import KafkaSettings
-from services.kit.store.memory import InMemoryStore
+from quipu.contracts.memory import FactOperation, FactOperationKind, MemoryScope, Profile, Provenance
+from quipu.contracts.runs import CancelRun, RunRequested
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.reindex import Principal
+from quipu.services.domain.memory.retrieval_eval import ManualClock
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.enricher.adapters import Enricher
+from quipu.services.enricher.app import create_app as create_enricher
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.gateway.adapters import EventStreams
+from quipu.services.gateway.app import create_app
+from quipu.services.gateway.handlers import GatewayDeps
+from quipu.services.gateway.memory_routes import MemoryDeps
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
 from tests.integration.test_gateway_support import ServedStack, eventually, unique_name
 from tests.support.gateway_keys import TestKeys
 from tests.timing import scaled

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
-from contracts.store import SessionOwner
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack
-from services.cli import app
-from services.kit.memory.client import KafkaMemoryStore
+from quipu.contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
+from quipu.contracts.store import SessionOwner
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.cli import app
+from quipu.services.kit.memory_client import KafkaMemoryStore
 from tests.integration.test_gateway_support import ServedStack, unique_name
 
 pytestmark = pytest.mark.slow

@@ -27,10 +27,10 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.store import Checkpoint, Record, StartOutcome
-from deploy.local.stack import EmbeddedStack
-from services.storage_owner.adapters import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import Checkpoint, Record, StartOutcome
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.storage_owner.adapters import (
     RECORDS,
     RUNS,
     SESSIONS,

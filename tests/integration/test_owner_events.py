@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 from aiokafka import ConsumerRecord
 
-from contracts.commands import RecordRunTerminal
-from contracts.errors import ErrorCode
-from contracts.events import RunEvent
-from contracts.lifecycle import Failure
-from contracts.store import CancellationReason, RunStart, RunStatus, StartOutcome
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
-from services.kit.store.client import KafkaStore
+from quipu.contracts.commands import RecordRunTerminal
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.events import RunEvent
+from quipu.contracts.lifecycle import Failure
+from quipu.contracts.store import CancellationReason, RunStart, RunStatus, StartOutcome
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.kit.store_client import KafkaStore
 from tests.conformance.builders import (
     child_start,
     ended_session,

@@ -17,21 +17,21 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from contracts.commands import (
+from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     REPLY_TO_HEADER,
     AppendRunRecord,
     CreateSession,
     LoadSessionStatus,
 )
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import MemoryScope
-from contracts.memory_commands import ListFacts
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
-from services.kit.memory.client import KafkaMemoryStore
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import MemoryScope
+from quipu.contracts.memory_commands import ListFacts
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
 from tests.conformance.builders import (
     all_run_records,
     ms,

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from contracts.commands import (
+from quipu.contracts.commands import (
     AppendRunRecord,
     CreateSession,
     EndSession,
@@ -51,11 +51,11 @@ from contracts.commands import (
     StartRootRun,
     StoreOperation,
 )
-from contracts.errors import ErrorCode, StoreError
-from contracts.lifecycle import Failure
-from contracts.store import CancellationReason, Record, RunStart, RunStatus, StartOutcome
-from contracts.topics import Topic
-from deploy.local.stack import EmbeddedStack
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.lifecycle import Failure
+from quipu.contracts.store import CancellationReason, Record, RunStart, RunStatus, StartOutcome
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
 from tests.conformance.builders import (
     child_start,
     intent,

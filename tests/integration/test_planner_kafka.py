@@ -24,22 +24,22 @@ from typing import Any
 import pytest
 from aiokafka import ConsumerRecord
 
-from contracts.events import RunEvent, StreamEventType
-from contracts.runs import RunKind, RunRequested, TurnCompleted
-from contracts.store import Record, RunStatus
-from contracts.tools import ToolCallCompleted
-from contracts.topics import Topic
-from contracts.transcript import ToolResultPart, ToolUsePart
-from contracts.wire import utc_now_ms
-from deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from services.kit.models.scripted import ScriptedModel
-from services.kit.settings import KafkaSettings
-from services.kit.store.client import KafkaStore
-from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
-from services.planner.adapters import PlannerDeps, load_records
-from services.planner.app import create_app as create_planner
-from services.storage_owner.app import create_app as create_owner
-from services.tool_executor.app import create_app as create_executor
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.runs import RunKind, RunRequested, TurnCompleted
+from quipu.contracts.store import Record, RunStatus
+from quipu.contracts.tools import ToolCallCompleted
+from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import ToolResultPart, ToolUsePart
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.adapters import PlannerDeps, load_records
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.tool_executor.app import create_app as create_executor
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import scaled
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.store import ERASED_PAYLOAD, Checkpoint, RunStart
-from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED, TranscriptErasedError
-from deploy.local.stack import EmbeddedStack
-from services.kit.transcript import build_messages_from_run_log
-from services.storage_owner.adapters import RECORDS, RUNS, MongoStore
-from services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, RunStart
+from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED, TranscriptErasedError
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.storage_owner.adapters import RECORDS, RUNS, MongoStore
+from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
 from tests.conformance.builders import (
     RootStart,
     all_run_records,

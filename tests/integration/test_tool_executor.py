@@ -23,16 +23,16 @@ from aiokafka import ConsumerRecord
 from faststream import FastStream
 from pydantic import Field
 
-from contracts.envelope import derive_id
-from contracts.runs import CancelRun
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.topics import Topic
-from services.kit.settings import KafkaSettings
-from services.kit.tool_catalog import ToolArguments, ToolDefinition, default_catalog
-from services.tool_executor.adapters import default_implementations
-from services.tool_executor.app import ToolExecutorDeps, create_app
-from services.tool_executor.logic import ToolContext
-from services.tool_executor.settings import ToolExecutorSettings
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.runs import CancelRun
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.topics import Topic
+from quipu.services.domain.tool_catalog import ToolArguments, ToolDefinition, default_catalog
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.tool_executor.adapters import default_implementations
+from quipu.services.tool_executor.app import ToolExecutorDeps, create_app
+from quipu.services.tool_executor.logic import ToolContext
+from quipu.services.tool_executor.settings import ToolExecutorSettings
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import scaled
 

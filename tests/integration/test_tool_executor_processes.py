@@ -1,6 +1,6 @@
 """Two tool-executor processes share the work through their consumer group.
 
-Each is `python -m services.tool_executor`, pointed at the embedded broker by the environment
+Each is `python -m quipu.services.tool_executor`, pointed at the embedded broker by the environment
 (bootstrap, flavour, topic prefix), logging JSON lines to its own file. The test waits until
 the group has settled (each process holds some partitions of `tools.calls`, together all of
 them), publishes 40 calls over 40 runs, and checks on the wire that every call was answered
@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.topics import Topic
-from deploy.local.services import ServiceProcess
-from deploy.local.stack import EmbeddedStack
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.services import ServiceProcess
+from quipu.deploy.local.stack import EmbeddedStack
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
 
-MODULE = "services.tool_executor"
+MODULE = "quipu.services.tool_executor"
 PARTITIONS = set(range(8))
 
 

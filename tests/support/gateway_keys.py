@@ -6,9 +6,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from services.gateway.access import Scope
-from services.gateway.api_keys import KeyFile, new_key
-from services.gateway.settings import GatewaySettings
+from quipu.services.gateway.access import Scope
+from quipu.services.gateway.api_keys import KeyFile, new_key
+from quipu.services.gateway.settings import GatewaySettings
 
 EVERY_SCOPE_BUT_ADMIN = [scope for scope in Scope if scope is not Scope.ADMIN]
 

@@ -20,15 +20,15 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from contracts.events import RunEvent, StreamEventType, capped_value
-from contracts.store import RunMeta, RunStatus, SessionOwner, StartOutcome
-from contracts.wire import utc_now_ms
-from services import cli
-from services.cli import app, client, launch, render, state
-from services.cli import output as cli_output
-from services.cli.render import EventPrinter
-from services.cli.settings import CliSettings
-from services.kit.settings import KafkaSettings
+from quipu.contracts.events import RunEvent, StreamEventType, capped_value
+from quipu.contracts.store import RunMeta, RunStatus, SessionOwner, StartOutcome
+from quipu.contracts.wire import utc_now_ms
+from quipu.services import cli
+from quipu.services.cli import app, client, launch, render, state
+from quipu.services.cli import output as cli_output
+from quipu.services.cli.render import EventPrinter
+from quipu.services.cli.settings import CliSettings
+from quipu.services.kit.settings import KafkaSettings
 from tests.timing import scaled
 
 runner = CliRunner()
@@ -231,8 +231,8 @@ HEAVY = (
     "aiokafka",
     "faststream",
     "pydantic_settings",
-    "services.kit",
-    "services.gateway",
+    "quipu.services.kit",
+    "quipu.services.gateway",
     "contracts",
     "rich.markdown",
 )
@@ -243,7 +243,7 @@ HEAVY = (
 def test_help_and_a_mistyped_command_do_not_import_the_runtime(argv: list[str]) -> None:
     probe = (
         "import sys\n"
-        "from services.cli import app\n"
+        "from quipu.services.cli import app\n"
         "try:\n"
         f"    app({argv!r})\n"
         "except SystemExit:\n"
@@ -335,9 +335,10 @@ def test_the_command_shown_is_one_that_works_here(monkeypatch: pytest.MonkeyPatc
     if script.exists():
         assert Path(shown).resolve() == script.resolve() and os.access(shown, os.X_OK)
     else:
-        assert shown == f"{sys.executable} -m services.cli"
+        assert shown == f"{sys.executable} -m quipu.services.cli"
     monkeypatch.setenv("PATH", str(script.parent))
-    assert launch.quipu_command() == ("quipu" if script.exists() else f"{sys.executable} -m services.cli")
+    module_command = f"{sys.executable} -m quipu.services.cli"
+    assert launch.quipu_command() == ("quipu" if script.exists() else module_command)
 
 
 # --- ids whole, counts per status ---------------------------------------------------------------------

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.cli.keys import issue_local_admin
-from services.gateway.access import Scope
-from services.gateway.api_keys import KeyFile, split_key, verify
+from quipu.services.cli import app
+from quipu.services.cli.keys import issue_local_admin
+from quipu.services.gateway.access import Scope
+from quipu.services.gateway.api_keys import KeyFile, split_key, verify
 
 runner = CliRunner()
 

@@ -11,8 +11,8 @@ from aiokafka.errors import KafkaConnectionError
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
 
-from services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key
-from services.kit.delivery import ConsumedMessage, Delivery, RetryableError, RetryPolicy
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key
+from quipu.services.kit.delivery import ConsumedMessage, Delivery, RetryableError, RetryPolicy
 
 TOPIC = "runs.requested"
 TEXT = TypeAdapter(str)

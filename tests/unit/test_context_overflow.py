@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from contracts.events import RunEvent, StreamEventType
-from contracts.lifecycle import decode_run_completed
-from contracts.memory import (
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.lifecycle import decode_run_completed
+from quipu.contracts.memory import (
     FactOperation,
     FactOperationKind,
     HistoryTurn,
@@ -27,25 +27,32 @@ from contracts.memory import (
     Provenance,
     SessionSummary,
 )
-from contracts.runs import RunRequested, TurnCompleted
-from contracts.store import RunStatus
-from contracts.tools import ToolCallCompleted, ToolCallRequested
-from contracts.transcript import Message, TextPart, ToolUsePart
-from contracts.wire import utc_now_ms
-from services.kit.agents import AgentRegistry, AgentSpec
-from services.kit.delivery import RetryableError
-from services.kit.memory.context import MemoryContextSource
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.rules import build_index_entry
-from services.kit.memory.summary import SUMMARY_HEADER, read_summarizer_request, summary_of_block
-from services.kit.models.estimate import estimate_request_tokens, estimate_text_tokens
-from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
-from services.kit.models.scripted import ScriptedModel
-from services.kit.store.memory import InMemoryStore
-from services.kit.tool_catalog import default_catalog
-from services.planner.adapters import Planner, PublishedTurns, ReadyDeps, load_records
-from services.planner.logic import Output
-from services.planner.settings import PlannerSettings
+from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.store import RunStatus
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.transcript import Message, TextPart, ToolUsePart
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.memory.context import MemoryContextSource
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.summary import SUMMARY_HEADER, read_summarizer_request, summary_of_block
+from quipu.services.domain.models.estimate import estimate_request_tokens, estimate_text_tokens
+from quipu.services.domain.models.port import (
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextDelta,
+    Usage,
+)
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.domain.tool_catalog import default_catalog
+from quipu.services.kit.delivery import RetryableError
+from quipu.services.planner.adapters import Planner, PublishedTurns, ReadyDeps, load_records
+from quipu.services.planner.logic import Output
+from quipu.services.planner.settings import PlannerSettings
 
 AT = datetime(2026, 2, 1, tzinfo=UTC)
 AGENTS = AgentRegistry(
@@ -422,7 +429,7 @@ async def test_within_budget_nothing_is_compacted_and_the_estimate_is_enough() -
 
 
 def test_a_message_of_tool_traffic_is_never_a_turn_boundary() -> None:
-    from services.planner.logic import history_turns  # noqa: PLC0415
+    from quipu.services.planner.logic import history_turns  # noqa: PLC0415
 
     messages = [
         Message(role="system", parts=(TextPart(text="facts"),)),

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import (
     FactOperation,
     FactOperationKind,
     HistoryTurn,
@@ -24,9 +24,9 @@ from contracts.memory import (
     ScoredFact,
     SessionSummary,
 )
-from contracts.runs import TurnCompleted
-from contracts.transcript import Message, TextPart
-from services.kit.memory.context import (
+from quipu.contracts.runs import TurnCompleted
+from quipu.contracts.transcript import Message, TextPart
+from quipu.services.domain.memory.context import (
     FALLBACK_INDEX_EMPTY,
     FALLBACK_INDEX_ERROR,
     FALLBACK_INDEX_TIMEOUT,
@@ -35,10 +35,10 @@ from services.kit.memory.context import (
     MemoryContextSource,
     SpokenTurn,
 )
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.rules import build_index_entry
-from services.kit.memory.summary import SUMMARY_HEADER, summary_of_block
-from services.planner.adapters import PublishedTurns
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.summary import SUMMARY_HEADER, summary_of_block
+from quipu.services.planner.adapters import PublishedTurns
 
 AT = datetime(2026, 3, 4, 10, 0, tzinfo=UTC)
 SESSION = "s-context"

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.memory import HistoryMessage, HistoryRole
-from contracts.transcript import TextPart
-from services.kit.memory.summary import (
+from quipu.contracts.memory import HistoryMessage, HistoryRole
+from quipu.contracts.transcript import TextPart
+from quipu.services.domain.memory.summary import (
     SUMMARY_CLOSE,
     SUMMARY_HEADER,
     SUMMARY_SCHEMA,
@@ -26,8 +26,8 @@ from services.kit.memory.summary import (
     whole_turns,
     window_start,
 )
-from services.kit.models.estimate import estimate_text_tokens
-from services.kit.models.port import ModelRequest, ModelResponse, StopReason, TextDelta, Usage
+from quipu.services.domain.models.estimate import estimate_text_tokens
+from quipu.services.domain.models.port import ModelRequest, ModelResponse, StopReason, TextDelta, Usage
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

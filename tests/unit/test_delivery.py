@@ -12,7 +12,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from services.kit.delivery import (
+from quipu.services.kit.delivery import (
     DeadLetterLimits,
     Delivery,
     PermanentError,

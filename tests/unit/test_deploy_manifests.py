@@ -1,7 +1,7 @@
 """The production deployment files agree with the code: nothing here needs Docker or a cluster.
 
 deploy/compose/compose.yaml and deploy/k8s/*.yaml are parsed with PyYAML and checked against
-the topic registry (`contracts.topics`), the services that exist (`services/*/__main__.py`), the
+the topic registry (`quipu.contracts.topics`), the services that exist (`services/*/__main__.py`), the
 consumer groups the services really subscribe with (read off each service's FastStream broker,
 built but never started) and a few rules: only the storage owner reaches MongoDB, only the
 model services hold the model key, no secret value is written into any file. The Dockerfile's
@@ -24,21 +24,21 @@ import pytest
 import yaml
 from faststream import FastStream
 
-from contracts.topics import TOPICS, dead_letter_topic
-from services.enricher.app import create_app as create_enricher
-from services.enricher.settings import EnricherSettings
-from services.fact_extractor.app import create_app as create_fact_extractor
-from services.fact_extractor.settings import FactExtractorSettings
-from services.gateway.handlers import health_router
-from services.kit.settings import KafkaSettings, MongoSettings
-from services.planner.app import create_app as create_planner
-from services.planner.settings import PlannerSettings
-from services.storage_owner.app import create_app as create_storage_owner
-from services.storage_owner.settings import OwnerSettings
-from services.tool_executor.app import create_app as create_tool_executor
-from services.tool_executor.settings import ToolExecutorSettings
-from services.transcript_recorder.app import create_app as create_transcript_recorder
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.contracts.topics import TOPICS, dead_letter_topic
+from quipu.services.enricher.app import create_app as create_enricher
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.fact_extractor.app import create_app as create_fact_extractor
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.gateway.handlers import health_router
+from quipu.services.kit.settings import KafkaSettings, MongoSettings
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.planner.settings import PlannerSettings
+from quipu.services.storage_owner.app import create_app as create_storage_owner
+from quipu.services.storage_owner.settings import OwnerSettings
+from quipu.services.tool_executor.app import create_app as create_tool_executor
+from quipu.services.tool_executor.settings import ToolExecutorSettings
+from quipu.services.transcript_recorder.app import create_app as create_transcript_recorder
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -362,7 +362,7 @@ def test_the_image_entrypoint_runs_exactly_the_services(tmp_path: Path) -> None:
         )
 
     started = run(service="storage_owner")
-    assert (started.returncode, started.stdout.strip()) == (0, "-m services.storage_owner")
+    assert (started.returncode, started.stdout.strip()) == (0, "-m quipu.services.storage_owner")
     assert run(service="os").returncode == 64
     assert run(service=None).returncode == 64
     assert run(service="planner;true").returncode == 64

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import (
     Fact,
     FactChanged,
     FactChangeKind,
@@ -23,18 +23,18 @@ from contracts.memory import (
     MemoryScope,
     Provenance,
 )
-from contracts.topics import Topic
-from services.enricher.adapters import Enricher
-from services.enricher.app import EnricherDeps, check_timeouts, create_app
-from services.enricher.handlers import FACT_CHANGED
-from services.enricher.logic import DropEntries, UpsertEntry, check_change, index_update
-from services.enricher.settings import EnricherSettings
-from services.kit.delivery import Delivery, PermanentError, RetryPolicy
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.reindex import IndexMaintenance, Principal
-from services.kit.memory.retrieval_eval import ManualClock
-from services.kit.memory.rules import build_index_entry
-from services.kit.settings import KafkaSettings
+from quipu.contracts.topics import Topic
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.reindex import IndexMaintenance, Principal
+from quipu.services.domain.memory.retrieval_eval import ManualClock
+from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.enricher.adapters import Enricher
+from quipu.services.enricher.app import EnricherDeps, check_timeouts, create_app
+from quipu.services.enricher.handlers import FACT_CHANGED
+from quipu.services.enricher.logic import DropEntries, UpsertEntry, check_change, index_update
+from quipu.services.enricher.settings import EnricherSettings
+from quipu.services.kit.delivery import Delivery, PermanentError, RetryPolicy
+from quipu.services.kit.settings import KafkaSettings
 from tests.timing import scaled
 
 ANA = MemoryScope(tenant_id="acme", principal_id="ana")

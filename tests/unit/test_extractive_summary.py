@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import json
 
-from contracts.memory import HistoryRole
-from contracts.runs import TurnCompleted
-from contracts.transcript import TextPart
-from services.kit.memory.extractive import extractive_summary
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.summary import (
+from quipu.contracts.memory import HistoryRole
+from quipu.contracts.runs import TurnCompleted
+from quipu.contracts.transcript import TextPart
+from quipu.services.domain.memory.extractive import extractive_summary
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.summary import (
     Summarizer,
     Utterance,
     read_summarizer_request,
     sentences,
     summarizer_request,
 )
-from services.kit.models.estimate import estimate_text_tokens
-from services.kit.models.port import ModelRequest, ModelResponse, StopReason, TextDelta, Usage
-from services.kit.models.scripted import ScriptedModel
-from services.transcript_recorder.logic import TranscriptRecorder
+from quipu.services.domain.models.estimate import estimate_text_tokens
+from quipu.services.domain.models.port import ModelRequest, ModelResponse, StopReason, TextDelta, Usage
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.transcript_recorder.logic import TranscriptRecorder
 
 ESCAPES = ("&lt;", "&gt;", "&amp;")
 

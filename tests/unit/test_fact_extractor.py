@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import structlog
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import (
     Fact,
     FactChanged,
     FactOperation,
@@ -28,19 +28,26 @@ from contracts.memory import (
     MemoryScope,
     Provenance,
 )
-from contracts.transcript import TextPart
-from contracts.wire import utc_now_ms
-from services.fact_extractor.adapters import FactExtractor, TurnOutcome
-from services.fact_extractor.app import check_timeouts
-from services.fact_extractor.logic import RefusalReason, new_fact_id
-from services.fact_extractor.settings import FactExtractorSettings
-from services.kit.agents import AgentSpec
-from services.kit.delivery import PermanentError, RetryableError
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.safety import SensitiveCategory
-from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
-from services.kit.models.scripted import ScriptedModel
-from services.kit.settings import KafkaSettings
+from quipu.contracts.transcript import TextPart
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.agents import AgentSpec
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.safety import SensitiveCategory
+from quipu.services.domain.models.port import (
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextDelta,
+    Usage,
+)
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.fact_extractor.adapters import FactExtractor, TurnOutcome
+from quipu.services.fact_extractor.app import check_timeouts
+from quipu.services.fact_extractor.logic import RefusalReason, new_fact_id
+from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services.kit.delivery import PermanentError, RetryableError
+from quipu.services.kit.settings import KafkaSettings
 from tests.unit.test_safety import REFUSED
 
 ALICE = MemoryScope(tenant_id="acme", principal_id="alice", agent_id="assistant")

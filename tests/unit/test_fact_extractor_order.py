@@ -7,8 +7,8 @@ from typing import cast
 
 from faststream.kafka.annotations import KafkaMessage
 
-from contracts.memory import HistoryRecorded, MemoryScope
-from services.fact_extractor.handlers import by_principal
+from quipu.contracts.memory import HistoryRecorded, MemoryScope
+from quipu.services.fact_extractor.handlers import by_principal
 
 
 @dataclass

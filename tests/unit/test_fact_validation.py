@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from contracts.memory import (
+from quipu.contracts.memory import (
     Fact,
     FactOperationKind,
     HistoryMessage,
@@ -23,8 +23,10 @@ from contracts.memory import (
     Profile,
     Provenance,
 )
-from contracts.transcript import TextPart
-from services.fact_extractor.logic import (
+from quipu.contracts.transcript import TextPart
+from quipu.services.domain.memory.safety import SensitiveCategory
+from quipu.services.domain.models.port import ModelResponse, StopReason, Usage
+from quipu.services.fact_extractor.logic import (
     FACT_OPERATIONS_SCHEMA,
     PROFILE_SCHEMA,
     ModelOutputError,
@@ -48,8 +50,6 @@ from services.fact_extractor.logic import (
     turn_number,
     validate_operations,
 )
-from services.kit.memory.safety import SensitiveCategory
-from services.kit.models.port import ModelResponse, StopReason, Usage
 
 NOW = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
 ALICE = MemoryScope(tenant_id="acme", principal_id="alice", agent_id="assistant")

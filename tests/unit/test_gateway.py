@@ -17,15 +17,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.runs import CancelRun, RunKind, RunRequested
-from contracts.store import CancellationReason, RunStatus, Session, SessionOwner
-from contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
-from services.gateway.adapters import EventStreams
-from services.gateway.app import create_app
-from services.gateway.handlers import GatewayDeps
-from services.kit.settings import KafkaSettings
-from services.kit.store.memory import InMemoryStore
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested
+from quipu.contracts.store import CancellationReason, RunStatus, Session, SessionOwner
+from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.gateway.adapters import EventStreams
+from quipu.services.gateway.app import create_app
+from quipu.services.gateway.handlers import GatewayDeps
+from quipu.services.kit.settings import KafkaSettings
 from tests.conformance.builders import complete, ordinary, running_root, suspend
 from tests.support.gateway_keys import TestKeys
 

@@ -20,17 +20,17 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 from pydantic import SecretStr
 
-from services.gateway.access import Scope
-from services.gateway.adapters import EventStreams
-from services.gateway.api_keys import digest, split_key
-from services.gateway.app import create_app
-from services.gateway.auth import presented_token
-from services.gateway.handlers import GatewayDeps
-from services.gateway.memory_routes import MemoryDeps
-from services.gateway.settings import GatewaySettings
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.reindex import Principal
-from services.kit.store.memory import InMemoryStore
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.reindex import Principal
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.gateway.access import Scope
+from quipu.services.gateway.adapters import EventStreams
+from quipu.services.gateway.api_keys import digest, split_key
+from quipu.services.gateway.app import create_app
+from quipu.services.gateway.auth import presented_token
+from quipu.services.gateway.handlers import GatewayDeps
+from quipu.services.gateway.memory_routes import MemoryDeps
+from quipu.services.gateway.settings import GatewaySettings
 from tests.support.gateway_keys import TestKeys
 from tests.unit.test_gateway import KAFKA, RecordingPublisher
 

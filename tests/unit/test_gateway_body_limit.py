@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from services.gateway.adapters import EventStreams
-from services.gateway.app import EmbeddedServer, create_app
-from services.gateway.handlers import GatewayDeps
-from services.kit.store.memory import InMemoryStore
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.gateway.adapters import EventStreams
+from quipu.services.gateway.app import EmbeddedServer, create_app
+from quipu.services.gateway.handlers import GatewayDeps
 from tests.support.gateway_keys import TestKeys
 from tests.timing import scaled
 from tests.unit.test_gateway import KAFKA, RecordingPublisher

@@ -12,7 +12,7 @@ import pytest
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from services.kit.logging import (
+from quipu.services.kit.logging import (
     REDACTED,
     RepeatLimit,
     bind_ids,
@@ -24,7 +24,7 @@ from services.kit.logging import (
     omit_bodies,
     redact_secrets,
 )
-from services.kit.settings import ServiceSettings
+from quipu.services.kit.settings import ServiceSettings
 
 API_KEY = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 

@@ -6,8 +6,8 @@ import math
 import random
 from datetime import UTC, datetime, timedelta
 
-from contracts.memory import Fact, IndexEntry, MemoryScope, Provenance
-from services.kit.memory.rules import (
+from quipu.contracts.memory import Fact, IndexEntry, MemoryScope, Provenance
+from quipu.services.domain.memory.rules import (
     bm25_scores,
     index_ranking,
     keyword_overlap,

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from services.kit.models.factory import ModelSettings, make_model
-from services.kit.models.scripted import ScriptedModel
+from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.scripted import ScriptedModel
 from tests.conftest import MODEL_KEY_VARIABLES, OffMachineConnectionError, refuse_off_machine
 
 

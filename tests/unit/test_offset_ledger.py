@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.kit.concurrent_delivery import OffsetLedger
+from quipu.services.kit.concurrent_delivery import OffsetLedger
 
 TOPIC = "tools.calls"
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from contracts.events import RunPhase
-from contracts.lifecycle import decode_run_completed, encode_run_started
-from contracts.runs import ParentToolCall, RunRequested
-from contracts.store import Record, RunStart
-from contracts.tools import AwaitInput, AwaitKind
-from contracts.transcript import (
+from quipu.contracts.events import RunPhase
+from quipu.contracts.lifecycle import decode_run_completed, encode_run_started
+from quipu.contracts.runs import ParentToolCall, RunRequested
+from quipu.contracts.store import Record, RunStart
+from quipu.contracts.tools import AwaitInput, AwaitKind
+from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     Message,
     TextPart,
     ToolUsePart,
     encode_messages,
 )
-from services.kit.agents import AgentSpec, default_agents
-from services.kit.models.port import ToolSpec
-from services.planner.logic import (
+from quipu.services.domain.agents import AgentSpec, default_agents
+from quipu.services.domain.models.port import ToolSpec
+from quipu.services.planner.logic import (
     CONTEXT_TYPE,
     TOOL_RESULT_TYPE,
     Append,

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.events import StreamEventType
-from contracts.runs import RunRequested, TurnCompleted
-from contracts.store import SessionOwner
-from services.kit.delivery import PermanentError
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.summary import Summarizer
-from services.kit.models.scripted import ScriptedModel
-from services.transcript_recorder.logic import TranscriptRecorder
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.events import StreamEventType
+from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.store import SessionOwner
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.summary import Summarizer
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.kit.delivery import PermanentError
+from quipu.services.transcript_recorder.logic import TranscriptRecorder
 from tests.unit.test_planner_runs import Harness, make_harness, says, turn
 
 

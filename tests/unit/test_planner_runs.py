@@ -17,26 +17,39 @@ from typing import Any
 
 import pytest
 
-from contracts.events import RunEvent, StreamEventType
-from contracts.lifecycle import decode_run_completed
-from contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
-from contracts.store import Record, RunStatus, SessionOwner
-from contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
-from contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
-from contracts.wire import utc_now_ms
-from services.kit.agents import AgentRegistry, AgentSpec
-from services.kit.delivery import PermanentError, RetryableError
-from services.kit.memory.protocol import MemoryStore
-from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
-from services.kit.models.scripted import ScriptedModel
-from services.kit.settings import KafkaSettings
-from services.kit.store.memory import InMemoryStore
-from services.kit.tool_catalog import default_catalog
-from services.kit.transcript import build_messages_from_run_log, validate_planner_transcript
-from services.planner.adapters import Planner, ReadyDeps, SessionHistoryContext, SessionOwners, load_records
-from services.planner.app import check_timeouts
-from services.planner.logic import Output, SuspensionCheckpoint, child_run_id
-from services.planner.settings import PlannerSettings
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.lifecycle import decode_run_completed
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
+from quipu.contracts.store import Record, RunStatus, SessionOwner
+from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.models.port import (
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextDelta,
+    Usage,
+)
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.domain.tool_catalog import default_catalog
+from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
+from quipu.services.kit.delivery import PermanentError, RetryableError
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.planner.adapters import (
+    Planner,
+    ReadyDeps,
+    SessionHistoryContext,
+    SessionOwners,
+    load_records,
+)
+from quipu.services.planner.app import check_timeouts
+from quipu.services.planner.logic import Output, SuspensionCheckpoint, child_run_id
+from quipu.services.planner.settings import PlannerSettings
 
 # --- a fake model -------------------------------------------------------------------------------
 

@@ -16,18 +16,25 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import HistoryRole, HistoryTurn, MemoryScope, SessionSummary
-from contracts.runs import TurnCompleted
-from contracts.transcript import TextPart
-from services.kit.delivery import PermanentError
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.summary import Summarizer, read_summarizer_request
-from services.kit.models.estimate import estimate_text_tokens
-from services.kit.models.port import ModelError, ModelRequest, ModelResponse, StopReason, TextDelta, Usage
-from services.kit.models.scripted import ScriptedModel
-from services.transcript_recorder.logic import TranscriptRecorder, fold_key
-from services.transcript_recorder.settings import TranscriptRecorderSettings
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import HistoryRole, HistoryTurn, MemoryScope, SessionSummary
+from quipu.contracts.runs import TurnCompleted
+from quipu.contracts.transcript import TextPart
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.summary import Summarizer, read_summarizer_request
+from quipu.services.domain.models.estimate import estimate_text_tokens
+from quipu.services.domain.models.port import (
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextDelta,
+    Usage,
+)
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.kit.delivery import PermanentError
+from quipu.services.transcript_recorder.logic import TranscriptRecorder, fold_key
+from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 
 SESSION = "s-recorder"
 _MARK = re.compile(r"\b([ua])(\d+)\b")

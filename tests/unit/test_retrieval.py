@@ -1,5 +1,5 @@
 """Retrieval of curated facts as a user sees it: deletion, the enricher stopped, scope, reindex,
-and the labelled-set measurement (services/kit/memory/retrieval_eval.py) on the in-memory store.
+and the labelled-set measurement (services/domain/memory/retrieval_eval.py) on the in-memory store.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.memory import (
+from quipu.contracts.memory import (
     FactOperation,
     FactOperationKind,
     IndexEntry,
@@ -17,11 +17,9 @@ from contracts.memory import (
     Provenance,
     ScoredFact,
 )
-from services.enricher.adapters import Enricher
-from services.enricher.settings import EnricherSettings
-from services.kit.memory.memory_store import InMemoryMemoryStore
-from services.kit.memory.reindex import Principal, reindex, reindex_principal
-from services.kit.memory.retrieval_eval import (
+from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.reindex import Principal, reindex, reindex_principal
+from quipu.services.domain.memory.retrieval_eval import (
     LabelledSet,
     ManualClock,
     evaluate,
@@ -31,6 +29,8 @@ from services.kit.memory.retrieval_eval import (
     record_facts,
     with_fallback,
 )
+from quipu.services.enricher.adapters import Enricher
+from quipu.services.enricher.settings import EnricherSettings
 
 LABELLED = Path(__file__).parents[1] / "data" / "retrieval_labelled.json"
 ANA = MemoryScope(tenant_id="acme", principal_id="ana")

@@ -29,7 +29,7 @@ from stdnum.it import codicefiscale
 from stdnum.mx import curp
 from stdnum.us import ssn
 
-from services.kit.memory.safety import (
+from quipu.services.domain.memory.safety import (
     SensitiveCategory,
     filter_lines,
     fold,

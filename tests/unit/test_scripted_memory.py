@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from contracts.transcript import Message, TextPart
-from services.kit.models.port import ModelRequest
-from services.kit.models.scripted import ScriptedModel
+from quipu.contracts.transcript import Message, TextPart
+from quipu.services.domain.models.port import ModelRequest
+from quipu.services.domain.models.scripted import ScriptedModel
 
 OPERATIONS_SCHEMA = {"type": "object", "properties": {"operations": {"type": "array", "items": {}}}}
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from contracts.transcript import (
+from quipu.contracts.transcript import (
     ImagePart,
     Message,
     Part,
@@ -18,20 +18,27 @@ from contracts.transcript import (
     ToolResultPart,
     ToolUsePart,
 )
-from services.kit.models.estimate import (
+from quipu.services.domain.models.estimate import (
     IMAGE_TOKENS,
     estimate_request_tokens,
     estimate_text_tokens,
 )
-from services.kit.models.factory import ModelSettings, make_model
-from services.kit.models.port import ModelClient, ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
-from services.kit.models.scripted import (
+from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.port import (
+    ModelClient,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    ToolSpec,
+    Usage,
+)
+from quipu.services.domain.models.scripted import (
     NOTHING_TO_ANSWER,
     ScriptedModel,
     example_for_schema,
     text_chunks,
 )
-from services.kit.transcript import (
+from quipu.services.domain.transcript import (
     encode_anthropic_messages,
     validate_planner_transcript,
     validate_thinking_first,

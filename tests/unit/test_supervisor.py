@@ -1,4 +1,4 @@
-"""deploy.local.services.Supervisor: output shown line by line, an exit noticed and healed.
+"""quipu.deploy.local.services.Supervisor: output shown line by line, an exit noticed and healed.
 
 The supervised program is `tests/support/chatty_service.py`, a real child process; the test kills
 it by pid, as `kill -9` would, and waits for the supervisor to say so and start it again.
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deploy.local.services import RestartPolicy, Supervisor, describe_exit
+from quipu.deploy.local.services import RestartPolicy, Supervisor, describe_exit
 from tests.timing import eventually
 
 MODULE = "tests.support.chatty_service"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from contracts.tools import ToolCallCompleted
-from services.kit.tool_catalog import NotesArguments
-from services.tool_executor.adapters import NotesStore, RememberedResults, notes_tool
-from services.tool_executor.logic import ToolContext, ToolError
+from quipu.contracts.tools import ToolCallCompleted
+from quipu.services.domain.tool_catalog import NotesArguments
+from quipu.services.tool_executor.adapters import NotesStore, RememberedResults, notes_tool
+from quipu.services.tool_executor.logic import ToolContext, ToolError
 
 
 def _context(**fields: str) -> ToolContext:

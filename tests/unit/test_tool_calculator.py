@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from services.tool_executor import logic
-from services.tool_executor.logic import MAX_INT_BITS, CalculatorError, calculate
+from quipu.services.tool_executor import logic
+from quipu.services.tool_executor.logic import MAX_INT_BITS, CalculatorError, calculate
 
 
 @pytest.mark.parametrize(

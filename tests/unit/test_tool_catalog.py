@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from services.kit.models.port import ToolSpec
-from services.kit.tool_catalog import (
+from quipu.services.domain.models.port import ToolSpec
+from quipu.services.domain.tool_catalog import (
     ASK_USER,
     CALCULATOR,
     CURRENT_TIME,

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from pydantic import Field
 
-from contracts.envelope import derive_id
-from contracts.tools import AwaitKind, ToolCallCompleted, ToolCallRequested
-from contracts.transcript import TOOL_RESULT_MAX_BYTES, ToolResultPart, encode_json_value
-from services.kit.tool_catalog import (
+from quipu.contracts.envelope import derive_id
+from quipu.contracts.tools import AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.transcript import TOOL_RESULT_MAX_BYTES, ToolResultPart, encode_json_value
+from quipu.services.domain.tool_catalog import (
     ASK_USER,
     CALCULATOR,
     CURRENT_TIME,
@@ -28,8 +28,8 @@ from services.kit.tool_catalog import (
     agent_tool,
     default_catalog,
 )
-from services.tool_executor.adapters import NotesStore, RememberedResults, default_implementations
-from services.tool_executor.logic import ToolContext, ToolError, ToolImplementation, ToolRunner
+from quipu.services.tool_executor.adapters import NotesStore, RememberedResults, default_implementations
+from quipu.services.tool_executor.logic import ToolContext, ToolError, ToolImplementation, ToolRunner
 
 
 class Seconds(ToolArguments):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.commands import AppendRunRecord
-from contracts.events import EVENT_VALUE_MAX_BYTES, StreamEventType, capped_value
-from contracts.store import AppendResult
-from contracts.tools import TOOL_RESULT_RECORD, ToolCallRequested
-from services.storage_owner.logic import events_after_commit
+from quipu.contracts.commands import AppendRunRecord
+from quipu.contracts.events import EVENT_VALUE_MAX_BYTES, StreamEventType, capped_value
+from quipu.contracts.store import AppendResult
+from quipu.contracts.tools import TOOL_RESULT_RECORD, ToolCallRequested
+from quipu.services.storage_owner.logic import events_after_commit
 from tests.unit.test_planner_runs import make_harness, result_for, tool_then_answer, turn
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from contracts.transcript import (
+from quipu.contracts.transcript import (
     TOOL_RESULT_MAX_BYTES,
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,

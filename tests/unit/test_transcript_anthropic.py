@@ -10,7 +10,7 @@ import anthropic
 import httpx2
 import pytest
 
-from contracts.transcript import (
+from quipu.contracts.transcript import (
     CacheCheckpointPart,
     Citation,
     CitationsPart,
@@ -24,7 +24,7 @@ from contracts.transcript import (
     ToolUsePart,
     TranscriptError,
 )
-from services.kit.transcript import (
+from quipu.services.domain.transcript import (
     anthropic_tool_id_aliases,
     decode_anthropic_content,
     encode_anthropic_messages,

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.errors import ErrorCode, StoreError
-from contracts.store import Page, Record
-from contracts.transcript import (
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import Page, Record
+from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
     Message,
@@ -16,7 +16,7 @@ from contracts.transcript import (
     TranscriptError,
     encode_messages,
 )
-from services.kit.transcript import (
+from quipu.services.domain.transcript import (
     PAGE_LIMIT,
     build_messages_from_run_log,
     replay_run_log_events,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from contracts.transcript import (
+from quipu.contracts.transcript import (
     Message,
     Part,
     TextPart,
@@ -15,7 +15,7 @@ from contracts.transcript import (
     ToolUsePart,
     TranscriptError,
 )
-from services.kit.transcript import validate_planner_transcript, validate_thinking_first
+from quipu.services.domain.transcript import validate_planner_transcript, validate_thinking_first
 
 
 def use(tool_id: str) -> ToolUsePart:

@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from contracts.commands import (
+from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     REPLY_TO_HEADER,
     STORE_COMMAND,
     STRICT_COMMAND,
     CreateSession,
 )
-from contracts.errors import ErrorCode, StoreError
-from contracts.memory import MemoryScope
-from contracts.memory_commands import ListFacts
-from services.kit.delivery import describe
-from services.storage_owner.logic import reply_partition
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import MemoryScope
+from quipu.contracts.memory_commands import ListFacts
+from quipu.services.kit.delivery import describe
+from quipu.services.storage_owner.logic import reply_partition
 from tests.conformance.builders import ms, ordinary, run_start
 
 GOLDEN = Path(__file__).parent.parent / "contract" / "golden"

@@ -1,0 +1,42 @@
+"""Quipu: a distributed runtime for AI agents on typed Kafka topics, with one storage owner.
+
+Everything installs under this one import root: the wire (`quipu.contracts`), the services
+(`quipu.services.<name>`, each runnable as `quipu serve <name>`), the shared plumbing
+(`quipu.services.kit`) and domain (`quipu.services.domain`), and the embedded local stack
+(`quipu.deploy.local`). The names below are the stable surface a program that publishes run
+requests and reads run events needs; they load on first use, so `import quipu` stays cheap.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
+    from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
+    from quipu.contracts.topics import TOPICS, Topic, TopicSpec
+
+__version__ = "0.1.0"
+
+_PUBLIC: dict[str, str] = {
+    "RunRequested": "quipu.contracts.runs",
+    "CancelRun": "quipu.contracts.runs",
+    "TurnCompleted": "quipu.contracts.runs",
+    "RunEvent": "quipu.contracts.events",
+    "RunPhase": "quipu.contracts.events",
+    "StreamEventType": "quipu.contracts.events",
+    "Topic": "quipu.contracts.topics",
+    "TopicSpec": "quipu.contracts.topics",
+    "TOPICS": "quipu.contracts.topics",
+}
+
+__all__ = ["TOPICS", "CancelRun", "RunEvent", "RunPhase", "RunRequested", "StreamEventType", "Topic",
+           "TopicSpec", "TurnCompleted", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'quipu' has no attribute {name!r}")
+    return getattr(import_module(module), name)

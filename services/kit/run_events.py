@@ -1,0 +1,316 @@
+"""Reading the live run events of one session from `runs.events` (STORE_CONTRACT §11).
+
+    reader = RunEventReader(settings, session_id="s-1")
+    await reader.start(start_at=StartAt.NOW)        # or after=EventPosition.parse(last_event_id)
+    try:
+        while True:
+            for streamed in await reader.read(timeout_s=1.0):
+                print(streamed.position, streamed.event.type)
+    finally:
+        await reader.stop()
+
+The gateway's SSE endpoint and `quipu run` both read through this class, so they show the same
+events. Choices, and why (PLATFORM_NOTES):
+
+- No consumer group: a group join takes a second or more on Tansu, and a UI stream has no
+  offsets to commit. The reader assigns the one partition the stream's key lands on — the key
+  every producer of `runs.events` uses (the session id, or the run id of a sessionless run) —
+  computed with the producer's own partitioner (aiokafka's `DefaultPartitioner`, murmur2 over
+  the key bytes, modulo the partition count). Other sessions on that partition are filtered out.
+- A position is `<partition>-<offset>` of an event's Kafka record (the SSE `id`); resuming
+  after one starts at `offset + 1`, so nothing is repeated and nothing is missed.
+- "Now" is the fetch high-watermark, not `ListOffsets(latest)`, which under-reports on Tansu
+  after a multi-record batch: a stream that starts "now" must not show older events.
+- Events are de-duplicated on `(run_id, type, event_key)` within one reader (the owner publishes
+  again on an exact retry), over a bounded window. Across reconnections a client de-duplicates
+  itself; resuming from a position never repeats a record anyway.
+- A record that is not a `RunEvent` is skipped with a warning, never fatal to the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import StrEnum
+from types import TracebackType
+from typing import Self
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
+from pydantic import ValidationError
+
+from quipu.contracts.events import RunEvent
+from quipu.contracts.topics import Topic
+from quipu.services.kit.settings import KafkaSettings
+
+logger = structlog.get_logger(__name__)
+
+DEDUP_WINDOW = 10_000
+"""Event identities remembered per reader for de-duplication (oldest forgotten first)."""
+
+_PARTITIONER = DefaultPartitioner()
+
+
+MAX_POSITION_LENGTH = 40
+"""Longest `<partition>-<offset>` read (two 64-bit numbers and a dash); anything longer is not one."""
+
+
+class EventStreamError(Exception):
+    """Raised when `runs.events` cannot be read: the topic is missing or the broker does not answer."""
+
+
+class InvalidPositionError(ValueError):
+    """Raised when a stream position is malformed or does not belong to the stream being read."""
+
+
+class StartAt(StrEnum):
+    """Where a stream without a resume position begins."""
+
+    BEGINNING = "beginning"
+    """The earliest record still in the partition: the session's whole retained history."""
+    NOW = "now"
+    """The partition's fetch high-watermark: only events published from now on."""
+
+
+@dataclass(frozen=True, order=True)
+class EventPosition:
+    """Where an event is on `runs.events`: its record's partition and offset."""
+
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.partition}-{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> EventPosition:
+        """Read `<partition>-<offset>` (an SSE `Last-Event-ID`); raise InvalidPositionError.
+
+        The error never repeats the text: it came from the caller and may be anything, of any length.
+        """
+        partition, separator, offset = text.strip().partition("-")
+        if (
+            len(text) > MAX_POSITION_LENGTH
+            or not separator
+            or not partition.isdigit()
+            or not offset.isdigit()
+        ):
+            raise InvalidPositionError("not a position of this stream (<partition>-<offset>)")
+        return cls(int(partition), int(offset))
+
+
+@dataclass(frozen=True)
+class StreamedEvent:
+    """One run event and the position it was read at."""
+
+    position: EventPosition
+    event: RunEvent
+
+
+def partition_for_key(key: str, partitions: list[int]) -> int:
+    """The partition a producer with the default partitioner sends `key` to."""
+    ordered = sorted(partitions)
+    partition: int = _PARTITIONER(key.encode(), ordered, ordered)
+    return partition
+
+
+class RunEventReader:
+    """The run events of one session (or of one sessionless run), read live from `runs.events`."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        session_id: str = "",
+        run_id: str = "",
+        deduplicate: bool = True,
+        client_id: str | None = None,
+    ) -> None:
+        """Read the events of `session_id`; without one, those of the sessionless run `run_id`."""
+        if not session_id and not run_id:
+            raise ValueError("a run event stream needs a session id or a run id")
+        self.session_id = session_id
+        self.run_id = "" if session_id else run_id
+        self._settings = settings
+        self._topic = settings.topic_prefix + Topic.RUNS_EVENTS.value
+        self._deduplicate = deduplicate
+        self._client_id = client_id or f"{settings.client_id}-events"
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partition: TopicPartition | None = None
+        self._next_offset = 0
+        self._stopped = False
+
+    @property
+    def key(self) -> str:
+        """The partition key of the stream's events."""
+        return self.session_id or self.run_id
+
+    @property
+    def partition(self) -> int:
+        """The partition read (known once started)."""
+        if self._partition is None:
+            raise EventStreamError("the reader is not started")
+        number: int = self._partition.partition
+        return number
+
+    @property
+    def next_offset(self) -> int:
+        """The offset of the next record to read on the partition."""
+        return self._next_offset
+
+    async def start(
+        self, *, after: EventPosition | None = None, start_at: StartAt = StartAt.BEGINNING
+    ) -> None:
+        """Connect and position the reader: just after `after`, else at `start_at`.
+
+        Raises InvalidPositionError when `after` is on another partition than the stream's or
+        ahead of its end (no such event was ever read: waiting for it would hold the stream open
+        with nothing to show), EventStreamError when the topic cannot be found.
+        """
+        settings = self._settings
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap,
+            client_id=self._client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        )
+        try:
+            await self._consumer.start()
+            # aiokafka's group-less coordinator starts a task in start(); a stop() before that task
+            # first ran raises CancelledError from the middle of stop() and leaks the connections.
+            await asyncio.sleep(0)
+            partition = TopicPartition(self._topic, partition_for_key(self.key, await self._partitions()))
+            if after is not None and after.partition != partition.partition:
+                # Which partition holds the stream is the broker's business, not the caller's.
+                raise InvalidPositionError("not a position of this stream")
+            self._partition = partition
+            self._consumer.assign([partition])
+            if after is not None:
+                if after.offset + 1 > await self._high_watermark():
+                    raise InvalidPositionError("a position beyond the end of this stream")
+                self._seek(after.offset + 1)
+            elif start_at is StartAt.NOW:
+                self._seek(await self._high_watermark())
+            else:
+                await self._consumer.seek_to_beginning(partition)
+                self._next_offset = await self._consumer.position(partition)
+        except KafkaError as error:
+            await self.stop()
+            raise EventStreamError(f"{self._topic}: {error!r}") from error
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _seek(self, offset: int) -> None:
+        assert self._consumer is not None and self._partition is not None
+        self._consumer.seek(self._partition, offset)
+        self._next_offset = offset
+
+    async def _partitions(self) -> list[int]:
+        assert self._consumer is not None
+        for _ in range(50):
+            numbers = self._consumer.partitions_for_topic(self._topic)
+            if numbers:
+                return sorted(numbers)
+            await self._consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        raise EventStreamError(f"topic {self._topic} does not exist")
+
+    async def _high_watermark(self, within_s: float = 10.0) -> int:
+        """The partition's end as the last fetch reported it (never ListOffsets: PLATFORM_NOTES).
+
+        The fetch starts from the (possibly under-reported) ListOffsets end, so it reads at most
+        the tail of one batch; whatever it returns is older than the watermark and dropped.
+        """
+        assert self._consumer is not None and self._partition is not None
+        await self._consumer.seek_to_end(self._partition)
+        deadline = time.monotonic() + within_s
+        while True:
+            await self._consumer.getmany(self._partition, timeout_ms=100)
+            watermark = self._consumer.highwater(self._partition)
+            if watermark is not None:
+                return int(watermark)
+            if time.monotonic() > deadline:
+                raise EventStreamError(f"{self._topic}: no fetch answered within {within_s} s")
+
+    async def read(self, timeout_s: float = 1.0) -> list[StreamedEvent]:
+        """The stream's next events, waiting up to `timeout_s` for some; empty when none came."""
+        if self._consumer is None or self._partition is None:
+            raise EventStreamError("the reader is not started")
+        try:
+            batches = await self._consumer.getmany(self._partition, timeout_ms=int(timeout_s * 1000))
+        except KafkaError as error:
+            raise EventStreamError(f"{self._topic}: {error!r}") from error
+        streamed: list[StreamedEvent] = []
+        for record in batches.get(self._partition, []):
+            if record.offset < self._next_offset:
+                continue  # fetched before a seek; never shown
+            self._next_offset = record.offset + 1
+            event = self._decode(record.value, record.offset)
+            if event is not None and self._wanted(event):
+                streamed.append(StreamedEvent(EventPosition(self._partition.partition, record.offset), event))
+        return streamed
+
+    def _decode(self, value: bytes | None, offset: int) -> RunEvent | None:
+        try:
+            return RunEvent.model_validate_json(value or b"")
+        except ValidationError as error:
+            logger.warning(
+                "unreadable run event skipped",
+                topic=self._topic,
+                partition=self.partition,
+                offset=offset,
+                error=str(error)[:300],
+            )
+            return None
+
+    def _wanted(self, event: RunEvent) -> bool:
+        if self.session_id:
+            if event.session_id != self.session_id:
+                return False
+        elif event.session_id or event.run_id != self.run_id:
+            return False
+        if not self._deduplicate:
+            return True
+        identity = event.dedup_key()
+        if identity in self._seen:
+            return False
+        self._seen[identity] = None
+        if len(self._seen) > DEDUP_WINDOW:
+            self._seen.popitem(last=False)
+        return True
+
+    async def stop(self) -> None:
+        """Close the consumer; safe to call more than once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether `stop()` was called."""
+        return self._stopped
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()

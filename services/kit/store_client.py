@@ -1,0 +1,303 @@
+"""The `Store` as seen by every service: commands to the storage owner over Kafka, replies back.
+
+Request/reply is built by hand because FastStream's `broker.request()` works only in its test
+broker (PLATFORM_NOTES). Each client instance picks one partition of the deployment's replies
+topic, names it in the `quipu-reply-partition` header of every command (the owner never takes a
+topic from a message), reads that partition alone without a consumer group (no slow group join)
+from the end, and resolves one future per correlation id. A timeout resends the identical
+command — same correlation id, same bytes — so the owner answers it as an exact retry; when every
+attempt times out the caller gets UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from datetime import datetime
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from quipu.contracts.commands import (
+    REPLY_PARTITION_HEADER,
+    AppendRunRecord,
+    CreateSession,
+    EndSession,
+    ListRunRecords,
+    ListRunsBySession,
+    ListSessionRunRecords,
+    LoadRun,
+    LoadRunSuspension,
+    LoadSessionStatus,
+    PurgeSession,
+    RecordRunCancellation,
+    RecordRunSuspension,
+    RecordRunTerminal,
+    StartChildRun,
+    StartOneShotChildRun,
+    StartOneShotRun,
+    StartRootRun,
+    StoreOperation,
+    StoreReply,
+    decode_result,
+)
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.store import (
+    AppendResult,
+    Checkpoint,
+    Page,
+    Record,
+    RunMeta,
+    RunStart,
+    RunStatus,
+    Session,
+    SessionOwner,
+    StartResult,
+)
+from quipu.contracts.topics import Topic
+from quipu.services.kit.settings import KafkaSettings
+
+logger = structlog.get_logger(__name__)
+
+
+async def partition_count(settings: KafkaSettings, topic: str, *, timeout_s: float = 10.0) -> int:
+    """How many partitions the broker reports for `topic`; UNAVAILABLE when it cannot say."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap,
+        client_id=f"{settings.client_id}-metadata",
+        request_timeout_ms=int(timeout_s * 1000),
+    )
+    try:
+        await producer.start()
+        return len(await producer.partitions_for(topic))
+    except KafkaError as error:
+        raise StoreError(ErrorCode.UNAVAILABLE, f"no partition count for topic {topic}") from error
+    finally:
+        await producer.stop()
+
+
+class KafkaStore:
+    """A `Store` whose every call is a command to the storage owner."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        reply_timeout_s: float = 5.0,
+        attempts: int = 3,
+        tenant_id: str = "",
+    ) -> None:
+        self._settings = settings
+        self._reply_timeout_s = reply_timeout_s
+        self._attempts = attempts
+        self._tenant_id = tenant_id
+        self._commands_topic = settings.topic_prefix + Topic.STORAGE_COMMANDS.value
+        self._replies_topic = settings.topic_prefix + Topic.STORAGE_REPLIES.value
+        self._pending: dict[str, asyncio.Future[StoreReply]] = {}
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._reply_partition: int | None = None
+
+    async def start(self) -> None:
+        """Connect, and be positioned on the replies topic before the first command is sent."""
+        settings = self._settings
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap,
+            client_id=f"{settings.client_id}-store",
+            acks=settings.acks,
+            enable_idempotence=settings.enable_idempotence,
+        )
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap,
+            client_id=f"{settings.client_id}-store-replies",
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        )
+        await self._consumer.start()
+        # Any partition will do; spreading clients over them spreads the reading.
+        self._reply_partition = random.choice(await self._reply_partitions())
+        partition = TopicPartition(self._replies_topic, self._reply_partition)
+        self._consumer.assign([partition])
+        # Tansu may under-report the end offset; starting a little early only re-reads replies
+        # that no pending call waits for. Resolving the position now means none is missed later.
+        await self._consumer.seek_to_end(partition)
+        await self._consumer.position(partition)
+        self._reader = asyncio.create_task(self._read_replies(), name="store-replies")
+
+    @property
+    def reply_partition(self) -> int | None:
+        """The partition of the replies topic this client reads (set by `start`)."""
+        return self._reply_partition
+
+    async def _reply_partitions(self) -> list[int]:
+        assert self._consumer is not None
+        for _ in range(50):
+            numbers = self._consumer.partitions_for_topic(self._replies_topic)
+            if numbers:
+                return sorted(numbers)
+            await self._consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        raise StoreError(ErrorCode.UNAVAILABLE, f"topic {self._replies_topic} does not exist")
+
+    async def stop(self) -> None:
+        """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(StoreError(ErrorCode.UNAVAILABLE, "store client stopped"))
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def __aenter__(self) -> KafkaStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    async def _read_replies(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=1000)
+            for messages in batches.values():
+                for message in messages:
+                    self._resolve(message.value)
+
+    def _resolve(self, value: bytes | None) -> None:
+        try:
+            reply = StoreReply.model_validate_json(value or b"")
+        except ValueError:
+            logger.warning("unreadable store reply skipped", value=(value or b"")[:200])
+            return
+        future = self._pending.get(reply.correlation_id)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    async def call(self, command: StoreOperation) -> Any:
+        """Send `command` and return its decoded result, or raise the owner's StoreError."""
+        if self._producer is None:
+            raise StoreError(ErrorCode.UNAVAILABLE, "store client not started")
+        correlation_id = command.correlation_id or str(uuid.uuid4())
+        command = command.model_copy(
+            update={"correlation_id": correlation_id, "tenant_id": command.tenant_id or self._tenant_id}
+        )
+        body = command.model_dump_json().encode()
+        future: asyncio.Future[StoreReply] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = future
+        try:
+            reply = await self._send_until_answered(command, body, future)
+        finally:
+            self._pending.pop(correlation_id, None)
+        if reply.error is not None:
+            raise StoreError.from_body(reply.error)
+        return decode_result(command, reply.result)
+
+    async def _send_until_answered(
+        self, command: StoreOperation, body: bytes, future: asyncio.Future[StoreReply]
+    ) -> StoreReply:
+        assert self._producer is not None
+        for _ in range(self._attempts):
+            try:
+                await self._producer.send_and_wait(
+                    self._commands_topic,
+                    body,
+                    key=command.partition_key().encode(),
+                    headers=[(REPLY_PARTITION_HEADER, str(self._reply_partition).encode())],
+                )
+                return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
+            except (TimeoutError, KafkaError) as error:
+                logger.info("store command unanswered; resending", op=command.op, error=repr(error))
+        raise StoreError(ErrorCode.UNAVAILABLE, f"{command.op}: no reply from the storage owner")
+
+    # --- the Store protocol ---------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, created_at: datetime, owner: SessionOwner | None = None
+    ) -> Session:
+        result: Session = await self.call(
+            CreateSession(session_id=session_id, created_at=created_at, owner=owner)
+        )
+        return result
+
+    async def end_session(self, session_id: str, ended_at: datetime) -> Session:
+        result: Session = await self.call(EndSession(session_id=session_id, ended_at=ended_at))
+        return result
+
+    async def load_session_status(self, session_id: str) -> Session:
+        result: Session = await self.call(LoadSessionStatus(session_id=session_id))
+        return result
+
+    async def purge_session(self, session_id: str) -> None:
+        await self.call(PurgeSession(session_id=session_id))
+
+    async def start_root_run(self, run: RunStart, started: Record, stopped: Record) -> StartResult:
+        result: StartResult = await self.call(StartRootRun(run=run, started=started, stopped=stopped))
+        return result
+
+    async def start_child_run(
+        self, run: RunStart, parent_link: Record, started: Record, stopped: Record
+    ) -> StartResult:
+        result: StartResult = await self.call(
+            StartChildRun(run=run, parent_link=parent_link, started=started, stopped=stopped)
+        )
+        return result
+
+    async def start_one_shot_run(self, run: RunStart, started: Record) -> StartResult:
+        result: StartResult = await self.call(StartOneShotRun(run=run, started=started))
+        return result
+
+    async def start_one_shot_child_run(
+        self, run: RunStart, parent_link: Record, started: Record
+    ) -> StartResult:
+        result: StartResult = await self.call(
+            StartOneShotChildRun(run=run, parent_link=parent_link, started=started)
+        )
+        return result
+
+    async def append_run_record(self, record: Record) -> AppendResult:
+        result: AppendResult = await self.call(AppendRunRecord(record=record))
+        return result
+
+    async def record_run_cancellation(self, record: Record) -> AppendResult:
+        result: AppendResult = await self.call(RecordRunCancellation(record=record))
+        return result
+
+    async def record_run_suspension(self, checkpoint: Checkpoint, record: Record) -> AppendResult:
+        result: AppendResult = await self.call(RecordRunSuspension(checkpoint=checkpoint, record=record))
+        return result
+
+    async def record_run_terminal(self, record: Record) -> AppendResult:
+        result: AppendResult = await self.call(RecordRunTerminal(record=record))
+        return result
+
+    async def load_run(self, run_id: str) -> RunMeta:
+        result: RunMeta = await self.call(LoadRun(run_id=run_id))
+        return result
+
+    async def load_run_suspension(self, run_id: str) -> Checkpoint:
+        result: Checkpoint = await self.call(LoadRunSuspension(run_id=run_id))
+        return result
+
+    async def list_run_records(self, run_id: str, cursor: str, limit: int) -> Page:
+        result: Page = await self.call(ListRunRecords(run_id=run_id, cursor=cursor, limit=limit))
+        return result
+
+    async def list_session_run_records(self, session_id: str, cursor: str, limit: int) -> Page:
+        result: Page = await self.call(
+            ListSessionRunRecords(session_id=session_id, cursor=cursor, limit=limit)
+        )
+        return result
+
+    async def list_runs_by_session(self, session_id: str, statuses: list[RunStatus]) -> list[RunMeta]:
+        result: list[RunMeta] = await self.call(ListRunsBySession(session_id=session_id, statuses=statuses))
+        return result
