@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import contextlib
 import ipaddress
@@ -37,13 +38,19 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from tests.timing import scaled
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    SocketAddress = tuple[object, ...] | str | ReadableBuffer
+    """What `socket.connect` takes: `(host, port, ...)`, a Unix path, or its bytes."""
 
 BLOCK_THRESHOLD_ENV = "QUIPU_TEST_BLOCK_THRESHOLD"
 # 2 s: on a loaded 2-core CI box aiokafka alone was seen holding the loop ~1.8 s decoding
@@ -60,7 +67,7 @@ class OffMachineConnectionError(RuntimeError):
     """Raised when a test opens a connection to an address that is not loopback."""
 
 
-def refuse_off_machine(address: Any) -> None:
+def refuse_off_machine(address: object) -> None:
     """Refuse an `(host, port, ...)` address whose host is not a loopback IP (Unix sockets pass)."""
     if not isinstance(address, tuple):
         return
@@ -79,14 +86,15 @@ def _guard_connections() -> None:
     original_connect = socket.socket.connect
     original_connect_ex = socket.socket.connect_ex
 
-    def connect(self: socket.socket, address: Any) -> None:
+    def connect(self: _socket.socket, address: SocketAddress) -> None:
         refuse_off_machine(address)
         original_connect(self, address)
 
-    def connect_ex(self: socket.socket, address: Any) -> int:
+    def connect_ex(self: _socket.socket, address: SocketAddress) -> int:
         refuse_off_machine(address)
         return original_connect_ex(self, address)
 
+    # mypy refuses any assignment to a method; replacing it for every socket is the point here.
     socket.socket.connect = connect  # type: ignore[method-assign]
     socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
 

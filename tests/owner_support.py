@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import bson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -153,7 +153,7 @@ class TopicReader:
         self._task: asyncio.Task[None] | None = None
         self.partitions: list[int] = []
 
-    async def start(self) -> TopicReader:
+    async def start(self) -> Self:
         """Assign every partition, positioned at the beginning, and read in the background."""
         await self._consumer.start()
         partitions: set[int] | None = None
@@ -178,7 +178,7 @@ class TopicReader:
             await asyncio.gather(self._task, return_exceptions=True)
         await self._consumer.stop()
 
-    async def __aenter__(self) -> TopicReader:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *_: object) -> None:
@@ -227,8 +227,12 @@ async def wait_while_progressing(
     """
     while not done():
         seen = progress()
+
+        def moved(_: object, since: int = seen) -> bool:
+            return done() or progress() > since
+
         try:
-            await reader.wait_for(lambda _, seen=seen: done() or progress() > seen, within=stall_s)
+            await reader.wait_for(moved, within=stall_s)
         except AssertionError:
             raise AssertionError(f"no progress for {stall_s} s (stuck at {seen})") from None
 

@@ -187,7 +187,11 @@ async def test_a_power_loss_mid_stream_loses_no_acknowledged_command(
             for command in stream:
                 await publisher.send_command(commands_topic, command, replies_topic)
             for crash_after in CRASHES_AFTER_REPLIES:
-                await replies.wait_for(lambda _, at=crash_after: answered(replies, ids) >= at, within=30.0)
+
+                def reached(_: object, at: int = crash_after) -> bool:
+                    return answered(replies, ids) >= at
+
+                await replies.wait_for(reached, within=30.0)
                 await owner.kill()  # the machine goes down: the owner and the database at once
                 await database.kill()
                 assert answered(replies, ids) < len(stream), "the crash came too late"

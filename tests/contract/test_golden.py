@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from quipu.contracts.commands import STORE_COMMAND, StoreReply
 from quipu.contracts.events import RunEvent
 
 GOLDEN = Path(__file__).parent / "golden"
-READERS = {
+READERS: dict[str, Callable[[str], BaseModel]] = {
     "create_session": STORE_COMMAND.validate_json,
     "start_child_run": STORE_COMMAND.validate_json,
     "append_run_record": STORE_COMMAND.validate_json,

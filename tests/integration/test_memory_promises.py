@@ -132,7 +132,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
     await asyncio.gather(*(service.start() for service in services))
-    readers = [
+    events, changes = readers = [
         TopicReader(stack.bootstrap, prefix + name)
         for name in (Topic.RUNS_EVENTS.value, Topic.MEMORY_CHANGES.value)
     ]
@@ -141,7 +141,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     print(f"owner, planner, recorder, extractor and enricher up in {time.monotonic() - started:.1f} s")
     try:
         async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(settings, memory, store, planner_model, *readers, publisher)
+            yield System(settings, memory, store, planner_model, events, changes, publisher)
     finally:
         for reader in readers:
             await reader.stop()

@@ -82,11 +82,9 @@ pytestmark = pytest.mark.slow
 
 COMMANDS = 100
 
+STARTS = (StartRootRun, StartChildRun, StartOneShotRun, StartOneShotChildRun)
 WRITES = (
-    StartRootRun,
-    StartChildRun,
-    StartOneShotRun,
-    StartOneShotChildRun,
+    *STARTS,
     AppendRunRecord,
     RecordRunCancellation,
     RecordRunSuspension,
@@ -343,7 +341,7 @@ def expected_on_replay(
         }
     if expected["error"] is not None or not isinstance(command, WRITES):
         return expected
-    owner = getattr(command, "run", None) or command.record  # type: ignore[attr-defined]
+    owner = command.run if isinstance(command, STARTS) else command.record
     session_status = sessions.get(owner.session_id, "")
     result = expected["result"]
     parts = ("started", "parent_link", "stopped")
@@ -353,7 +351,8 @@ def expected_on_replay(
             append["inserted"] = False
             append["session_status"] = session_status
     if "run_status" in result:
-        result["run_status"] = runs[command.run.run_id]  # type: ignore[attr-defined]
+        assert isinstance(command, STARTS), "only a start's reply carries a run status"
+        result["run_status"] = runs[command.run.run_id]
     return expected
 
 

@@ -103,7 +103,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
     await asyncio.gather(recorder.start(), planner.start())
-    readers = [
+    recorded, dead_letters, events = readers = [
         TopicReader(stack.bootstrap, prefix + name)
         for name in (Topic.HISTORY_RECORDED.value, Topic.HISTORY_TURNS.dlq, Topic.RUNS_EVENTS.value)
     ]
@@ -112,7 +112,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     print(f"owner, recorder and planner up in {time.monotonic() - started:.1f} s")
     try:
         async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(settings, memory, store, *readers, publisher)
+            yield System(settings, memory, store, recorded, dead_letters, events, publisher)
     finally:
         for reader in readers:
             await reader.stop()

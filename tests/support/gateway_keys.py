@@ -10,7 +10,7 @@ from quipu.services.gateway.access import Scope
 from quipu.services.gateway.api_keys import KeyFile, new_key
 from quipu.services.gateway.settings import GatewaySettings
 
-EVERY_SCOPE_BUT_ADMIN = [scope for scope in Scope if scope is not Scope.ADMIN]
+EVERY_SCOPE_BUT_ADMIN: list[Scope] = [scope for scope in Scope if scope is not Scope.ADMIN]
 
 
 ADMIN_PRINCIPAL = "operator"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 from typer.testing import CliRunner
 
@@ -67,5 +68,5 @@ def test_each_quipu_up_replaces_its_local_admin_key_and_keeps_the_others(tmp_pat
     assert verify(own, keys) is not None
 
 
-def _missing() -> object:
+def _missing() -> NoReturn:
     raise AssertionError("the key does not verify")

@@ -336,7 +336,7 @@ def finished(number: int, session_id: str = SESSION, minute: int | None = None) 
 
 async def test_published_turns_are_remembered_in_time_order_and_forwarded() -> None:
     sink = Sink()
-    published = PublishedTurns(sink, turns_per_session=3, sessions=2)  # type: ignore[arg-type]
+    published = PublishedTurns(sink, turns_per_session=3, sessions=2)
     for number in (1, 2, 3, 4):
         await published.publish(finished(number))
     await published.publish(finished(1, minute=1))  # a replayed old turn stays where it was
@@ -355,7 +355,7 @@ async def test_published_turns_are_remembered_in_time_order_and_forwarded() -> N
         SpokenTurn("run-4", "question 4", "answer 4", AT.replace(minute=4))
     ]
     # An old turn replayed after a restart is older than what is recorded: never shown as new.
-    fresh = PublishedTurns(sink)  # type: ignore[arg-type]
+    fresh = PublishedTurns(sink)
     await fresh.publish(finished(1))
     assert await fresh.unrecorded(SESSION, {"run-9"}, AT.replace(minute=9), 6) == []
     # Sessions beyond the bound are forgotten, least recently served first.

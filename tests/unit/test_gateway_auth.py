@@ -195,9 +195,8 @@ async def test_oidc_tokens_failing_any_check_are_refused(
         "no subject": issuer.token(sub=None),
         "no expiry": issuer.token(exp=None),
         "signed by another key": stranger.token(),
-        "unsigned": jwt.encode(
-            {"iss": ISSUER, "aud": AUDIENCE, "sub": "ana", "tenant_id": "t1"}, None, "none"
-        ),
+        # "" is PyJWT's spelling of no key for alg=none (its `encode` is not typed to take None).
+        "unsigned": jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "sub": "ana", "tenant_id": "t1"}, "", "none"),
         "symmetric with the public key as secret": jwt.encode(
             {"iss": ISSUER, "aud": AUDIENCE, "sub": "ana", "tenant_id": "t1", "exp": now + 60},
             json.loads(issuer.jwks.read_text())["keys"][0]["n"],  # the public modulus as the secret

@@ -18,6 +18,7 @@ from quipu.contracts.transcript import (
     encode_messages,
 )
 from quipu.services.domain.agents import AgentSpec, default_agents
+from quipu.services.domain.memory.context import ContextBlocks
 from quipu.services.domain.models.port import ToolSpec
 from quipu.services.planner.logic import (
     CONTEXT_TYPE,
@@ -25,7 +26,6 @@ from quipu.services.planner.logic import (
     Append,
     CallModel,
     Closed,
-    ContextBlocks,
     Dispatch,
     Finish,
     PendingInput,
