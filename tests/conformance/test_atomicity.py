@@ -9,14 +9,14 @@ then judged on the final answers and on what the read operations show.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TypeVar
 
 import pytest
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import (
-    AppendResult,
     CancellationReason,
     LifecycleType,
     RunStatus,
@@ -49,22 +49,32 @@ from tests.conformance.builders import (
 )
 
 RACERS = 8
+T = TypeVar("T")
 
 
-async def race(*operations: Callable[[], Awaitable[Any]]) -> list[Any]:
+async def race(*operations: Callable[[], Awaitable[T]]) -> list[T | StoreError]:
     """Run operations concurrently (each resent after UNAVAILABLE); results or StoreErrors."""
     results = await asyncio.gather(
         *(resending(operation) for operation in operations), return_exceptions=True
     )
+    outcomes: list[T | StoreError] = []
     for result in results:
-        if isinstance(result, BaseException) and not isinstance(result, StoreError):
+        if isinstance(result, StoreError) or not isinstance(result, BaseException):
+            outcomes.append(result)
+        else:
             raise result
-    return list(results)
+    return outcomes
 
 
-def codes(results: list[Any]) -> list[ErrorCode | None]:
+def codes(results: Sequence[object]) -> list[ErrorCode | None]:
     """The error code of each result, None for a success."""
     return [result.code if isinstance(result, StoreError) else None for result in results]
+
+
+def successes(results: list[T | StoreError]) -> list[T]:
+    """The results, all of them successes (the test fails on any StoreError among them)."""
+    assert codes(results) == [None] * len(results)
+    return [result for result in results if not isinstance(result, StoreError)]
 
 
 # --- a failed check writes nothing ----------------------------------------------------------------
@@ -115,8 +125,7 @@ async def test_racing_identical_starts_admit_one_run(store: Store) -> None:
     session_id = await open_session(store)
     command = root_start(session_id)
     results = await race(*([lambda: store.start_root_run(*command)] * RACERS))
-    assert codes(results) == [None] * RACERS
-    starts: list[StartResult] = results
+    starts = successes(results)
     assert sum(result.started.inserted for result in starts) == 1
     assert len({result.started.record_id for result in starts}) == 1
     assert {result.decision for result in starts} == {StartOutcome.PROCEED}
@@ -128,7 +137,7 @@ async def test_racing_different_starts_of_one_run_admit_one(store: Store) -> Non
     session_id = await open_session(store)
     run_id = uid("run")
     commands = [root_start(session_id, run_id=run_id, agent_id=f"agent-{n}") for n in range(RACERS)]
-    results = await race(*(lambda c=c: store.start_root_run(*c) for c in commands))
+    results = await race(*(partial(store.start_root_run, *c) for c in commands))
     outcome = codes(results)
     assert outcome.count(None) == 1
     assert outcome.count(ErrorCode.RUN_CONFLICT) == RACERS - 1
@@ -150,13 +159,14 @@ async def test_eight_racing_continuations_admit_exactly_one(store: Store, sessio
         root_start(session_id, predecessor_run_id=predecessor.run_id, started_at=ms(100 + n))
         for n in range(RACERS)
     ]
-    results = await race(*(lambda c=c: store.start_root_run(*c) for c in commands))
+    results = await race(*(partial(store.start_root_run, *c) for c in commands))
     outcome = codes(results)
     assert outcome.count(None) == 1, outcome
     assert outcome.count(ErrorCode.RUN_CONFLICT) == RACERS - 1, outcome
     winner = commands[outcome.index(None)]
     expected = StartOutcome.PROCEED if session_state == "active" else StartOutcome.STOP
-    assert results[outcome.index(None)].decision is expected
+    [won] = successes([results[outcome.index(None)]])
+    assert won.decision is expected
 
     assert (await store.load_run(predecessor.run_id)).successor_run_id == winner.run.run_id
     for command in commands:
@@ -176,7 +186,7 @@ async def test_racing_new_children_and_parent_close_leave_no_orphan(store: Store
     parent = await running_root(store, session_id)
     commands = [child_start(session_id, parent, tool_call_id=f"call-{n}") for n in range(RACERS)]
     close = terminal(parent)
-    operations: list[Callable[[], Awaitable[Any]]] = [lambda c=c: store.start_child_run(*c) for c in commands]
+    operations: list[Callable[[], Awaitable[object]]] = [partial(store.start_child_run, *c) for c in commands]
     operations.insert(RACERS // 2, lambda: store.record_run_terminal(close))
     results = await race(*operations)
     child_results = results[: RACERS // 2] + results[RACERS // 2 + 1 :]
@@ -207,8 +217,8 @@ async def test_racing_terminal_and_suspension_leave_exactly_one_close(store: Sto
         checkpoint, suspended = suspension(run)
         completed = terminal(run)
         results = await race(
-            lambda r=suspended, c=checkpoint: store.record_run_suspension(c, r),
-            lambda t=completed: store.record_run_terminal(t),
+            partial(store.record_run_suspension, checkpoint, suspended),
+            partial(store.record_run_terminal, completed),
         )
         outcome = codes(results)
         assert sorted(outcome, key=str) == sorted([None, ErrorCode.RUN_TERMINAL_CONFLICT], key=str)
@@ -231,8 +241,8 @@ async def test_racing_cancellation_and_completion_stay_consistent(store: Store) 
     for _ in range(6):
         run = await running_root(store, session_id)
         results = await race(
-            lambda r=run: store.record_run_cancellation(intent(r)),
-            lambda r=run: store.record_run_terminal(terminal(r)),
+            partial(store.record_run_cancellation, intent(run)),
+            partial(store.record_run_terminal, terminal(run)),
         )
         meta = await store.load_run(run.run_id)
         types = [record.type for record in await all_run_records(store, run.run_id)]
@@ -275,8 +285,7 @@ async def test_racing_appends_get_distinct_contiguous_ids(store: Store) -> None:
     session_id = await open_session(store)
     run = await running_root(store, session_id)
     records = [ordinary(run, f"step-{n}") for n in range(RACERS * 2)]
-    results = await race(*(lambda r=r: store.append_run_record(r) for r in records))
-    appended: list[AppendResult] = results
+    appended = successes(await race(*(partial(store.append_run_record, r) for r in records)))
     assert all(result.inserted for result in appended)
     ids = sorted(int(result.record_id) for result in appended)
     assert ids == list(range(2, 2 + len(records)))
@@ -290,7 +299,7 @@ async def test_racing_appends_of_one_key_keep_one_record(store: Store) -> None:
     session_id = await open_session(store)
     run = await running_root(store, session_id)
     records = [ordinary(run, "same-key", payload=f'{{"n":{n}}}'.encode()) for n in range(RACERS)]
-    results = await race(*(lambda r=r: store.append_run_record(r) for r in records))
+    results = await race(*(partial(store.append_run_record, r) for r in records))
     outcome = codes(results)
     assert outcome.count(None) == 1
     assert outcome.count(ErrorCode.EVENT_CONFLICT) == RACERS - 1
@@ -323,11 +332,11 @@ async def test_purge_racing_appends_leaves_all_or_nothing_of_each(store: Store) 
     appends = [ordinary(run, f"late-{n}") for n in range(RACERS * 2)]
     sessionless_appends = [ordinary(sessionless, f"side-{n}") for n in range(RACERS)]
 
-    operations: list[Callable[[], Awaitable[Any]]] = [lambda r=r: store.append_run_record(r) for r in appends]
+    operations: list[Callable[[], Awaitable[object]]] = [partial(store.append_run_record, r) for r in appends]
     operations.insert(RACERS, lambda: store.record_run_terminal(terminal(run)))
     operations.insert(RACERS // 2, lambda: _purge_when_possible(store, session_id))
     operations.extend(lambda: store.start_root_run(*start_command) for _ in range(3))
-    operations.extend(lambda r=r: store.append_run_record(r) for r in sessionless_appends)
+    operations.extend(partial(store.append_run_record, r) for r in sessionless_appends)
     results = await race(*operations)
 
     allowed = {None, ErrorCode.SESSION_PURGED, ErrorCode.RUN_NOT_FOUND, ErrorCode.RUN_NOT_ACTIVE}
@@ -349,7 +358,7 @@ async def test_purge_racing_appends_leaves_all_or_nothing_of_each(store: Store) 
 async def test_purge_racing_new_starts_recreates_nothing(store: Store) -> None:
     session_id = await ended_session(store)
     commands = [root_start(session_id) for _ in range(RACERS)]
-    operations: list[Callable[[], Awaitable[Any]]] = [lambda c=c: store.start_root_run(*c) for c in commands]
+    operations: list[Callable[[], Awaitable[object]]] = [partial(store.start_root_run, *c) for c in commands]
     operations.insert(RACERS // 2, lambda: store.purge_session(session_id))
     results = await race(*operations)
     purge_code = codes(results)[RACERS // 2]
@@ -359,6 +368,7 @@ async def test_purge_racing_new_starts_recreates_nothing(store: Store) -> None:
         if isinstance(result, StoreError):
             assert result.code is ErrorCode.SESSION_PURGED
         else:
+            assert isinstance(result, StartResult)
             assert result.decision is StartOutcome.STOP  # a start in an ended session never runs
     for command in commands:
         await refused(ErrorCode.RUN_NOT_FOUND, store.load_run(command.run.run_id))

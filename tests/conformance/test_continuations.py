@@ -4,6 +4,7 @@ losers, the winner's retries, chains, children whose parent moved, ended session
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import pytest
 
@@ -14,6 +15,8 @@ from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     CHECKPOINT_BYTES,
     STATE_CHANGE_GAP,
+    ChildStart,
+    RootStart,
     all_run_records,
     changed,
     child_start,
@@ -40,18 +43,16 @@ async def suspended_root(store: Store, session_id: str, **options: object) -> Ru
     return run
 
 
-def successor_of(predecessor: RunStart, **options: object) -> tuple[RunStart, ...]:
-    """StartRootRun arguments continuing a suspended root (same session and agent)."""
-    values: dict[str, object] = {
-        "agent_id": predecessor.agent_id,
-        "labels": dict(predecessor.labels),
-        "started_at": ms(500),
-        **options,
-    }
+def successor_of(
+    predecessor: RunStart, *, agent_id: str | None = None, started_at: datetime | None = None
+) -> RootStart:
+    """StartRootRun arguments continuing a suspended root (same session, agent and labels)."""
     return root_start(
         predecessor.session_id,
         predecessor_run_id=predecessor.run_id,
-        **values,  # type: ignore[arg-type]
+        agent_id=predecessor.agent_id if agent_id is None else agent_id,
+        labels=dict(predecessor.labels),
+        started_at=ms(500) if started_at is None else started_at,
     )
 
 
@@ -165,21 +166,23 @@ async def suspended_child(store: Store, session_id: str) -> tuple[RunStart, RunS
 
 
 def child_successor(
-    session_id: str, parent: RunStart, predecessor: RunStart, **options: object
-) -> tuple[RunStart, ...]:
-    """StartChildRun arguments continuing `predecessor` under `parent`, repeating its tool call."""
-    values: dict[str, object] = {
-        "agent_id": predecessor.agent_id,
-        "tool_name": "approve",
-        "tool_call_id": "toolu_A",
-        "started_at": ms(700),
-        **options,
-    }
+    session_id: str,
+    parent: RunStart,
+    predecessor: RunStart,
+    *,
+    tool_name: str = "approve",
+    tool_call_id: str = "toolu_A",
+) -> ChildStart:
+    """StartChildRun arguments continuing `predecessor` under `parent`, repeating its tool call
+    (`suspended_child`'s) unless told another."""
     return child_start(
         session_id,
         parent,
         predecessor_run_id=predecessor.run_id,
-        **values,  # type: ignore[arg-type]
+        agent_id=predecessor.agent_id,
+        tool_name=tool_name,
+        tool_call_id=tool_call_id,
+        started_at=ms(700),
     )
 
 

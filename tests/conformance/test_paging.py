@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import pytest
 
@@ -58,7 +59,7 @@ async def _append_many(store: Store, run: RunStart, count: int) -> None:
     for start in range(0, count, BATCH):
         await asyncio.gather(
             *(
-                resending(lambda i=index: store.append_run_record(ordinary(run, f"bulk-{i:04d}")))
+                resending(partial(store.append_run_record, ordinary(run, f"bulk-{index:04d}")))
                 for index in range(start, min(start + BATCH, count))
             )
         )

@@ -428,12 +428,11 @@ async def test_root_start_without_session_is_invalid(store: Store) -> None:
 async def test_one_shot_start_with_session_predecessor_or_parent_is_invalid(store: Store, field: str) -> None:
     session_id = await open_session(store)
     predecessor = await running_root(store, session_id)
-    value = {
-        "session_id": session_id,
-        "predecessor_run_id": predecessor.run_id,
-        "parent_run_id": predecessor.run_id,
+    run = {
+        "session_id": run_start(session_id=session_id),
+        "predecessor_run_id": run_start(predecessor_run_id=predecessor.run_id),
+        "parent_run_id": run_start(parent_run_id=predecessor.run_id),
     }[field]
-    run = run_start(**{field: value})
     await refused(ErrorCode.INVALID_ARGUMENT, store.start_one_shot_run(run, started_record(run)))
     await refused(ErrorCode.RUN_NOT_FOUND, store.load_run(run.run_id))
 
