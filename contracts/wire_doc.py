@@ -24,33 +24,18 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from quipu.contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, StoreCommand, StoreReply
+from quipu.contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, StoreCommand
 from quipu.contracts.envelope import Envelope
 from quipu.contracts.errors import ErrorCode
-from quipu.contracts.events import RunEvent
 from quipu.contracts.lifecycle import lifecycle_payload_keys
-from quipu.contracts.memory import FactChanged, HistoryRecorded
-from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
 from quipu.contracts.store_operation import Backend, StoreOperation
-from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import TOPICS, Topic, dead_letter_topic
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "wire.md"
 """Where the generated document lives in the repository."""
 
-PAYLOADS: dict[Topic, Any] = {
-    Topic.RUNS_REQUESTED: RunRequested,
-    Topic.RUNS_CONTROL: CancelRun,
-    Topic.TOOLS_CALLS: ToolCallRequested,
-    Topic.TOOLS_RESULTS: ToolCallCompleted,
-    Topic.STORAGE_COMMANDS: StoreCommand,
-    Topic.STORAGE_REPLIES: StoreReply,
-    Topic.RUNS_EVENTS: RunEvent,
-    Topic.HISTORY_TURNS: TurnCompleted,
-    Topic.HISTORY_RECORDED: HistoryRecorded,
-    Topic.MEMORY_CHANGES: FactChanged,
-}
-"""The payload model of every topic (the registry names them; this maps the names to models)."""
+PAYLOADS: dict[Topic, Any] = {spec.topic: spec.payload for spec in TOPICS}
+"""The payload schema of every topic, as the registry names it."""
 
 DEAD_LETTER_HEADERS: tuple[tuple[str, str], ...] = (
     (
@@ -333,11 +318,12 @@ def _topics_table() -> list[str]:
         "| --- | --- | --- | --- | --- |",
     ]
     for spec in TOPICS:
-        payload = PAYLOADS[spec.topic]
-        name = spec.payload if payload is StoreCommand else payload.__name__
-        if name != spec.payload:
-            raise ValueError(f"{spec.topic}: the registry says {spec.payload}, the map {name}")
-        link = "[`StoreCommand`](#storage-commands-and-replies)" if payload is StoreCommand else _anchor(name)
+        payload = spec.payload
+        link = (
+            "[`StoreCommand`](#storage-commands-and-replies)"
+            if payload is StoreCommand
+            else _anchor(payload.__name__)
+        )
         lines.append(
             f"| `{spec.topic.value}` | {spec.key} | {link} | {spec.partitions} | "
             f"`{dead_letter_topic(spec.topic.value)}` |"
