@@ -71,6 +71,7 @@ from quipu.services.domain.models.port import ModelClient, ModelRequest, ModelRe
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.logging import configure_logging
+from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings, ServiceSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import PlannerDeps
@@ -328,11 +329,7 @@ class System:
         )
         end = self.watcher.expect(request.run_id)
         published = time.perf_counter()
-        await self.producer.send_and_wait(
-            self.settings.topic_prefix + Topic.RUNS_REQUESTED.value,
-            request.model_dump_json().encode(),
-            key=request.partition_key().encode(),
-        )
+        await producer_publisher(self.producer, self.settings).publish(request)
         return Run(request.run_id, session_id, published, await asyncio.wait_for(end, RUN_TIMEOUT_S))
 
     def cpu(self) -> dict[str, float]:

@@ -13,7 +13,7 @@ from aiokafka.errors import KafkaError
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.runs import CancelRun, RunRequested
-from quipu.contracts.topics import Topic
+from quipu.services.kit.publishing import TopicPublisher, producer_publisher
 from quipu.services.kit.run_events import (
     EventPosition,
     EventStreamError,
@@ -36,6 +36,7 @@ class KafkaRunPublisher:
         self._settings = settings
         self._client_id = client_id
         self._producer: AIOKafkaProducer | None = None
+        self._publisher: TopicPublisher | None = None
 
     async def start(self) -> None:
         """Connect the producer."""
@@ -46,32 +47,25 @@ class KafkaRunPublisher:
             enable_idempotence=self._settings.enable_idempotence,
         )
         await self._producer.start()
+        self._publisher = producer_publisher(self._producer, self._settings)
 
     async def stop(self) -> None:
         """Flush and close the producer."""
-        producer, self._producer = self._producer, None
+        producer, self._producer, self._publisher = self._producer, None, None
         if producer is not None:
             await producer.stop()
 
-    def topic_of(self, message: RunRequested | CancelRun) -> str:
-        """The physical topic a message goes to."""
-        name = Topic.RUNS_REQUESTED if isinstance(message, RunRequested) else Topic.RUNS_CONTROL
-        return self._settings.topic_prefix + name.value
-
     async def publish(self, message: RunRequested | CancelRun) -> None:
         """Send and wait for the broker's acknowledgement; broker trouble is UNAVAILABLE."""
-        if self._producer is None:
+        if self._publisher is None:
             raise StoreError(ErrorCode.UNAVAILABLE, "the publisher is not started")
-        key = message.session_id or message.run_id
         try:
-            await self._producer.send_and_wait(
-                self.topic_of(message), message.model_dump_json().encode(), key=key.encode()
-            )
+            await self._publisher.publish(message)
         except KafkaError as error:
             raise StoreError(ErrorCode.UNAVAILABLE, f"could not publish: {error!r}") from error
         logger.info(
             "published",
-            topic=self.topic_of(message),
+            topic=self._publisher.topic_of(message),
             run_id=message.run_id,
             session_id=message.session_id,
             event_id=message.event_id,

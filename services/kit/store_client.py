@@ -58,6 +58,7 @@ from quipu.contracts.store import (
     StartResult,
 )
 from quipu.contracts.topics import Topic
+from quipu.services.kit.publishing import TopicPublisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 
 logger = structlog.get_logger(__name__)
@@ -94,10 +95,10 @@ class KafkaStore:
         self._reply_timeout_s = reply_timeout_s
         self._attempts = attempts
         self._tenant_id = tenant_id
-        self._commands_topic = settings.topic_prefix + Topic.STORAGE_COMMANDS.value
         self._replies_topic = settings.topic_prefix + Topic.STORAGE_REPLIES.value
         self._pending: dict[str, asyncio.Future[StoreReply]] = {}
         self._producer: AIOKafkaProducer | None = None
+        self._commands: TopicPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self._reply_partition: int | None = None
@@ -112,6 +113,7 @@ class KafkaStore:
             enable_idempotence=settings.enable_idempotence,
         )
         await self._producer.start()
+        self._commands = producer_publisher(self._producer, settings)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap,
             client_id=f"{settings.client_id}-store-replies",
@@ -185,17 +187,16 @@ class KafkaStore:
 
     async def call(self, command: StoreOperation) -> Any:
         """Send `command` and return its decoded result, or raise the owner's StoreError."""
-        if self._producer is None:
+        if self._commands is None:
             raise StoreError(ErrorCode.UNAVAILABLE, "store client not started")
         correlation_id = command.correlation_id or str(uuid.uuid4())
         command = command.model_copy(
             update={"correlation_id": correlation_id, "tenant_id": command.tenant_id or self._tenant_id}
         )
-        body = command.model_dump_json().encode()
         future: asyncio.Future[StoreReply] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
         try:
-            reply = await self._send_until_answered(command, body, future)
+            reply = await self._send_until_answered(command, future)
         finally:
             self._pending.pop(correlation_id, None)
         if reply.error is not None:
@@ -203,17 +204,15 @@ class KafkaStore:
         return decode_result(command, reply.result)
 
     async def _send_until_answered(
-        self, command: StoreOperation, body: bytes, future: asyncio.Future[StoreReply]
+        self, command: StoreOperation, future: asyncio.Future[StoreReply]
     ) -> StoreReply:
-        assert self._producer is not None
+        assert self._commands is not None
+        # The reply route is this client's own partition; a resend is the same frozen command,
+        # so the same bytes.
+        route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
         for _ in range(self._attempts):
             try:
-                await self._producer.send_and_wait(
-                    self._commands_topic,
-                    body,
-                    key=command.partition_key().encode(),
-                    headers=[(REPLY_PARTITION_HEADER, str(self._reply_partition).encode())],
-                )
+                await self._commands.publish(command, headers=route)
                 return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
             except (TimeoutError, KafkaError) as error:
                 logger.info("store command unanswered; resending", op=command.op, error=repr(error))

@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Protocol
 
 import structlog
-from faststream.kafka import KafkaBroker
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
@@ -35,8 +34,7 @@ from quipu.contracts.store import (
     StartResult,
     is_erased,
 )
-from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
-from quipu.contracts.topics import Topic
+from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
@@ -59,10 +57,8 @@ from quipu.services.domain.transcript import (
     build_messages_from_run_log,
     validate_planner_transcript,
 )
-from quipu.services.kit.broker import topic
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.keyed_locks import KeyedLocks
-from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.logic import (
     CANCEL_KEY,
     CONTEXT_KEY,
@@ -188,47 +184,11 @@ async def load_view(store: Store, run_id: str) -> RunView | None:
 
 
 class Publisher(Protocol):
-    """Publishes the planner's messages, each to its topic with its key."""
+    """Publishes the planner's messages, each to its topic with its key (`kit.publishing`)."""
 
     async def publish(self, message: Output) -> None:
         """Publish one message and wait for the broker to take it."""
         ...
-
-
-_TOPICS: dict[type, Topic] = {
-    ToolCallRequested: Topic.TOOLS_CALLS,
-    RunRequested: Topic.RUNS_REQUESTED,
-    ToolCallCompleted: Topic.TOOLS_RESULTS,
-    TurnCompleted: Topic.HISTORY_TURNS,
-    CancelRun: Topic.RUNS_CONTROL,
-}
-
-
-def topic_and_key(message: Output) -> tuple[Topic, str]:
-    """Where a planner message goes (docs/architecture.md, "Topics"): its topic and partition key."""
-    if isinstance(message, ToolCallRequested):
-        return Topic.TOOLS_CALLS, message.run_id
-    if isinstance(message, RunRequested | ToolCallCompleted):
-        return _TOPICS[type(message)], message.partition_key()
-    if isinstance(message, TurnCompleted):
-        return Topic.HISTORY_TURNS, message.session_id
-    if isinstance(message, CancelRun):
-        return Topic.RUNS_CONTROL, message.session_id or message.run_id
-    return Topic.RUNS_EVENTS, message.session_id or message.run_id
-
-
-class KafkaPublisher:
-    """A `Publisher` on the service's FastStream broker."""
-
-    def __init__(self, broker: KafkaBroker, settings: KafkaSettings) -> None:
-        self._broker = broker
-        self._settings = settings
-
-    async def publish(self, message: Output) -> None:
-        name, key = topic_and_key(message)
-        await self._broker.publish(
-            message.model_dump_json().encode(), topic=topic(self._settings, name), key=key.encode()
-        )
 
 
 # --- context and tools --------------------------------------------------------------------------

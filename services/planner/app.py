@@ -13,11 +13,11 @@ from quipu.services.domain.models.factory import ModelSettings, make_model
 from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner import handlers
 from quipu.services.planner.adapters import (
-    KafkaPublisher,
     Planner,
     PlannerDeps,
     PublishedTurns,
@@ -89,7 +89,7 @@ def create_app(
             opened.append(client)
             store = client
         publisher = PublishedTurns(
-            KafkaPublisher(broker, kafka), turns_per_session=max(1, settings.history_messages // 2)
+            broker_publisher(broker, kafka), turns_per_session=max(1, settings.history_messages // 2)
         )
         context: ContextSource
         if given.context is not None:

@@ -28,6 +28,7 @@ from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, PermanentError
+from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
 from quipu.services.storage_owner.logic import apply_command, correlation_of, reply_partition
@@ -95,10 +96,11 @@ def register(
 ) -> ConcurrentConsumer:
     """Subscribe the owner to `storage.commands`: sessions side by side, each session's in order."""
     replies = RepliesTopic(settings)
+    publisher = broker_publisher(broker, settings)
 
     async def on_command(message: ConsumedMessage) -> None:
         async def publish_reply(reply: StoreReply, partition: int | None) -> None:
-            await broker.publish(reply.model_dump_json().encode(), topic=replies.name, partition=partition)
+            await publisher.publish(reply, partition=partition)
 
         async def apply(command: StoreOperation) -> None:
             try:
@@ -109,14 +111,10 @@ def register(
                 # The refusal itself goes to the replies topic, on whichever partition.
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
-            reply, publications = await apply_command(deps.opened_store(), command, deps.memory)
+            reply, announcements = await apply_command(deps.opened_store(), command, deps.memory)
             await publish_reply(reply, partition)
-            for publication in publications:
-                await broker.publish(
-                    publication.payload.model_dump_json().encode(),
-                    topic=topic(settings, publication.topic),
-                    key=publication.key.encode(),
-                )
+            for announcement in announcements:
+                await publisher.publish(announcement)
 
         async def refuse(body: bytes, reason: str) -> None:
             correlation_id = correlation_of(body)

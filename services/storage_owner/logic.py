@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-from pydantic import BaseModel
 
 from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
@@ -38,19 +35,12 @@ from quipu.contracts.memory_commands import AppendHistoryTurn, ApplyFactOperatio
 from quipu.contracts.store import CancellationReason, Record, StartOutcome, StartResult
 from quipu.contracts.store_operation import Backend
 from quipu.contracts.tools import TOOL_RESULT_RECORD
-from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 
-
-@dataclass(frozen=True)
-class Publication:
-    """A message to publish once the command's effect is committed."""
-
-    topic: Topic
-    key: str
-    payload: BaseModel
+Announcement = RunEvent | HistoryRecorded | FactChanged
+"""A message published once the command's effect is committed (its topic and key: the registry)."""
 
 
 def _event(record: Record, type_: StreamEventType, payload: dict[str, Any], key: str = "") -> RunEvent:
@@ -168,7 +158,7 @@ def events_after_commit(command: StoreOperation, result: object) -> list[RunEven
     return []
 
 
-def memory_events_after_commit(command: StoreOperation, result: object) -> list[Publication]:
+def memory_events_after_commit(command: StoreOperation, result: object) -> Sequence[Announcement]:
     """What a committed memory command (or its exact retry) announces.
 
     A recorded turn: `HistoryRecorded` on history.recorded, keyed by session, with an id derived
@@ -190,7 +180,7 @@ def memory_events_after_commit(command: StoreOperation, result: object) -> list[
             first_seq=result.first_seq,
             last_seq=result.last_seq,
         )
-        return [Publication(Topic.HISTORY_RECORDED, turn.session_id, recorded)]
+        return [recorded]
     changes: list[FactChanged] = []
     if isinstance(command, ApplyFactOperations):
         assert isinstance(result, list)
@@ -198,12 +188,12 @@ def memory_events_after_commit(command: StoreOperation, result: object) -> list[
     elif isinstance(command, DeleteFact):
         assert isinstance(result, FactChanged)
         changes = [result]
-    return [Publication(Topic.MEMORY_CHANGES, change.scope.principal_id, change) for change in changes]
+    return changes
 
 
 async def apply_command(
     store: Store, command: StoreOperation, memory: MemoryStore | None = None
-) -> tuple[StoreReply, list[Publication]]:
+) -> tuple[StoreReply, Sequence[Announcement]]:
     """Apply one command to its backend; a contract error becomes the reply, UNAVAILABLE propagates."""
     memory_command = command.backend is Backend.MEMORY
     try:
@@ -218,10 +208,7 @@ async def apply_command(
     reply = StoreReply(correlation_id=command.correlation_id, op=command.op, result=encode_result(result))
     if memory_command:
         return reply, memory_events_after_commit(command, result)
-    events = events_after_commit(command, result)
-    return reply, [
-        Publication(Topic.RUNS_EVENTS, event.session_id or event.run_id, event) for event in events
-    ]
+    return reply, events_after_commit(command, result)
 
 
 def correlation_of(body: bytes) -> str:

@@ -33,6 +33,7 @@ from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError
 from quipu.services.kit.logging import bound_ids, get_logger
+from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor.logic import ToolRunner
 from quipu.services.tool_executor.settings import ToolExecutorSettings
@@ -92,13 +93,11 @@ def register(
     delivery: Delivery,
 ) -> ConcurrentConsumer:
     """Subscribe the executor to `tools.calls` (its group) and `runs.control` (every partition)."""
-    results_topic = topic(kafka, Topic.TOOLS_RESULTS)
+    publisher = broker_publisher(broker, kafka)
 
     async def publish(result: ToolCallCompleted) -> None:
         try:
-            await broker.publish(
-                result.model_dump_json().encode(), topic=results_topic, key=result.partition_key().encode()
-            )
+            await publisher.publish(result)
         except KafkaError as error:
             # The broker is briefly away: try again (the tool is not run again, its result is kept).
             raise RetryableError(f"publishing the result failed: {type(error).__name__}") from error

@@ -1,13 +1,15 @@
 """The topic registry is the one place that routes a payload: every entry is executable and total.
 
 Every payload model the registry names round-trips through its topic's JSON; every key function
-gives a key for any such payload, the same key before and after the wire; and a payload's topic
-follows from its type.
+gives a key for any such payload, the same key before and after the wire; a payload's topic
+follows from its type; and nothing in the services sends to Kafka but `kit.publishing`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import ast
+from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -18,7 +20,11 @@ from quipu.contracts.events import RunEvent
 from quipu.contracts.topics import TOPICS, Topic, TopicSpec, UnroutablePayloadError, spec_for, spec_of
 from quipu.services.kit.run_events import RunEventReader
 from quipu.services.kit.settings import KafkaSettings
+from quipu.services.planner.logic import Output
+from quipu.services.storage_owner.logic import Announcement
 from tests.contract.samples import models
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ENTRIES = [(spec, model) for spec in TOPICS for model in spec.models]
 """Every (topic, payload model) pair the registry names."""
@@ -85,12 +91,73 @@ def test_a_payload_no_topic_carries_is_refused() -> None:
         spec_for(Stray())
 
 
+def test_everything_the_planner_and_the_owner_publish_has_a_topic() -> None:
+    routed = {model for spec in TOPICS for model in spec.models}
+    assert set(get_args(Output)) <= routed
+    assert set(get_args(Announcement)) <= routed
+
+
 @SAMPLES
 @given(models(RunEvent))
 def test_a_session_stream_reads_the_partition_its_events_are_keyed_to(event: RunEvent) -> None:
     assume(event.session_id or event.run_id)
     reader = RunEventReader(KAFKA, session_id=event.session_id, run_id=event.run_id)
     assert spec_of(Topic.RUNS_EVENTS).key_for(event) == reader.key.encode()
+
+
+# --- every publish goes through the router -------------------------------------------------------
+
+SENDS = {"send", "send_and_wait", "send_batch", "publish_batch"}
+"""Producer methods that put a record on a topic of the caller's choosing."""
+
+ALLOWED = {
+    ("services/kit/publishing.py", "send"): "the router itself",
+    (
+        "services/kit/broker.py",
+        "dead_letter",
+    ): "a dead letter goes to its source's .dlq with the original key",
+    ("bench/run_bench.py", "_raw_hops"): "the bench's raw round trip on a topic of its own",
+}
+"""Where raw sends are right, and why."""
+
+
+def _raw_sends(path: Path) -> list[tuple[str, int]]:
+    """(enclosing function, line) of every raw send in a file: a producer send, or a FastStream
+    `publish` told its topic."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                method = child.func.attr
+                told_topic = len(child.args) > 1 or any(keyword.arg == "topic" for keyword in child.keywords)
+                if method in SENDS or (method == "publish" and told_topic):
+                    found.append((function, child.lineno))
+            visit(child, name)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return found
+
+
+def test_every_publish_in_the_services_goes_through_the_registry_router() -> None:
+    sources = [
+        path
+        for folder in ("services", "contracts", "deploy", "bench")
+        for path in (ROOT / folder).rglob("*.py")
+    ]
+    raw = [
+        f"{path.relative_to(ROOT)}:{line} in {function or 'module'}"
+        for path in sources
+        for function, line in _raw_sends(path)
+        if (str(path.relative_to(ROOT)), function) not in ALLOWED
+    ]
+    assert not raw, f"publish through quipu.services.kit.publishing, not by hand: {raw}"
+
+
+def test_the_publish_check_finds_a_raw_send() -> None:
+    module = ROOT / "services" / "kit" / "publishing.py"
+    assert _raw_sends(module), "the router's own sends are found, so the check can fail"
 
 
 def test_every_registry_topic_is_one_spec() -> None:

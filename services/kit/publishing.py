@@ -1,0 +1,83 @@
+"""The one way a service publishes: any registry payload, to its topic, with its key.
+
+    publisher = broker_publisher(broker, settings)       # on the service's FastStream broker
+    publisher = producer_publisher(producer, settings)   # or on a plain aiokafka producer
+    await publisher.publish(ToolCallRequested(...))      # tools.calls, keyed by the run id
+
+The topic follows from the payload's type alone and the key from the registry's key function
+(`quipu.contracts.topics`); the deployment's prefix comes from `KafkaSettings`. A message never
+chooses where it goes: the only routes a caller adds are ones its own configuration gives it
+(the owner's reply partition, a store client's reply-partition header). A contract test checks
+that nothing else in the services sends to Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Protocol
+
+from aiokafka import AIOKafkaProducer
+from faststream.kafka import KafkaBroker
+from pydantic import BaseModel
+
+from quipu.contracts.topics import spec_for
+from quipu.services.kit.settings import KafkaSettings
+
+
+class Send(Protocol):
+    """Sends one record and returns once the broker has taken it."""
+
+    def __call__(
+        self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> Awaitable[object]: ...
+
+
+class TopicPublisher:
+    """Publishes registry payloads through one producer, within one deployment's topics."""
+
+    def __init__(self, settings: KafkaSettings, send: Send) -> None:
+        self._prefix = settings.topic_prefix
+        self._send = send
+
+    def topic_of(self, message: BaseModel) -> str:
+        """The physical topic `message` goes to (UnroutablePayloadError when no topic carries it)."""
+        return self._prefix + spec_for(message).topic.value
+
+    async def publish(
+        self, message: BaseModel, *, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Send `message` to its topic with its key and wait for the broker's acknowledgement.
+
+        `partition` and `headers` are routes from the caller's configuration, never from a message.
+        """
+        spec = spec_for(message)
+        await self._send(
+            self._prefix + spec.topic.value,
+            message.model_dump_json().encode(),
+            key=spec.key_for(message),
+            partition=partition,
+            headers=headers or {},
+        )
+
+
+def broker_publisher(broker: KafkaBroker, settings: KafkaSettings) -> TopicPublisher:
+    """A `TopicPublisher` on a service's FastStream broker."""
+
+    async def send(
+        topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> None:
+        await broker.publish(body, topic=topic, key=key, partition=partition, headers=dict(headers) or None)
+
+    return TopicPublisher(settings, send)
+
+
+def producer_publisher(producer: AIOKafkaProducer, settings: KafkaSettings) -> TopicPublisher:
+    """A `TopicPublisher` on a started aiokafka producer (clients without a FastStream broker)."""
+
+    async def send(
+        topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> None:
+        encoded = [(name, value.encode()) for name, value in headers.items()]
+        await producer.send_and_wait(topic, body, key=key, partition=partition, headers=encoded or None)
+
+    return TopicPublisher(settings, send)
