@@ -43,7 +43,7 @@ Diagnosis = Callable[[], Coroutine[Any, Any, str]]
 
 def store_client(kafka: KafkaSettings, settings: CliSettings) -> KafkaStore:
     """A store client with the CLI's reply timeout and attempts."""
-    return KafkaStore(kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=settings.store_attempts)
+    return KafkaStore.for_service(kafka, settings)
 
 
 @contextlib.asynccontextmanager

@@ -230,9 +230,7 @@ async def _purged(store: KafkaStore, session_ids: set[str]) -> set[str]:
 
 
 def _memory(kafka: Any, settings: CliSettings) -> KafkaMemoryStore:
-    return KafkaMemoryStore.connect(
-        kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=settings.store_attempts
-    )
+    return KafkaMemoryStore.for_service(kafka, settings)
 
 
 def memory_list(principal: str, tenant: str, agent: str) -> None:

@@ -76,10 +76,10 @@ class Enricher:
         return report
 
     async def _try(self, call: Callable[[], Awaitable[None]]) -> None:
-        attempts = self._settings.attempts
+        attempts = self._settings.retry_attempts
         for attempt in range(1, attempts + 1):
             try:
-                async with asyncio.timeout(self._settings.store_timeout_s):
+                async with asyncio.timeout(self._settings.store_reply_timeout_s):
                     await call()
                 return
             except StoreError as error:

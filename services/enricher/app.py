@@ -31,11 +31,13 @@ class EnricherDeps:
 
 def check_timeouts(kafka: KafkaSettings, settings: EnricherSettings) -> None:
     """Refuse tries that, all together, could outlive the consumer's poll interval."""
-    worst_s = settings.attempts * (settings.store_timeout_s + settings.retry_delay_s * 2**settings.attempts)
+    worst_s = settings.retry_attempts * (
+        settings.store_reply_timeout_s + settings.retry_delay_s * 2**settings.retry_attempts
+    )
     if worst_s * 1000 >= kafka.max_poll_interval_ms:
         raise ValueError(
-            f"attempts x (store_timeout_s + backoff) = {worst_s:g} s must stay below the consumer's "
-            f"max_poll_interval_ms={kafka.max_poll_interval_ms}"
+            f"retry_attempts x (store_reply_timeout_s + backoff) = {worst_s:g} s must stay below the "
+            f"consumer's max_poll_interval_ms={kafka.max_poll_interval_ms}"
         )
 
 
@@ -59,7 +61,9 @@ def create_app(
         # Hooks, not a lifespan: `app.start()` (in-process use, tests) runs hooks only.
         store = given.store
         if store is None:
-            client = KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_timeout_s, attempts=1)
+            client = KafkaMemoryStore.connect(
+                kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=1
+            )
             await client.start()
             opened.append(client)
             store = client

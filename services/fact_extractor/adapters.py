@@ -37,7 +37,7 @@ from quipu.contracts.memory import (
 from quipu.services.domain.agents import AgentSpec
 from quipu.services.domain.memory.context import is_anonymous_principal
 from quipu.services.domain.memory.protocol import MemoryStore
-from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest, ModelResponse, StopReason
 from quipu.services.fact_extractor.logic import (
     ModelOutputError,
@@ -83,12 +83,12 @@ class TurnOutcome:
 
 def open_memory_store(kafka: KafkaSettings, settings: FactExtractorSettings) -> KafkaMemoryStore:
     """The storage owner's memory commands over Kafka (start it before use)."""
-    return KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_reply_timeout_s)
+    return KafkaMemoryStore.for_service(kafka, settings)
 
 
 def open_model(kafka: KafkaSettings, settings: FactExtractorSettings) -> ModelClient:
     """The configured model, its whole-call deadline capped by the extractor's model timeout."""
-    model_settings = ModelSettings()
+    model_settings = settings.model
     if model_settings.deadline_s > settings.model_timeout_s:
         model_settings = model_settings.model_copy(update={"deadline_s": settings.model_timeout_s})
     return make_model(model_settings, max_poll_interval_ms=kafka.max_poll_interval_ms)

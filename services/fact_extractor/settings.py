@@ -5,19 +5,16 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from quipu.services.kit.settings import ConsumerSettings
+from quipu.services.domain.models.factory import ModelSettings
+from quipu.services.kit.settings import ConsumerGroup, ConsumerSettings, RetryAttempts, StoreClientSettings
 
 
-class FactExtractorSettings(ConsumerSettings):
+class FactExtractorSettings(ConsumerSettings, StoreClientSettings):
     """How the fact extractor consumes `history.recorded`, bounds its model calls and its memory."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_FACTS_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_FACTS_")
 
-    group: str = Field(
-        default="fact-extractor",
-        min_length=1,
-        description="Consumer group of `history.recorded`; every extractor copy joins it.",
-    )
+    group: ConsumerGroup = "fact-extractor"
     model_timeout_s: float = Field(
         default=60.0,
         gt=0,
@@ -26,14 +23,7 @@ class FactExtractorSettings(ConsumerSettings):
             "must stay below the consumer's max_poll_interval."
         ),
     )
-    retry_attempts: int = Field(
-        default=2,
-        ge=1,
-        description=(
-            "Tries of one message on a transient failure (store UNAVAILABLE, retryable model error, "
-            "timeout) before it is rewound and delivered again."
-        ),
-    )
+    retry_attempts: RetryAttempts = 2
     max_output_tokens: int = Field(
         default=1024, ge=64, description="Output tokens asked for in one extraction or profile call."
     )
@@ -60,8 +50,9 @@ class FactExtractorSettings(ConsumerSettings):
         default=200, ge=16, description="Longest profile line kept; longer lines are dropped."
     )
     profile_max_chars: int = Field(default=800, ge=64, description="Longest profile kept, in characters.")
-    store_reply_timeout_s: float = Field(
-        default=5.0, gt=0, description="Wait for one storage-owner reply before resending the command."
+    model: ModelSettings = Field(
+        default_factory=ModelSettings,
+        description="The language model this service calls (`QUIPU_MODEL_...`, the same for every service).",
     )
 
     @model_validator(mode="after")

@@ -100,12 +100,7 @@ def create_app(
                 deps.streams.close()
                 app.state.deps = app.state.memory = None
             return
-        store = KafkaStore(
-            kafka_settings,
-            reply_timeout_s=settings.store_reply_timeout_s,
-            attempts=settings.store_attempts,
-            tenant_id=settings.tenant_id,
-        )
+        store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id)
         publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE)
         streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s)
         await store.start()

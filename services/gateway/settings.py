@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from quipu.services.kit.settings import StoreClientSettings
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(StoreClientSettings):
     """Where the gateway listens and how it talks to the store and streams events."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_GATEWAY_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_GATEWAY_")
 
     host: str = Field(
         default="127.0.0.1", description="Interface the HTTP server binds (QUIPU_GATEWAY_HOST)."
@@ -21,16 +23,6 @@ class GatewaySettings(BaseSettings):
         default=15.0,
         gt=0,
         description="An event stream idle this long gets a keep-alive comment, so proxies keep it open.",
-    )
-    store_reply_timeout_s: float = Field(
-        default=5.0,
-        gt=0,
-        description="How long one store command waits for the owner's reply before it is resent.",
-    )
-    store_attempts: int = Field(
-        default=3,
-        ge=1,
-        description="Sends of one store command before the request fails with 503 UNAVAILABLE.",
     )
     tenant_id: str = Field(
         default="",

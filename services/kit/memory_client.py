@@ -44,7 +44,7 @@ from quipu.contracts.memory_commands import (
     SearchIndex,
     UpsertIndexEntry,
 )
-from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 from quipu.services.kit.store_client import KafkaStore
 
 
@@ -59,6 +59,11 @@ class KafkaMemoryStore:
     def connect(cls, settings: KafkaSettings, **options: Any) -> KafkaMemoryStore:
         """A client with its own transport (`options` as for `KafkaStore`); start it or use `async with`."""
         return cls(KafkaStore(settings, **options), owns_transport=True)
+
+    @classmethod
+    def for_service(cls, settings: KafkaSettings, client: StoreClientSettings) -> KafkaMemoryStore:
+        """A client with its own transport, waiting and resending as the service's store settings say."""
+        return cls(KafkaStore.for_service(settings, client), owns_transport=True)
 
     async def start(self) -> None:
         """Start the transport when this client owns it."""

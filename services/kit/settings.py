@@ -3,6 +3,12 @@
 Build them once (in `__main__` or `create_app`) and pass them in; nothing here
 reads the environment at import time.
 
+One vocabulary across the services: a field that means the same in two services has the same
+name, type, bounds and description, declared once here (`StoreClientSettings`, the annotated
+types `ConsumerGroup`, `RetryAttempts`, ...), and each service states only its own default. A
+renamed field keeps its old variable as a deprecated alias (`renamed`): still read, with a
+warning naming the new variable.
+
 Two Kafka flavours need different client settings (PLATFORM_NOTES): real
 Apache Kafka keeps the client defaults, the embedded Tansu broker needs short
 fetch waits and session timeouts and no idempotent producer. The defaults
@@ -13,14 +19,104 @@ explicitly to the Tansu value.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import os
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 KafkaFlavour = Literal["kafka", "tansu"]
 OffsetReset = Literal["earliest", "latest"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+def renamed(name: str, *old_names: str) -> AliasChoices:
+    """The validation alias of a renamed field: `name` first, then the names it had before.
+
+    The old names stay readable, under the class's prefix (`QUIPU_ENRICHER_ATTEMPTS` for
+    `store_attempts` renamed from `attempts`), and building the settings with one of them warns
+    (`FutureWarning`) with the new name; when both are set the new one wins.
+    """
+    return AliasChoices(name, *old_names)
+
+
+class QuipuSettings(BaseSettings):
+    """Base of every Quipu settings class: frozen, unknown variables ignored, renames honoured.
+
+    A subclass sets only its `env_prefix`; the prefix applies to a renamed field's old names as
+    well (see `renamed`).
+    """
+
+    model_config = SettingsConfigDict(
+        frozen=True, extra="ignore", env_prefix_target="all", validate_by_name=True, validate_by_alias=True
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warn_about_old_names(cls, data: Any) -> Any:
+        """Say which variable replaces a deprecated one that was used (or an old keyword)."""
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        given = {key.upper() for key in data} if isinstance(data, dict) else set()
+        variables = {key.upper() for key in os.environ}
+        for name, field in cls.model_fields.items():
+            if not isinstance(field.validation_alias, AliasChoices):
+                continue
+            for old in field.validation_alias.choices[1:]:
+                if isinstance(old, str) and (old.upper() in given or f"{prefix}{old.upper()}" in variables):
+                    warnings.warn(
+                        f"{prefix}{old.upper()} is deprecated and will be removed: "
+                        f"set {prefix}{name.upper()} instead",
+                        FutureWarning,
+                        stacklevel=2,
+                    )
+        return data
+
+
+ConsumerGroup = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description=(
+            "Consumer group of the service's topics (the prefix of its groups where it has several); "
+            "every copy of the service joins the same one."
+        ),
+    ),
+]
+"""A service's consumer group; each service gives its own default (`group: ConsumerGroup = "planner"`)."""
+
+RetryAttempts = Annotated[
+    int,
+    Field(
+        ge=1,
+        description=(
+            "Tries of one message on a transient failure (a retryable error or a timeout), with a "
+            "jittered backoff between them, before it is left to be delivered again."
+        ),
+    ),
+]
+"""How often the delivery wrapper tries one message; each service gives its own default."""
+
+StoreReplyTimeout = Annotated[
+    float,
+    Field(
+        gt=0,
+        description=(
+            "How long one store command waits for the storage owner's reply before it is sent "
+            "again (the identical command: the owner applies it once); raise it on a busy host."
+        ),
+    ),
+]
+"""How long a store client waits for one reply (`StoreClientSettings.store_reply_timeout_s`)."""
+
+StoreAttempts = Annotated[
+    int,
+    Field(
+        ge=1,
+        description="Sends of one store command before the call fails as UNAVAILABLE.",
+    ),
+]
+"""How often a store client sends one command (`StoreClientSettings.store_attempts`)."""
 
 TANSU_CLIENT_SETTINGS: dict[str, Any] = {
     # The Tansu fetch long-poll does not wake on new data: a hop costs about
@@ -38,10 +134,10 @@ TANSU_CLIENT_SETTINGS: dict[str, Any] = {
 """The client settings the embedded Tansu broker needs (PLATFORM_NOTES, Tansu)."""
 
 
-class KafkaSettings(BaseSettings):
+class KafkaSettings(QuipuSettings):
     """How a service reaches Kafka, and how its producer and consumers behave."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_KAFKA_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_KAFKA_")
 
     bootstrap: str = Field(
         description="Comma-separated `host:port` list of brokers (QUIPU_KAFKA_BOOTSTRAP).",
@@ -163,10 +259,10 @@ class KafkaSettings(BaseSettings):
         return cls(bootstrap=bootstrap, topic_prefix=topic_prefix, flavour="tansu", **overrides)
 
 
-class MongoSettings(BaseSettings):
+class MongoSettings(QuipuSettings):
     """How the storage owner reaches MongoDB (no other service holds these)."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_MONGO_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_MONGO_")
 
     uri: SecretStr = Field(
         description=(
@@ -181,10 +277,10 @@ class MongoSettings(BaseSettings):
     )
 
 
-class ServiceSettings(BaseSettings):
+class ServiceSettings(QuipuSettings):
     """What every service process needs to describe itself: its name and how it logs."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_")
 
     service_name: str = Field(
         default="quipu",
@@ -213,7 +309,7 @@ class ServiceSettings(BaseSettings):
     )
 
 
-class ConsumerSettings(BaseSettings):
+class ConsumerSettings(QuipuSettings):
     """How a service consumes its topics concurrently (`kit.concurrent_delivery`); each service's
     settings extend it under their own prefix (`QUIPU_PLANNER_MAX_IN_FLIGHT`, ...)."""
 
@@ -253,3 +349,11 @@ class ConsumerSettings(BaseSettings):
     def drain_grace_s(self) -> float:
         """How long messages in flight may finish on shutdown (`drain_share` of the grace)."""
         return self.shutdown_grace_s * self.drain_share
+
+
+class StoreClientSettings(QuipuSettings):
+    """How a service's store calls wait for the storage owner (each service under its own prefix:
+    `QUIPU_PLANNER_STORE_REPLY_TIMEOUT_S`, `QUIPU_CLI_STORE_ATTEMPTS`, ...)."""
+
+    store_reply_timeout_s: StoreReplyTimeout = 5.0
+    store_attempts: StoreAttempts = 3

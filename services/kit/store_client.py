@@ -59,7 +59,7 @@ from quipu.contracts.store import (
 )
 from quipu.contracts.topics import Topic
 from quipu.services.kit.publishing import TopicPublisher, producer_publisher
-from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 
 logger = structlog.get_logger(__name__)
 
@@ -102,6 +102,18 @@ class KafkaStore:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self._reply_partition: int | None = None
+
+    @classmethod
+    def for_service(
+        cls, settings: KafkaSettings, client: StoreClientSettings, *, tenant_id: str = ""
+    ) -> KafkaStore:
+        """A client that waits for replies and resends as the service's store settings say."""
+        return cls(
+            settings,
+            reply_timeout_s=client.store_reply_timeout_s,
+            attempts=client.store_attempts,
+            tenant_id=tenant_id,
+        )
 
     async def start(self) -> None:
         """Connect, and be positioned on the replies topic before the first command is sent."""

@@ -9,7 +9,7 @@ from faststream import FastStream
 from quipu.services.domain.agents import default_agents
 from quipu.services.domain.memory.context import ContextSource, MemoryContextSource
 from quipu.services.domain.memory.protocol import MemoryStore
-from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.memory_client import KafkaMemoryStore
@@ -84,7 +84,7 @@ def create_app(
         # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
         store = given.store
         if store is None:
-            client = KafkaStore(kafka, reply_timeout_s=settings.store_reply_timeout_s)
+            client = KafkaStore.for_service(kafka, settings)
             await client.start()
             opened.append(client)
             store = client
@@ -101,7 +101,7 @@ def create_app(
         else:
             context = SessionHistoryContext(store, settings.history_messages)
         model = given.model or make_model(
-            ModelSettings(), max_poll_interval_ms=int(settings.model_timeout_s * 1000)
+            settings.model, max_poll_interval_ms=int(settings.model_timeout_s * 1000)
         )
         # Sessions are claimed where their history is kept: the owner's memory store.
         memory = given.memory or (KafkaMemoryStore(store) if isinstance(store, KafkaStore) else None)

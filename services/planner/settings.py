@@ -5,17 +5,17 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from quipu.services.kit.settings import ConsumerSettings
+from quipu.services.domain.models.factory import ModelSettings
+from quipu.services.kit.settings import ConsumerGroup, ConsumerSettings, RetryAttempts, StoreClientSettings
 
 
-class PlannerSettings(ConsumerSettings):
+class PlannerSettings(ConsumerSettings, StoreClientSettings):
     """How the planner consumes its three topics and bounds its model calls."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_PLANNER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_PLANNER_")
 
-    group: str = Field(
+    group: ConsumerGroup = Field(
         default="planner",
-        min_length=1,
         description=(
             "Prefix of the planner's consumer groups (`<group>-requests`, `-control`, `-results`); "
             "every planner copy uses the same ones."
@@ -30,9 +30,8 @@ class PlannerSettings(ConsumerSettings):
             "the model adapter's own deadline must fit inside it."
         ),
     )
-    retry_attempts: int = Field(
+    retry_attempts: RetryAttempts = Field(
         default=1,
-        ge=1,
         description=(
             "Tries of one message on a transient failure (store UNAVAILABLE, retryable model error) "
             "before it is set aside and handled again a second later, still first in its key's line. "
@@ -108,8 +107,9 @@ class PlannerSettings(ConsumerSettings):
         gt=0,
         description="Bound on one compaction (summarizer) call; past it the message is tried again later.",
     )
-    store_reply_timeout_s: float = Field(
-        default=5.0, gt=0, description="Wait for one storage-owner reply before resending the command."
+    model: ModelSettings = Field(
+        default_factory=ModelSettings,
+        description="The language model this service calls (`QUIPU_MODEL_...`, the same for every service).",
     )
     max_actions_per_message: int = Field(
         default=64,

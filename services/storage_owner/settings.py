@@ -5,15 +5,15 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from quipu.services.kit.settings import ConsumerSettings
+from quipu.services.kit.settings import ConsumerGroup, ConsumerSettings, RetryAttempts
 
 
 class OwnerSettings(ConsumerSettings):
     """How the storage owner consumes commands and protects cursors."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_OWNER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_OWNER_")
 
-    group: str = Field(default="storage-owner", description="Consumer group of every owner copy.")
+    group: ConsumerGroup = "storage-owner"
     cursor_secret: SecretStr | None = Field(
         default=None,
         description="HMAC key of listing cursors; unset: a key generated once and kept in MongoDB.",
@@ -35,6 +35,6 @@ class OwnerSettings(ConsumerSettings):
             "its own transaction), one session's stay in order. One applies every command in turn."
         ),
     )
-    retry_attempts: int = Field(
-        default=5, ge=1, description="Tries of one command on a transient database failure."
+    retry_attempts: RetryAttempts = Field(
+        default=5, description="Tries of one command on a transient database failure."
     )

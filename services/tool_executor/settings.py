@@ -5,18 +5,15 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from quipu.services.kit.settings import ConsumerSettings
+from quipu.services.kit.settings import ConsumerGroup, ConsumerSettings, RetryAttempts
 
 
 class ToolExecutorSettings(ConsumerSettings):
     """How the tool executor consumes calls, bounds them and shuts down (`QUIPU_TOOLS_...`)."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_TOOLS_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_TOOLS_")
 
-    group: str = Field(
-        default="tool-executor",
-        description="Consumer group of `tools.calls`; every executor copy joins it and gets some partitions.",
-    )
+    group: ConsumerGroup = "tool-executor"
     max_in_flight: int = Field(
         default=64,
         ge=1,
@@ -46,6 +43,6 @@ class ToolExecutorSettings(ConsumerSettings):
         ge=1,
         description="Canceled run ids kept in process; later calls of those runs are not run.",
     )
-    retry_attempts: int = Field(
-        default=5, ge=1, description="Tries to publish one result while the broker is briefly unavailable."
+    retry_attempts: RetryAttempts = Field(
+        default=5, description="Tries to publish one result while the broker is briefly unavailable."
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quipu.services.domain.memory.summary import Summarizer
-from quipu.services.domain.models.factory import ModelSettings, make_model
+from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.models.port import ModelClient
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
@@ -12,7 +12,7 @@ from quipu.services.transcript_recorder.settings import TranscriptRecorderSettin
 
 def memory_client(kafka: KafkaSettings, settings: TranscriptRecorderSettings) -> KafkaMemoryStore:
     """A `MemoryStore` that sends memory commands to the storage owner (start it before use)."""
-    return KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_reply_timeout_s)
+    return KafkaMemoryStore.for_service(kafka, settings)
 
 
 def summarizer(
@@ -22,5 +22,5 @@ def summarizer(
 
     The model's own deadline must fit inside the consumer's poll interval, like every long call.
     """
-    chosen = model or make_model(ModelSettings(), max_poll_interval_ms=kafka.max_poll_interval_ms)
+    chosen = model or make_model(settings.model, max_poll_interval_ms=kafka.max_poll_interval_ms)
     return Summarizer(chosen, settings.summary_max_tokens)

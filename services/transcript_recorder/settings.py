@@ -5,19 +5,16 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from quipu.services.kit.settings import ConsumerSettings
+from quipu.services.domain.models.factory import ModelSettings
+from quipu.services.kit.settings import ConsumerGroup, ConsumerSettings, RetryAttempts, StoreClientSettings
 
 
-class TranscriptRecorderSettings(ConsumerSettings):
+class TranscriptRecorderSettings(ConsumerSettings, StoreClientSettings):
     """How the recorder consumes `history.turns`, sizes the window and folds the summary."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_RECORDER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_RECORDER_")
 
-    group: str = Field(
-        default="transcript-recorder",
-        min_length=1,
-        description="Consumer group of `history.turns`; every recorder copy joins it.",
-    )
+    group: ConsumerGroup = "transcript-recorder"
     window_messages: int = Field(
         default=12,
         ge=2,
@@ -59,13 +56,10 @@ class TranscriptRecorderSettings(ConsumerSettings):
             "next turn's fold; the turn itself is recorded regardless."
         ),
     )
-    retry_attempts: int = Field(
-        default=5,
-        ge=1,
-        description="Tries of one message while the owner is briefly unavailable, before it is rewound.",
-    )
-    store_reply_timeout_s: float = Field(
-        default=5.0, gt=0, description="Wait for one storage-owner reply before resending the command."
+    retry_attempts: RetryAttempts = 5
+    model: ModelSettings = Field(
+        default_factory=ModelSettings,
+        description="The language model this service calls (`QUIPU_MODEL_...`, the same for every service).",
     )
 
     @model_validator(mode="after")

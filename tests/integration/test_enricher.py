@@ -49,7 +49,7 @@ async def served_memory(stack: EmbeddedStack) -> AsyncIterator[tuple[ServedStack
 
 @asynccontextmanager
 async def enricher(served: ServedStack) -> AsyncIterator[FastStream]:
-    app = create_app(served.kafka, EnricherSettings(store_timeout_s=scaled(10.0)))
+    app = create_app(served.kafka, EnricherSettings(store_reply_timeout_s=scaled(10.0)))
     await app.start()
     try:
         yield app

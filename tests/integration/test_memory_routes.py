@@ -219,7 +219,7 @@ async def test_without_a_memory_store_the_routes_answer_503() -> None:
 async def test_memory_routes_on_the_real_owner(stack: EmbeddedStack) -> None:
     async with ServedStack(stack, unique_name()) as served:
         memory = KafkaMemoryStore(served.store)
-        enricher = create_enricher(served.kafka, EnricherSettings(store_timeout_s=scaled(10.0)))
+        enricher = create_enricher(served.kafka, EnricherSettings(store_reply_timeout_s=scaled(10.0)))
         keys = TestKeys()
         app = create_app(served.kafka, settings=keys.settings(tenant_id="t1"))
         await enricher.start()

@@ -39,7 +39,7 @@ from tests.timing import scaled
 
 ANA = MemoryScope(tenant_id="acme", principal_id="ana")
 PROVENANCE = Provenance(session_id="s-1", turn_id="t-1")
-FAST = EnricherSettings(attempts=3, store_timeout_s=0.2, retry_delay_s=0.0)
+FAST = EnricherSettings(retry_attempts=3, store_reply_timeout_s=0.2, retry_delay_s=0.0)
 
 
 async def _no_wait(_: float) -> None:
@@ -264,7 +264,7 @@ async def test_a_lasting_failure_is_given_up_after_the_last_try(
     flaky = FlakyStore(store, failures=1000, failure=failure)
     enricher = Enricher(flaky, FAST, clock=clock, sleep=_no_wait)
     change = await write(store, FactOperationKind.NEW, "f-1", "Lives in Madrid.")
-    # A hanging try is cut at store_timeout_s; were it not, three tries would hang a minute each.
+    # A hanging try is cut at store_reply_timeout_s; were it not, three tries would hang a minute each.
     async with asyncio.timeout(scaled(10)):
         with pytest.raises(PermanentError, match="given up after 3 tries"):
             await enricher.on_fact_changed(change)
@@ -276,8 +276,8 @@ async def test_a_lasting_failure_is_given_up_after_the_last_try(
 def test_tries_must_fit_the_poll_interval() -> None:
     kafka = KafkaSettings(bootstrap="127.0.0.1:9", max_poll_interval_ms=10_000)
     with pytest.raises(ValueError, match="max_poll_interval_ms"):
-        check_timeouts(kafka, EnricherSettings(attempts=5, store_timeout_s=5.0))
-    check_timeouts(kafka, EnricherSettings(attempts=2, store_timeout_s=1.0))
+        check_timeouts(kafka, EnricherSettings(retry_attempts=5, store_reply_timeout_s=5.0))
+    check_timeouts(kafka, EnricherSettings(retry_attempts=2, store_reply_timeout_s=1.0))
 
 
 # --- delivery: the dead-letter topic, and the consumer keeps going ------------------------------------
