@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from faststream import FastStream
+from faststream.kafka.subscriber.usecase import LogicSubscriber
 
 from quipu.contracts.topics import TOPICS, dead_letter_topic
 from quipu.services.enricher.app import create_app as create_enricher
@@ -126,14 +127,24 @@ def consumer_groups(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[tuple[str,
             monkeypatch.delenv(name)
     groups: dict[str, set[tuple[str, str]]] = {}
     for service, app in _build_apps().items():
-        assert app.broker is not None
         groups[service] = {
             (subscriber.group_id, topic)
-            for subscriber in app.broker.subscribers
+            for subscriber in _kafka_subscribers(app)
             if subscriber.group_id is not None
             for topic in subscriber.topic_names
         }
     return groups
+
+
+def _kafka_subscribers(app: FastStream) -> list[LogicSubscriber[object]]:
+    """The app's subscribers as what they are, Kafka subscribers (with a group and topics):
+    FastStream types `broker.subscribers` as its broker-neutral base."""
+    assert app.broker is not None
+    subscribers: list[LogicSubscriber[object]] = []
+    for subscriber in app.broker.subscribers:
+        assert isinstance(subscriber, LogicSubscriber), subscriber
+        subscribers.append(subscriber)
+    return subscribers
 
 
 # -- what the files say --------------------------------------------------------------------------
@@ -409,14 +420,14 @@ def test_only_the_storage_owner_reaches_mongodb() -> None:
         for s in k8s("Secret", include_template=True)
         if "QUIPU_MONGO_URI" in s.get("stringData", s.get("data", {}))
     ]
-    for service, deployment in deployments().items():
+    for deployed, deployment in deployments().items():
         mongo = {name for name in env_names(deployment) if name.startswith("QUIPU_MONGO_")}
-        if service == OWNER:
+        if deployed == OWNER:
             assert "QUIPU_MONGO_URI" in mongo
             assert owner_secret in secret_refs(deployment)
         else:
-            assert mongo == set(), service
-            assert owner_secret not in secret_refs(deployment), service
+            assert mongo == set(), deployed
+            assert owner_secret not in secret_refs(deployment), deployed
 
 
 def test_only_the_model_services_hold_the_model_key() -> None:
