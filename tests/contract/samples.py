@@ -20,7 +20,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 
-IDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+IDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 """Identifiers: any UTF-8 text, empty included (`""` means absent on the wire)."""
 
 JSON_VALUES = st.recursive(
