@@ -61,7 +61,7 @@ def test_an_old_name_is_read_only_under_the_service_prefix(monkeypatch: pytest.M
 
 def test_the_old_keywords_still_build_the_settings() -> None:
     with pytest.warns(FutureWarning, match="QUIPU_ENRICHER_ATTEMPTS"):
-        assert EnricherSettings(attempts=2).retry_attempts == 2  # type: ignore[call-arg]
+        assert EnricherSettings(attempts=2).retry_attempts == 2
 
 
 @pytest.mark.parametrize("name", ["group", "retry_attempts", "store_reply_timeout_s", "store_attempts"])
@@ -98,4 +98,4 @@ def test_the_recorder_and_extractor_call_the_model_their_settings_name(
 def test_model_settings_are_read_when_the_service_settings_are(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUIPU_MODEL_NAME", "claude-test")
     for service in (PlannerSettings, TranscriptRecorderSettings, FactExtractorSettings):
-        assert service().model.name == "claude-test"  # type: ignore[attr-defined]
+        assert service().model.name == "claude-test"
