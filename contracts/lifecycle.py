@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from quipu.contracts.errors import invalid
+from quipu.contracts.errors import QuipuError, invalid
 from quipu.contracts.store import CancellationReason, LifecycleType, RunStart, RunStatus
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class _DuplicateKeyError(Exception):
+class _DuplicateKeyError(QuipuError):
     """Raised inside the JSON hook when an object repeats a key."""
 
 

@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.store import is_erased
 
 TRANSCRIPT_MESSAGES_SEEDED = "transcript_messages_seeded"
@@ -48,7 +49,7 @@ TOOL_RESULT_MAX_BYTES = 64 * 1024
 """Successful tool-result content whose canonical JSON is longer than this is omitted."""
 
 
-class TranscriptError(Exception):
+class TranscriptError(QuipuError):
     """Raised when a transcript cannot be decoded, replayed, validated or encoded for a provider."""
 
 
@@ -304,7 +305,7 @@ _MESSAGES = TypeAdapter(list[Message])
 # --- strict decoding ----------------------------------------------------------------------------
 
 
-class _DuplicateKeyError(Exception):
+class _DuplicateKeyError(QuipuError):
     """Raised inside the JSON object hook when an object repeats a key."""
 
 

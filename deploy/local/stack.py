@@ -50,6 +50,7 @@ from aiokafka.errors import KafkaError
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import TOPICS, dead_letter_topic
 from quipu.services.kit.settings import KafkaFlavour, KafkaSettings, MongoSettings
 
@@ -72,7 +73,7 @@ _OWNER_FILE = "owner.pid"
 T = TypeVar("T")
 
 
-class StackError(RuntimeError):
+class StackError(QuipuError, RuntimeError):
     """Raised when the embedded broker or database does not start or answer in time."""
 
 

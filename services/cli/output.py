@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from quipu.contracts.errors import QuipuError
+
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
 
@@ -15,7 +17,7 @@ EXIT_FAILED = 1
 EXIT_WAITING = 3
 
 
-class CliError(Exception):
+class CliError(QuipuError):
     """Raised by a command for a failure to report in one line (and exit 1), without a traceback."""
 
 

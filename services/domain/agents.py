@@ -14,8 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quipu.contracts.errors import QuipuError
 
-class UnknownAgentError(LookupError):
+
+class UnknownAgentError(QuipuError, LookupError):
     """Raised when an agent id is not in the registry."""
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from quipu.contracts.errors import QuipuError
 from quipu.services.domain.models.port import ToolSpec
 
 CURRENT_TIME = "current_time"
@@ -41,14 +42,14 @@ AGENT_TOOL_TIMEOUT_S = 600.0
 """An agent-tool is a whole child run: the planner's own budget, not an executor deadline."""
 
 
-class UnknownToolError(KeyError):
+class UnknownToolError(QuipuError, KeyError):
     """Raised when a catalog is asked for a tool name it does not hold."""
 
     def __str__(self) -> str:
         return f"unknown tool {self.args[0]!r}" if self.args else "unknown tool"
 
 
-class ArgumentError(ValueError):
+class ArgumentError(QuipuError, ValueError):
     """Raised when a model's arguments do not fit a tool's schema; the text is for the model."""
 
 

@@ -15,13 +15,13 @@ import random
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, QuipuError, StoreRefusedError, is_retryable
 from quipu.contracts.memory import FactChanged
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.reindex import IndexMaintenance, Principal, ReindexReport, reindex
 from quipu.services.enricher.logic import DropEntries, UpsertEntry, index_update
 from quipu.services.enricher.settings import EnricherSettings
-from quipu.services.kit.delivery import PermanentError, is_retryable
+from quipu.services.kit.delivery import PermanentError
 from quipu.services.kit.logging import get_logger
 
 logger = get_logger(__name__)
@@ -82,16 +82,14 @@ class Enricher:
                 async with asyncio.timeout(self._settings.store_reply_timeout_s):
                     await call()
                 return
-            except StoreError as error:
+            except StoreRefusedError as error:
                 if error.code is ErrorCode.FACT_NOT_FOUND:
                     raise _FactGoneError from error
-                if not error.retryable:
-                    raise PermanentError(f"the store refused the index update: {error}") from error
-                last: Exception = error
+                raise PermanentError(f"the store refused the index update: {error}") from error
             except Exception as error:
                 if not is_retryable(error):
                     raise
-                last = error
+                last: Exception = error
             logger.info("index update failed; trying again", attempt=attempt, error=repr(last))
             if attempt < attempts:
                 delay = self._settings.retry_delay_s * 2 ** (attempt - 1)
@@ -99,5 +97,5 @@ class Enricher:
         raise PermanentError(f"index update given up after {attempts} tries: {last!r}")
 
 
-class _FactGoneError(Exception):
+class _FactGoneError(QuipuError):
     """Raised when the store no longer holds the fact (deleted or forgotten since the change)."""

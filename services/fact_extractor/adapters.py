@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.memory import (
     Fact,
     FactChanged,
@@ -216,14 +216,12 @@ class FactExtractor:
                 changes = await self._memory.apply_fact_operations(
                     event.scope, validated.operations, idempotency_key=event.turn_id
                 )
-            except StoreError as error:
+            except StoreRefusedError as error:
                 if error.code is ErrorCode.FACT_NOT_FOUND and attempt < APPLY_ATTEMPTS:
                     # A fact went (a user deleted it) between reading and applying: validate again.
                     logger.info("a fact changed meanwhile; validating again", attempt=attempt)
                     facts = await self._memory.list_facts(event.scope)
                     continue
-                if error.retryable:
-                    raise
                 raise PermanentError(
                     f"fact operations refused: {error.code.value}: {error.message}"
                 ) from error

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quipu.contracts.envelope import derive_id
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.memory import (
     Fact,
     FactOperation,
@@ -165,7 +166,7 @@ class ProposedOperation(BaseModel):
     source: Literal["user_said", "user_confirmed", "assistant_inferred"]
 
 
-class ModelOutputError(Exception):
+class ModelOutputError(QuipuError):
     """Raised when the model's answer is not a JSON object of the expected shape."""
 
 

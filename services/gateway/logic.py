@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.contracts.envelope import derive_id
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.store import (
     CancellationReason,
@@ -83,7 +83,7 @@ class ErrorResponse(BaseModel):
     message: str = Field(description="Human-readable explanation.")
 
 
-class GatewayError(Exception):
+class GatewayError(QuipuError):
     """Raised by a gateway check that refuses a request; carries the HTTP status to answer."""
 
     def __init__(self, status: int, code: str, message: str) -> None:

@@ -15,13 +15,14 @@ from typing import Any
 
 import jwt
 
+from quipu.contracts.errors import QuipuError
 from quipu.services.gateway.access import Caller, Scope
 
 LEEWAY_S = 30
 """Clock skew tolerated on `exp`, `nbf` and `iat`."""
 
 
-class InvalidTokenError(Exception):
+class InvalidTokenError(QuipuError):
     """Raised when a bearer JWT is not one this gateway accepts; the message says which check failed."""
 
 

@@ -4,6 +4,11 @@ Every consumer goes through `Delivery.handle`. The offset is committed only afte
 durable (or the message was dead-lettered with its reason); a transient failure that outlives
 its retries rewinds the partition so the message comes back, never skipped.
 
+Whether a failed effect is tried again is the error's to say (`is_retryable`, see
+`quipu.contracts.errors`): a retryable one is tried `RetryPolicy.attempts` times, then the message
+is rewound; one of Quipu's errors that is not retryable is dead-lettered at once as
+`permanent_error`; any other exception is a bug, dead-lettered as `unexpected_error`.
+
 `handle` settles every message it is given, whatever happens: no exception of any kind escapes it
 (cancellation aside, which means "shutting down: deliver it again"). Dead-lettering always
 completes: a dead letter that would not fit the producer's request limit carries the original
@@ -30,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from pydantic import ValidationError
 
-from quipu.contracts.errors import StoreError
+from quipu.contracts.errors import QuipuError, StoreError, is_retryable
 from quipu.contracts.topics import dead_letter_topic
 
 T = TypeVar("T")
@@ -39,12 +44,14 @@ T_co = TypeVar("T_co", covariant=True)
 logger = structlog.get_logger(__name__)
 
 
-class PermanentError(Exception):
+class PermanentError(QuipuError):
     """Raised by an effect when the message can never succeed; it goes to the dead-letter topic."""
 
 
-class RetryableError(Exception):
+class RetryableError(QuipuError):
     """Raised by an effect when a dependency is briefly unavailable; the effect is tried again."""
+
+    retryable = True
 
 
 class ConsumedMessage(Protocol):
@@ -123,13 +130,6 @@ _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _OUR_ERRORS = (PermanentError, RetryableError, StoreError)
 """Errors whose messages Quipu writes itself, from identifiers and codes, never from content."""
-
-
-def is_retryable(error: BaseException) -> bool:
-    """Transient failures: UNAVAILABLE from the store, RetryableError, connection and timeout errors."""
-    if isinstance(error, StoreError):
-        return error.retryable
-    return isinstance(error, RetryableError | ConnectionError | TimeoutError)
 
 
 def scrub(text: str, limit: int = 300) -> str:
@@ -257,19 +257,9 @@ class Delivery:
         for attempt in range(1, self._policy.attempts + 1):
             try:
                 await effect(payload)
-            except PermanentError as error:
-                log.warning("permanent failure", error=describe_error(error))
-                await self.dead_letter(message, "permanent_error", str(error), attempts=attempt)
-                await message.ack()
-                return
             except Exception as error:
                 if not is_retryable(error):
-                    # A bug does not heal by retrying; park the message where it can be replayed.
-                    log.error("unexpected failure", error=describe_error(error))
-                    await self.dead_letter(
-                        message, "unexpected_error", describe_error(error), attempts=attempt
-                    )
-                    await message.ack()
+                    await self._give_up(message, error, attempt, log)
                     return
                 log.info("transient failure", attempt=attempt, error=describe_error(error))
                 if attempt < self._policy.attempts:
@@ -279,6 +269,18 @@ class Delivery:
             return
         log.warning("retries exhausted; message will be delivered again")
         await message.nack()
+
+    async def _give_up(self, message: ConsumedMessage, error: Exception, attempt: int, log: Any) -> None:
+        """Dead-letter a message whose effect failed for good, then commit past it."""
+        if isinstance(error, QuipuError):
+            log.warning("permanent failure", error=describe_error(error))
+            detail = str(error) if isinstance(error, _OUR_ERRORS) else describe_error(error)
+            await self.dead_letter(message, "permanent_error", detail, attempts=attempt)
+        else:
+            # A bug does not heal by retrying; park the message where it can be replayed.
+            log.error("unexpected failure", error=describe_error(error))
+            await self.dead_letter(message, "unexpected_error", describe_error(error), attempts=attempt)
+        await message.ack()
 
     async def _tell_invalid(
         self, on_invalid: Callable[[bytes, str], Awaitable[None]] | None, body: bytes, detail: str, log: Any
@@ -357,5 +359,8 @@ class Delivery:
 
 
 def _may_heal(error: BaseException) -> bool:
-    """Whether trying the same letter again could work (a broker away, a timeout), or not (too big)."""
-    return is_retryable(error) or bool(getattr(error, "retriable", False)) or isinstance(error, TimeoutError)
+    """Whether trying the same letter again could work (a broker away, a timeout), or not (too big).
+
+    The publisher's errors are aiokafka's, unclassified: their own `retriable` flag says it.
+    """
+    return is_retryable(error) or bool(getattr(error, "retriable", False))

@@ -44,6 +44,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from pydantic import ValidationError
 
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.events import RunEvent
 from quipu.contracts.topics import Topic
 from quipu.services.kit.settings import KafkaSettings
@@ -60,11 +61,11 @@ MAX_POSITION_LENGTH = 40
 """Longest `<partition>-<offset>` read (two 64-bit numbers and a dash); anything longer is not one."""
 
 
-class EventStreamError(Exception):
+class EventStreamError(QuipuError):
     """Raised when `runs.events` cannot be read: the topic is missing or the broker does not answer."""
 
 
-class InvalidPositionError(ValueError):
+class InvalidPositionError(QuipuError, ValueError):
     """Raised when a stream position is malformed or does not belong to the stream being read."""
 
 

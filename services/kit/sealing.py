@@ -21,6 +21,8 @@ import os
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from quipu.contracts.errors import QuipuError
+
 VERSION = 1
 KEY_BYTES = 32
 _TAG = 8
@@ -28,7 +30,7 @@ _NONCE = 12
 _HEADER = 1 + _TAG + _NONCE
 
 
-class SealError(Exception):
+class SealError(QuipuError):
     """Raised when a sealed value cannot be opened; never carries the value."""
 
 

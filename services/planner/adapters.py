@@ -20,7 +20,7 @@ from typing import Protocol
 
 import structlog
 
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, QuipuError, StoreError, StoreRefusedError
 from quipu.contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
 from quipu.contracts.memory import HistoryRole, MemoryScope
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
@@ -150,7 +150,7 @@ async def load_records(store: Store, run_id: str) -> list[Record]:
         cursor = page.next_cursor
 
 
-class RunErasedError(Exception):
+class RunErasedError(QuipuError):
     """Raised when a run's records read as erased: its principal was forgotten, nothing to plan on."""
 
 
@@ -507,9 +507,7 @@ class Planner:
         )
         try:
             await owners.require(session_id, scope)
-        except StoreError as error:
-            if error.retryable:
-                raise
+        except StoreRefusedError as error:
             raise RunRefusedError(error.code.value, error.message) from error
 
     async def _start_turn(self, request: RunRequested) -> RunView | None:
@@ -599,9 +597,7 @@ class Planner:
             checkpoint = SuspensionCheckpoint.decode(
                 (await store.load_run_suspension(predecessor.run_id)).data
             )
-        except StoreError as error:
-            if error.retryable:
-                raise
+        except StoreRefusedError as error:
             raise _permanent(f"resume {request.run_id!r}", error) from error
         agent = self._agent(predecessor.agent_id)
         run = run_start(
@@ -645,9 +641,7 @@ class Planner:
                 result = await store.start_root_run(run, plan.started, plan.stopped)
             else:
                 result = await store.start_one_shot_run(run, plan.started)
-        except StoreError as error:
-            if error.retryable:
-                raise
+        except StoreRefusedError as error:
             if plan.parent_link is not None and error.code is ErrorCode.RUN_NOT_ACTIVE:
                 logger.info("child not started: its parent is closed", run_id=run.run_id)
                 return None
@@ -877,9 +871,7 @@ class Planner:
         write = operation or self.deps.store.append_run_record
         try:
             result = await write(record)
-        except StoreError as error:
-            if error.retryable:
-                raise
+        except StoreRefusedError as error:
             if error.code not in RELOAD_CODES:
                 raise _permanent(f"run {view.run_id!r} record {record.event_key!r}", error) from error
             logger.info(

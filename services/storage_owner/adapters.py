@@ -64,7 +64,7 @@ from pymongo.errors import (
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
 from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, Record
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.store.rules import RuleStore
@@ -96,8 +96,10 @@ INDEXES: Mapping[str, list[IndexModel]] = {
 """Secondary indexes by collection; `sessions` and `meta` are only read by `_id`."""
 
 
-class WriteRaceError(Exception):
+class WriteRaceError(QuipuError):
     """Raised inside a transaction when a conditional save finds that another writer came first."""
+
+    retryable = True
 
 
 @dataclass(frozen=True)

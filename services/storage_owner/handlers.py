@@ -21,7 +21,7 @@ from typing import Any
 from faststream.kafka import KafkaBroker
 
 from quipu.contracts.commands import STRICT_COMMAND, StoreOperation, StoreReply
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
@@ -105,9 +105,7 @@ def register(
         async def apply(command: StoreOperation) -> None:
             try:
                 partition = await replies.route(message.headers)
-            except StoreError as error:
-                if error.retryable:
-                    raise
+            except StoreRefusedError as error:
                 # The refusal itself goes to the replies topic, on whichever partition.
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error

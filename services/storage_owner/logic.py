@@ -27,7 +27,7 @@ from quipu.contracts.commands import (
     encode_result,
 )
 from quipu.contracts.envelope import derive_id
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
 from quipu.contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, StreamEventType, capped_value
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
@@ -201,9 +201,7 @@ async def apply_command(
             raise StoreError(ErrorCode.UNAVAILABLE, "this storage owner serves no memory store")
         backend: object = memory if memory_command else store
         result = await getattr(backend, command.method)(**command.arguments())
-    except StoreError as error:
-        if error.retryable:
-            raise
+    except StoreRefusedError as error:
         return StoreReply(correlation_id=command.correlation_id, op=command.op, error=error.to_body()), []
     reply = StoreReply(correlation_id=command.correlation_id, op=command.op, result=encode_result(result))
     if memory_command:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from quipu.contracts.envelope import derive_id
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import (
     TOOL_RESULT_MAX_BYTES,
@@ -49,7 +50,7 @@ PREVIEW_CHARS = 1000
 """How much of an oversized result's JSON is kept as the omission's preview."""
 
 
-class ToolError(Exception):
+class ToolError(QuipuError):
     """Raised by a tool for a failure the model should read and can act on (bad input, nothing found)."""
 
 

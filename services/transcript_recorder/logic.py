@@ -25,7 +25,7 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
-from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.memory import HistoryAppendResult, HistoryTurn, MemoryScope, SessionSummary
 from quipu.contracts.runs import TurnCompleted
 from quipu.services.domain.memory.context import history_principal
@@ -114,9 +114,7 @@ class TranscriptRecorder:
             raise PermanentError(f"turn {turn.run_id!r} has no session: there is no history to keep")
         try:
             appended = await self.memory.append_history_turn(history_turn(turn))
-        except StoreError as error:
-            if error.retryable:
-                raise
+        except StoreRefusedError as error:
             raise PermanentError(f"turn {turn.run_id!r}: {error.code.value}: {error.message}") from error
         summaries, fold_error = await self.fold(turn.session_id, to_millisecond(turn.occurred_at))
         logger.info(
@@ -167,9 +165,7 @@ class TranscriptRecorder:
             )
             try:
                 saved.append(await self.memory.save_summary(candidate))
-            except StoreError as error:
-                if error.retryable:
-                    raise
+            except StoreRefusedError as error:
                 if error.code is not ErrorCode.MEMORY_CONFLICT:
                     logger.warning("summary not saved", session_id=session_id, error=str(error))
                     return saved, f"{error.code.value}: {error.message}"

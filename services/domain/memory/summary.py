@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.memory import HistoryMessage, HistoryRole
 from quipu.contracts.transcript import Message, TextPart
 from quipu.services.domain.models.estimate import CHARS_PER_TOKEN, estimate_text_tokens
@@ -273,7 +274,7 @@ def read_summarizer_request(request: ModelRequest) -> FoldRequest | None:
     )
 
 
-class SummaryError(Exception):
+class SummaryError(QuipuError):
     """Raised when the model's answer holds no usable summary (empty, refused)."""
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.transcript import Message, Part
 
 ThinkingMode = Literal["enabled", "adaptive"]
@@ -75,8 +76,9 @@ TextDelta = Callable[[str], Awaitable[None]]
 """Called with each piece of answer text as it is generated (for `assistant_reply` events)."""
 
 
-class ModelError(Exception):
-    """Raised by an adapter when a call fails; `retryable` separates 429/5xx/overloaded from 4xx."""
+class ModelError(QuipuError):
+    """Raised by an adapter when a call fails; `retryable` (per instance) separates 429, 5xx,
+    overloaded and timeouts from 4xx, as the adapter classified the provider's answer."""
 
     def __init__(self, message: str, *, kind: str, retryable: bool, http_status: int | None = None) -> None:
         super().__init__(message)

@@ -1,0 +1,250 @@
+"""One root for every error Quipu defines, and whether to retry decided by the error's type."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field, TypeAdapter
+
+from quipu.contracts.errors import (
+    ErrorBody,
+    ErrorCode,
+    QuipuError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+    invalid,
+    is_retryable,
+)
+from quipu.deploy.local.stack import StackError
+from quipu.services.domain.models.port import ModelError
+from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError, RetryPolicy
+from quipu.services.tool_executor.logic import ToolError
+
+RETRIED_CODES = {ErrorCode.UNAVAILABLE}
+"""STORE_CONTRACT §5: the only code whose "Retry" column says yes."""
+
+
+# --- the store's codes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=lambda code: code.value)
+def test_every_store_code_carries_its_retry_decision_in_its_type(code: ErrorCode) -> None:
+    error = StoreError(code, "why")
+    retried = code in RETRIED_CODES
+    assert is_retryable(error) is error.retryable is retried
+    assert type(error) is (StoreUnavailableError if retried else StoreRefusedError)
+    assert (error.code, error.message, str(error)) == (code, "why", f"{code.value}: why")
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=lambda code: code.value)
+def test_a_store_error_keeps_its_decision_across_the_wire(code: ErrorCode) -> None:
+    body = StoreError(code, "why").to_body()
+    assert body.retryable is (code in RETRIED_CODES)
+    rebuilt = StoreError.from_body(ErrorBody.model_validate_json(body.model_dump_json()))
+    assert type(rebuilt) is type(StoreError(code, "why"))
+    assert (rebuilt.code, rebuilt.message, rebuilt.retryable) == (code, "why", body.retryable)
+
+
+def test_a_store_error_class_refuses_a_code_of_the_other_decision() -> None:
+    assert isinstance(StoreRefusedError(ErrorCode.RUN_CONFLICT, "x"), StoreRefusedError)
+    with pytest.raises(ValueError, match="StoreRefusedError cannot carry UNAVAILABLE"):
+        StoreRefusedError(ErrorCode.UNAVAILABLE, "x")
+    with pytest.raises(ValueError, match="StoreUnavailableError cannot carry INVALID_ARGUMENT"):
+        StoreUnavailableError(ErrorCode.INVALID_ARGUMENT, "x")
+
+
+def test_only_final_refusals_are_caught_as_refusals() -> None:
+    with pytest.raises(StoreUnavailableError):
+        try:
+            raise StoreError(ErrorCode.UNAVAILABLE, "owner away")
+        except StoreRefusedError:  # pragma: no cover - the point is that it does not match
+            pytest.fail("UNAVAILABLE is no refusal")
+    with pytest.raises(StoreRefusedError):
+        raise invalid("limit must be positive")
+
+
+# --- the rest of the tree -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("retryable", [True, False])
+def test_a_model_error_is_retried_as_its_adapter_classified_it(retryable: bool) -> None:
+    assert is_retryable(ModelError("overloaded", kind="overloaded", retryable=retryable)) is retryable
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (RetryableError("the store is away"), True),
+        (PermanentError("names no parent tool call"), False),
+        (ToolError("nothing found"), False),
+        (StackError("the broker did not start"), False),
+        (QuipuError("any of ours"), False),
+    ],
+    ids=["retryable", "permanent", "tool", "stack", "root"],
+)
+def test_the_class_says_it_when_every_instance_answers_alike(error: QuipuError, retryable: bool) -> None:
+    assert is_retryable(error) is retryable
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (TimeoutError(), True),
+        (ConnectionResetError(), True),
+        (ConnectionRefusedError(), True),
+        (ValueError("bad"), False),
+        (KeyError("k"), False),
+        (RuntimeError("bug"), False),
+        (RecursionError(), False),
+    ],
+    ids=["timeout", "reset", "refused", "value", "key", "runtime", "recursion"],
+)
+def test_an_error_no_adapter_classified_is_retried_only_for_a_lost_connection_or_a_timeout(
+    error: Exception, retryable: bool
+) -> None:
+    assert is_retryable(error) is retryable
+
+
+def _defined_exceptions() -> list[type[BaseException]]:
+    """Every exception class defined at the top of a module of the project (`__main__` aside:
+    importing it runs a service)."""
+    found: list[type[BaseException]] = []
+    for root in ("quipu.contracts", "quipu.services", "quipu.deploy"):
+        package = importlib.import_module(root)
+        for module_info in pkgutil.walk_packages(package.__path__, f"{root}."):
+            if module_info.name.rsplit(".", 1)[-1] == "__main__":
+                continue
+            module = importlib.import_module(module_info.name)
+            found += [
+                value
+                for value in vars(module).values()
+                if inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == module_info.name
+            ]
+    return found
+
+
+def test_every_exception_class_the_project_defines_descends_from_the_root() -> None:
+    defined = _defined_exceptions()
+    assert {StoreError, ModelError, ToolError, StackError, PermanentError} <= set(defined)
+    outside = sorted(
+        f"{kind.__module__}.{kind.__qualname__}" for kind in defined if not issubclass(kind, QuipuError)
+    )
+    assert outside == [], "every exception descends from QuipuError"
+
+
+# --- what the delivery wrapper does with each ------------------------------------------------------
+
+
+class Job(BaseModel):
+    """A test payload."""
+
+    name: str = Field(description="A name.")
+
+
+JOB = TypeAdapter(Job)
+
+
+@dataclass
+class Position:
+    topic: str = "t.jobs"
+    partition: int = 0
+    offset: int = 7
+    key: bytes | None = b"k"
+
+
+@dataclass
+class Consumed:
+    body: bytes = b'{"name": "n"}'
+    headers: dict[str, Any] = field(default_factory=dict)
+    raw_message: Position = field(default_factory=Position)
+    acked: int = 0
+    nacked: int = 0
+
+    async def ack(self) -> None:
+        self.acked += 1
+
+    async def nack(self) -> None:
+        self.nacked += 1
+
+
+@dataclass
+class Outcome:
+    tries: int
+    acked: int
+    nacked: int
+    letters: list[dict[str, str]]
+
+
+async def _deliver(error: Exception) -> Outcome:
+    letters: list[dict[str, str]] = []
+    tries = 0
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        letters.append(headers)
+
+    async def effect(_: Job) -> None:
+        nonlocal tries
+        tries += 1
+        raise error
+
+    message = Consumed()
+    await Delivery(dead_letter, RetryPolicy(attempts=3, base_delay_s=0.0)).handle(message, JOB, effect)
+    return Outcome(tries, message.acked, message.nacked, letters)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        StoreError(ErrorCode.UNAVAILABLE, "owner away"),
+        ModelError("overloaded", kind="overloaded", retryable=True),
+        RetryableError("the broker is away"),
+        TimeoutError(),
+        ConnectionResetError(),
+    ],
+    ids=["store unavailable", "model overloaded", "retryable", "timeout", "connection"],
+)
+async def test_a_retryable_failure_is_tried_again_then_delivered_again_never_dead_lettered(
+    error: Exception,
+) -> None:
+    outcome = await _deliver(error)
+    assert (outcome.tries, outcome.acked, outcome.nacked, outcome.letters) == (3, 0, 1, [])
+
+
+@pytest.mark.parametrize(
+    ("error", "detail"),
+    [
+        (StoreError(ErrorCode.RUN_CONFLICT, "start differs"), "RUN_CONFLICT: start differs"),
+        (PermanentError("names no parent tool call"), "names no parent tool call"),
+        (ModelError("bad request", kind="invalid_request", retryable=False), "ModelError: bad request"),
+    ],
+    ids=["store refusal", "permanent", "model refusal"],
+)
+async def test_one_of_our_errors_that_may_not_be_retried_is_dead_lettered_at_once_as_permanent(
+    error: Exception, detail: str
+) -> None:
+    outcome = await _deliver(error)
+    assert (outcome.tries, outcome.acked, outcome.nacked) == (1, 1, 0)
+    [letter] = outcome.letters
+    assert (letter["x-dlq-reason"], letter["x-dlq-error"], letter["x-dlq-attempts"]) == (
+        "permanent_error",
+        detail,
+        "1",
+    )
+
+
+async def test_an_unclassified_error_is_a_bug_dead_lettered_at_once_as_unexpected() -> None:
+    outcome = await _deliver(LookupError("no such thing"))
+    assert (outcome.tries, outcome.acked, outcome.nacked) == (1, 1, 0)
+    [letter] = outcome.letters
+    assert (letter["x-dlq-reason"], letter["x-dlq-error"]) == (
+        "unexpected_error",
+        "LookupError: no such thing",
+    )
