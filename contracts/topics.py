@@ -19,6 +19,7 @@ from typing import Annotated, Any, Generic, Protocol, TypeVar, Union, get_args, 
 from pydantic import BaseModel, TypeAdapter
 
 from quipu.contracts.commands import StoreCommand, StoreOperation, StoreReply
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.events import RunEvent
 from quipu.contracts.memory import FactChanged, HistoryRecorded
 from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
@@ -50,7 +51,7 @@ def dead_letter_topic(topic: str) -> str:
     return f"{topic}.dlq"
 
 
-class UnroutablePayloadError(TypeError):
+class UnroutablePayloadError(QuipuError, TypeError):
     """Raised when a message of a type no registry topic carries is given to be published."""
 
 
