@@ -13,14 +13,17 @@ import types
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
+from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 
-IDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+IDS_ALPHABET = st.characters(codec="utf-8", exclude_categories=["Cs"])
+IDS = st.text(IDS_ALPHABET, max_size=12)
 """Identifiers: any UTF-8 text, empty included (`""` means absent on the wire)."""
 
 JSON_VALUES = st.recursive(
@@ -76,7 +79,34 @@ def for_annotation(annotation: Any) -> st.SearchStrategy[Any]:
     raise TypeError(f"no sample strategy for {annotation!r}")
 
 
+def _keeps(value: Any, bound: object) -> bool:
+    """Whether `value` keeps one length or numeric bound (other metadata says nothing here)."""
+    if isinstance(bound, MinLen):
+        return len(value) >= bound.min_length
+    if isinstance(bound, MaxLen):
+        return len(value) <= bound.max_length
+    if isinstance(bound, Ge):
+        return bool(value >= bound.ge)
+    if isinstance(bound, Gt):
+        return bool(value > bound.gt)
+    if isinstance(bound, Le):
+        return bool(value <= bound.le)
+    if isinstance(bound, Lt):
+        return bool(value < bound.lt)
+    return True
+
+
+def _field(info: FieldInfo) -> st.SearchStrategy[Any]:
+    """A field's values, within the bounds its constraints set."""
+    shortest = max((bound.min_length for bound in info.metadata if isinstance(bound, MinLen)), default=0)
+    if info.annotation is str and shortest:
+        return st.text(IDS_ALPHABET, min_size=shortest, max_size=shortest + 12)
+    return for_annotation(info.annotation).filter(
+        lambda value: all(_keeps(value, bound) for bound in info.metadata)
+    )
+
+
 def models(model: type[ModelT]) -> st.SearchStrategy[ModelT]:
     """Instances of `model`, every field generated (defaults are one value among many)."""
-    fields = {name: for_annotation(info.annotation) for name, info in model.model_fields.items()}
+    fields = {name: _field(info) for name, info in model.model_fields.items()}
     return st.fixed_dictionaries(fields).map(model.model_validate)
