@@ -11,7 +11,7 @@ header names (never to a topic a message names).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -34,12 +34,9 @@ from quipu.contracts.store_operation import StoreOperation as StoreOperation  # 
 from quipu.contracts.wire import Timestamp
 
 
-class CreateSession(StoreOperation):
+class CreateSession(StoreOperation, result_type=Session):
     """Create a session, or return the active one unchanged."""
 
-    method: ClassVar[str] = "create_session"
-    result_type: ClassVar[Any] = Session
-    op: Literal["CreateSession"] = Field(default="CreateSession", description="Operation name.")
     session_id: str = Field(description="Session to create.")
     created_at: Timestamp = Field(description="Creation time (millisecond precision).")
     owner: SessionOwner | None = Field(
@@ -49,165 +46,113 @@ class CreateSession(StoreOperation):
     )
 
 
-class EndSession(StoreOperation):
+class EndSession(StoreOperation, result_type=Session):
     """End a session; running runs may still write and close."""
 
-    method: ClassVar[str] = "end_session"
-    result_type: ClassVar[Any] = Session
-    op: Literal["EndSession"] = Field(default="EndSession", description="Operation name.")
     session_id: str = Field(description="Session to end.")
     ended_at: Timestamp = Field(description="End time (millisecond precision).")
 
 
-class LoadSessionStatus(StoreOperation):
+class LoadSessionStatus(StoreOperation, result_type=Session):
     """Read a session's status."""
 
-    method: ClassVar[str] = "load_session_status"
-    result_type: ClassVar[Any] = Session
-    op: Literal["LoadSessionStatus"] = Field(default="LoadSessionStatus", description="Operation name.")
     session_id: str = Field(description="Session to read.")
 
 
-class PurgeSession(StoreOperation):
+class PurgeSession(StoreOperation, result_type=None):
     """Tombstone an ended session and delete all of its runs and records."""
 
-    method: ClassVar[str] = "purge_session"
-    result_type: ClassVar[Any] = None
-    op: Literal["PurgeSession"] = Field(default="PurgeSession", description="Operation name.")
     session_id: str = Field(description="Session to purge.")
 
 
-class StartRootRun(StoreOperation):
+class StartRootRun(StoreOperation, result_type=StartResult):
     """Start a root run (or a root continuation) in a session."""
 
-    method: ClassVar[str] = "start_root_run"
-    result_type: ClassVar[Any] = StartResult
-    op: Literal["StartRootRun"] = Field(default="StartRootRun", description="Operation name.")
     run: RunStart = Field(description="Identity of the run.")
     started: Record = Field(description="The run_started record.")
     stopped: Record = Field(description="The run_completed record written if the session has ended.")
 
 
-class StartChildRun(StoreOperation):
+class StartChildRun(StoreOperation, result_type=StartResult):
     """Start a child run in a session, linked on its running parent."""
 
-    method: ClassVar[str] = "start_child_run"
-    result_type: ClassVar[Any] = StartResult
-    op: Literal["StartChildRun"] = Field(default="StartChildRun", description="Operation name.")
     run: RunStart = Field(description="Identity of the child run.")
     parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
     started: Record = Field(description="The run_started record.")
     stopped: Record = Field(description="The run_completed record written if the session has ended.")
 
 
-class StartOneShotRun(StoreOperation):
+class StartOneShotRun(StoreOperation, result_type=StartResult):
     """Start a sessionless run."""
 
-    method: ClassVar[str] = "start_one_shot_run"
-    result_type: ClassVar[Any] = StartResult
-    op: Literal["StartOneShotRun"] = Field(default="StartOneShotRun", description="Operation name.")
     run: RunStart = Field(description="Identity of the run (no session).")
     started: Record = Field(description="The run_started record.")
 
 
-class StartOneShotChildRun(StoreOperation):
+class StartOneShotChildRun(StoreOperation, result_type=StartResult):
     """Start a sessionless child of a sessionless parent."""
 
-    method: ClassVar[str] = "start_one_shot_child_run"
-    result_type: ClassVar[Any] = StartResult
-    op: Literal["StartOneShotChildRun"] = Field(default="StartOneShotChildRun", description="Operation name.")
     run: RunStart = Field(description="Identity of the child run (no session).")
     parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
     started: Record = Field(description="The run_started record.")
 
 
-class AppendRunRecord(StoreOperation):
+class AppendRunRecord(StoreOperation, result_type=AppendResult):
     """Append an ordinary record to a running run."""
 
-    method: ClassVar[str] = "append_run_record"
-    result_type: ClassVar[Any] = AppendResult
-    op: Literal["AppendRunRecord"] = Field(default="AppendRunRecord", description="Operation name.")
     record: Record = Field(description="The record to append (not a lifecycle type).")
 
 
-class RecordRunCancellation(StoreOperation):
+class RecordRunCancellation(StoreOperation, result_type=AppendResult):
     """Record a cancellation intent; the first reason is permanent."""
 
-    method: ClassVar[str] = "record_run_cancellation"
-    result_type: ClassVar[Any] = AppendResult
-    op: Literal["RecordRunCancellation"] = Field(
-        default="RecordRunCancellation", description="Operation name."
-    )
     record: Record = Field(description="The runtime.cancellation_intent record.")
 
 
-class RecordRunSuspension(StoreOperation):
+class RecordRunSuspension(StoreOperation, result_type=AppendResult):
     """Suspend a running run with its checkpoint."""
 
-    method: ClassVar[str] = "record_run_suspension"
-    result_type: ClassVar[Any] = AppendResult
-    op: Literal["RecordRunSuspension"] = Field(default="RecordRunSuspension", description="Operation name.")
     checkpoint: Checkpoint = Field(description="Private resume state, stored byte for byte.")
     record: Record = Field(description="The run_suspended record.")
 
 
-class RecordRunTerminal(StoreOperation):
+class RecordRunTerminal(StoreOperation, result_type=AppendResult):
     """Close a run as completed, failed or canceled."""
 
-    method: ClassVar[str] = "record_run_terminal"
-    result_type: ClassVar[Any] = AppendResult
-    op: Literal["RecordRunTerminal"] = Field(default="RecordRunTerminal", description="Operation name.")
     record: Record = Field(description="The run_completed record.")
 
 
-class LoadRun(StoreOperation):
+class LoadRun(StoreOperation, result_type=RunMeta):
     """Read a run's metadata."""
 
-    method: ClassVar[str] = "load_run"
-    result_type: ClassVar[Any] = RunMeta
-    op: Literal["LoadRun"] = Field(default="LoadRun", description="Operation name.")
     run_id: str = Field(description="Run to read.")
 
 
-class LoadRunSuspension(StoreOperation):
+class LoadRunSuspension(StoreOperation, result_type=Checkpoint):
     """Read a suspended run's checkpoint."""
 
-    method: ClassVar[str] = "load_run_suspension"
-    result_type: ClassVar[Any] = Checkpoint
-    op: Literal["LoadRunSuspension"] = Field(default="LoadRunSuspension", description="Operation name.")
     run_id: str = Field(description="Run whose checkpoint to read.")
 
 
-class ListRunRecords(StoreOperation):
+class ListRunRecords(StoreOperation, result_type=Page):
     """Page through one run's records in per-run order."""
 
-    method: ClassVar[str] = "list_run_records"
-    result_type: ClassVar[Any] = Page
-    op: Literal["ListRunRecords"] = Field(default="ListRunRecords", description="Operation name.")
     run_id: str = Field(description="Run to list.")
     cursor: str = Field(default="", description="Opaque cursor; empty starts at the beginning.")
     limit: int = Field(description="Page size, 1..500 (larger values are capped).")
 
 
-class ListSessionRunRecords(StoreOperation):
+class ListSessionRunRecords(StoreOperation, result_type=Page):
     """Page through a session's records in commit order across runs."""
 
-    method: ClassVar[str] = "list_session_run_records"
-    result_type: ClassVar[Any] = Page
-    op: Literal["ListSessionRunRecords"] = Field(
-        default="ListSessionRunRecords", description="Operation name."
-    )
     session_id: str = Field(description="Session to list.")
     cursor: str = Field(default="", description="Opaque cursor; empty starts at the beginning.")
     limit: int = Field(description="Page size, 1..500 (larger values are capped).")
 
 
-class ListRunsBySession(StoreOperation):
+class ListRunsBySession(StoreOperation, result_type=list[RunMeta]):
     """List a session's runs in start order, optionally filtered by status."""
 
-    method: ClassVar[str] = "list_runs_by_session"
-    result_type: ClassVar[Any] = list[RunMeta]
-    op: Literal["ListRunsBySession"] = Field(default="ListRunsBySession", description="Operation name.")
     session_id: str = Field(description="Session to list.")
     statuses: list[RunStatus] = Field(default_factory=list, description="Statuses to keep; empty = all.")
 

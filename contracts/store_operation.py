@@ -3,8 +3,10 @@ modules can build on it without importing each other."""
 
 from __future__ import annotations
 
+import inspect
+import re
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,14 +23,41 @@ class Backend(StrEnum):
 
 _ENVELOPE_FIELDS = frozenset(Envelope.model_fields) | {"op"}
 
+_BASE: Any = object()
+"""`result_type` of a class that is a base of commands rather than a command."""
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
 
 class StoreOperation(Envelope):
-    """Base of a storage command: the envelope plus the operation's arguments."""
+    """Base of a storage command: the envelope plus the operation's arguments.
+
+    A command's class name is its wire name (`op`, the discriminator of `StoreCommand`) and, in
+    snake case, the store method it calls (`CreateSession` calls `create_session`); what that
+    method returns is named in the class statement: `class CreateSession(StoreOperation,
+    result_type=Session)`. A base of commands (`MemoryOperation`) names no result.
+    """
 
     method: ClassVar[str]
+    """The store method the command calls, derived from the class name."""
     result_type: ClassVar[Any]
+    """What the method returns (None: nothing), given in the class statement."""
     backend: ClassVar[Backend] = Backend.RUNTIME
-    op: str = Field(description="Operation name (STORE_CONTRACT wire name).")
+    op: str = Field(default="", description="Operation name (STORE_CONTRACT wire name).")
+
+    def __init_subclass__(cls, *, result_type: Any = _BASE, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if result_type is _BASE:
+            return
+        cls.method = _snake_case(cls.__name__)
+        cls.result_type = result_type
+        # Before pydantic collects the fields (that happens after this hook): the wire name is a
+        # literal, so the command union discriminates on it and the schema shows it as a constant.
+        own = inspect.get_annotations(cls)
+        cls.__annotations__ = {"op": Literal[cls.__name__], **own}
+        setattr(cls, "op", Field(default=cls.__name__, description="Operation name."))  # noqa: B010
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of the matching store method."""
