@@ -59,7 +59,33 @@ from quipu.services.domain.transcript import (
 )
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.keyed_locks import KeyedLocks
-from quipu.services.planner.logic import (
+from quipu.services.planner.logic.actions import (
+    Append,
+    CallModel,
+    Closed,
+    Dispatch,
+    Finish,
+    Intend,
+    Output,
+    Suspend,
+    Trigger,
+    Wait,
+)
+from quipu.services.planner.logic.context import (
+    compacted_messages,
+    compaction_event,
+    compaction_record,
+    dropped_messages,
+    fit_messages,
+    history_turns,
+    history_window,
+    overflow_failure,
+    seed_messages,
+    summary_text,
+)
+from quipu.services.planner.logic.decide import decide, failure_finish
+from quipu.services.planner.logic.dispatch import ToolInfo, dispatch_outputs
+from quipu.services.planner.logic.keys import (
     CANCEL_KEY,
     CONTEXT_KEY,
     CONTEXT_TYPE,
@@ -69,54 +95,22 @@ from quipu.services.planner.logic import (
     MEMORY_CONTEXT_TYPE,
     SEED_KEY,
     TOOL_RESULT_TYPE,
-    Append,
-    CallModel,
-    Closed,
-    Compaction,
-    Dispatch,
-    Finish,
-    Intend,
-    Output,
-    RunContext,
-    RunView,
-    StartPlan,
-    Suspend,
-    SuspensionCheckpoint,
-    ToolInfo,
-    ToolResult,
-    Trigger,
-    Wait,
-    answer_message,
-    child_not_started,
-    compacted_messages,
-    compaction_event,
-    compaction_record,
-    completed_turn,
-    decide,
-    dispatch_outputs,
-    dropped_messages,
-    failure_finish,
-    fit_messages,
-    history_turns,
-    history_window,
     link_key,
-    model_failure,
-    model_records,
-    model_request,
-    overflow_failure,
-    refusal_events,
-    refused_target,
-    reply_delta,
-    run_context,
-    run_start,
-    seed_messages,
-    start_plan,
-    summary_text,
-    text_of,
     to_millisecond,
     tool_result_key,
+)
+from quipu.services.planner.logic.model_call import model_failure, model_records, model_request, reply_delta
+from quipu.services.planner.logic.payloads import Compaction, RunContext, SuspensionCheckpoint, ToolResult
+from quipu.services.planner.logic.run_end import child_not_started, refusal_events, refused_target
+from quipu.services.planner.logic.starts import (
+    StartPlan,
+    answer_message,
+    run_context,
+    run_start,
+    start_plan,
     user_message,
 )
+from quipu.services.planner.logic.view import RunView, completed_turn, text_of
 from quipu.services.planner.settings import PlannerSettings
 
 logger = structlog.get_logger(__name__)

@@ -37,7 +37,8 @@ from quipu.contracts.store import LifecycleType, RunStatus
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
-from quipu.services.planner.logic import TOOL_RESULT_TYPE, final_text
+from quipu.services.planner.logic.keys import TOOL_RESULT_TYPE
+from quipu.services.planner.logic.view import final_text
 from tests.e2e.agent_support import (
     Deployment,
     assert_each_use_has_one_result,

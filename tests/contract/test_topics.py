@@ -19,7 +19,7 @@ from quipu.contracts.events import RunEvent
 from quipu.contracts.topics import TOPICS, Topic, TopicSpec, UnroutablePayloadError, spec_for, spec_of
 from quipu.services.kit.run_events import RunEventReader
 from quipu.services.kit.settings import KafkaSettings
-from quipu.services.planner.logic import Output
+from quipu.services.planner.logic.actions import Output
 from quipu.services.storage_owner.logic import Announcement
 from tests.contract.samples import models
 

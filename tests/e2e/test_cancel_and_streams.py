@@ -38,7 +38,7 @@ from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services import cli
 from quipu.services.cli.render import EventPrinter
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
-from quipu.services.planner.logic import final_text
+from quipu.services.planner.logic.view import final_text
 from tests.e2e.agent_support import (
     Deployment,
     distinct,

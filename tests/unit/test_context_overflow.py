@@ -51,7 +51,7 @@ from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.kit.delivery import RetryableError
 from quipu.services.planner.adapters import Planner, PublishedTurns, ReadyDeps, load_records
-from quipu.services.planner.logic import Output
+from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.settings import PlannerSettings
 
 AT = datetime(2026, 2, 1, tzinfo=UTC)
@@ -429,7 +429,7 @@ async def test_within_budget_nothing_is_compacted_and_the_estimate_is_enough() -
 
 
 def test_a_message_of_tool_traffic_is_never_a_turn_boundary() -> None:
-    from quipu.services.planner.logic import history_turns  # noqa: PLC0415
+    from quipu.services.planner.logic.context import history_turns  # noqa: PLC0415
 
     messages = [
         Message(role="system", parts=(TextPart(text="facts"),)),

@@ -20,33 +20,17 @@ from quipu.contracts.transcript import (
 from quipu.services.domain.agents import AgentSpec, default_agents
 from quipu.services.domain.memory.context import ContextBlocks
 from quipu.services.domain.models.port import ToolSpec
-from quipu.services.planner.logic import (
-    CONTEXT_TYPE,
-    TOOL_RESULT_TYPE,
-    Append,
-    CallModel,
-    Closed,
-    Dispatch,
-    Finish,
-    PendingInput,
-    RunContext,
-    RunView,
-    SuspensionCheckpoint,
-    ToolInfo,
-    ToolResult,
-    Trigger,
-    Wait,
-    closed_outputs,
-    decide,
-    history_window,
-    model_request,
-    result_part,
-    run_context,
-    seed_messages,
-    start_plan,
-    task_text,
-    to_millisecond,
-)
+from quipu.services.planner.logic.actions import Append, CallModel, Closed, Dispatch, Finish, Trigger, Wait
+from quipu.services.planner.logic.context import history_window, seed_messages
+from quipu.services.planner.logic.decide import decide
+from quipu.services.planner.logic.dispatch import ToolInfo, task_text
+from quipu.services.planner.logic.keys import CONTEXT_TYPE, TOOL_RESULT_TYPE, to_millisecond
+from quipu.services.planner.logic.model_call import model_request
+from quipu.services.planner.logic.payloads import PendingInput, RunContext, SuspensionCheckpoint, ToolResult
+from quipu.services.planner.logic.run_end import closed_outputs
+from quipu.services.planner.logic.starts import run_context, start_plan
+from quipu.services.planner.logic.tool_results import result_part
+from quipu.services.planner.logic.view import RunView
 
 AT = datetime(2025, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
 LATER = datetime(2025, 5, 1, 12, 0, 5, tzinfo=UTC)

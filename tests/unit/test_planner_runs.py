@@ -48,7 +48,9 @@ from quipu.services.planner.adapters import (
     load_records,
 )
 from quipu.services.planner.app import check_timeouts
-from quipu.services.planner.logic import Output, SuspensionCheckpoint, child_run_id
+from quipu.services.planner.logic.actions import Output
+from quipu.services.planner.logic.keys import child_run_id
+from quipu.services.planner.logic.payloads import SuspensionCheckpoint
 from quipu.services.planner.settings import PlannerSettings
 
 # --- a fake model -------------------------------------------------------------------------------
