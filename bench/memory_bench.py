@@ -41,8 +41,9 @@ from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextD
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.domain.tool_catalog import default_catalog
-from quipu.services.planner.adapters import Planner, PublishedTurns, ReadyDeps
+from quipu.services.planner.adapters import PublishedTurns
 from quipu.services.planner.logic.actions import Output
+from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 from quipu.services.transcript_recorder.logic import TranscriptRecorder
 

@@ -74,8 +74,8 @@ from quipu.services.kit.logging import configure_logging
 from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings, ServiceSettings
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.planner.adapters import PlannerDeps
 from quipu.services.planner.app import create_app as create_planner
+from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.adapters import MongoStore
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.memory_adapters import MongoMemoryStore

@@ -17,14 +17,8 @@ from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner import handlers
-from quipu.services.planner.adapters import (
-    Planner,
-    PlannerDeps,
-    PublishedTurns,
-    ReadyDeps,
-    SessionHistoryContext,
-    SessionOwners,
-)
+from quipu.services.planner.adapters import PublishedTurns, SessionHistoryContext, SessionOwners
+from quipu.services.planner.orchestrator import Planner, PlannerDeps, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 
 SERVICE = "planner"

@@ -20,7 +20,8 @@ from quipu.contracts.topics import Topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.settings import KafkaSettings
-from quipu.services.planner.adapters import Planner, ignoring_erased_runs
+from quipu.services.planner.adapters import ignoring_erased_runs
+from quipu.services.planner.orchestrator import Planner
 from quipu.services.planner.settings import PlannerSettings
 
 T = TypeVar("T")

@@ -35,8 +35,9 @@ from quipu.services.fact_extractor.app import create_app as create_extractor
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.planner.adapters import PlannerDeps, load_records
+from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
+from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder

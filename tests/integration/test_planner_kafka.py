@@ -36,8 +36,9 @@ from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.planner.adapters import PlannerDeps, load_records
+from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
+from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from tests.owner_support import RawPublisher, TopicReader

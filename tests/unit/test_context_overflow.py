@@ -50,8 +50,9 @@ from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.kit.delivery import RetryableError
-from quipu.services.planner.adapters import Planner, PublishedTurns, ReadyDeps, load_records
+from quipu.services.planner.adapters import PublishedTurns, load_records
 from quipu.services.planner.logic.actions import Output
+from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 
 AT = datetime(2026, 2, 1, tzinfo=UTC)

@@ -40,17 +40,12 @@ from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.settings import KafkaSettings
-from quipu.services.planner.adapters import (
-    Planner,
-    ReadyDeps,
-    SessionHistoryContext,
-    SessionOwners,
-    load_records,
-)
+from quipu.services.planner.adapters import SessionHistoryContext, SessionOwners, load_records
 from quipu.services.planner.app import check_timeouts
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.keys import child_run_id
 from quipu.services.planner.logic.payloads import SuspensionCheckpoint
+from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 
 # --- a fake model -------------------------------------------------------------------------------

@@ -1,0 +1,715 @@
+"""`Planner`, the application layer: it runs the logic's steps over the store, the model and the topics.
+
+Every trigger follows the same pattern: take the run's lock (one run is handled by one task at a
+time in this process), write what the message brings, then `advance`: load the run's records,
+ask `logic.decide` for the next step, do it, feed the written record back into the view, and
+ask again, until the run waits for a message or is closed. Across processes nothing is locked:
+deterministic keys decide, and a write that meets another writer's record (EVENT_CONFLICT, or a
+run closed meanwhile) makes the planner reload and use what the store holds.
+
+Over 500 lines on purpose: `Planner` is one class whose methods are the steps of one run's loop
+(triggers, starts, the model step, the request budget, writing), all under the run's lock and the
+one write-and-reload rule; cut apart, the loop would no longer read in order. The I/O it drives
+lives in `adapters`, its decisions in `logic`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import structlog
+
+from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
+from quipu.contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
+from quipu.contracts.memory import HistoryRole, MemoryScope
+from quipu.contracts.runs import CancelRun, RunKind, RunRequested
+from quipu.contracts.store import (
+    AppendResult,
+    LifecycleType,
+    Record,
+    RunStatus,
+    SessionStatus,
+    StartOutcome,
+    StartResult,
+)
+from quipu.contracts.tools import ToolCallCompleted
+from quipu.contracts.transcript import (
+    TRANSCRIPT_MESSAGES_APPENDED,
+    TRANSCRIPT_MESSAGES_SEEDED,
+    Message,
+    ToolUsePart,
+    TranscriptError,
+    encode_messages,
+)
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.agents import AgentRegistry, AgentSpec, UnknownAgentError
+from quipu.services.domain.memory.context import ContextSource, history_principal
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.memory.summary import Summarizer, SummaryError, Utterance
+from quipu.services.domain.models.estimate import estimate_request_tokens
+from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest
+from quipu.services.domain.store.protocol import Store
+from quipu.services.domain.tool_catalog import ToolCatalog
+from quipu.services.domain.transcript import validate_planner_transcript
+from quipu.services.kit.delivery import PermanentError, RetryableError
+from quipu.services.kit.keyed_locks import KeyedLocks
+from quipu.services.planner.adapters import Publisher, SessionOwners, load_view, tool_book
+from quipu.services.planner.logic.actions import (
+    Append,
+    CallModel,
+    Closed,
+    Dispatch,
+    Finish,
+    Intend,
+    Suspend,
+    Trigger,
+    Wait,
+)
+from quipu.services.planner.logic.context import (
+    compacted_messages,
+    compaction_event,
+    compaction_record,
+    dropped_messages,
+    fit_messages,
+    history_turns,
+    overflow_failure,
+    seed_messages,
+    summary_text,
+)
+from quipu.services.planner.logic.decide import decide, failure_finish
+from quipu.services.planner.logic.dispatch import ToolInfo, dispatch_outputs
+from quipu.services.planner.logic.keys import (
+    CANCEL_KEY,
+    CONTEXT_KEY,
+    CONTEXT_TYPE,
+    INPUT_KEY,
+    INVALID_TRANSCRIPT,
+    MEMORY_CONTEXT_KEY,
+    MEMORY_CONTEXT_TYPE,
+    SEED_KEY,
+    TOOL_RESULT_TYPE,
+    link_key,
+    to_millisecond,
+    tool_result_key,
+)
+from quipu.services.planner.logic.model_call import model_failure, model_records, model_request, reply_delta
+from quipu.services.planner.logic.payloads import Compaction, RunContext, SuspensionCheckpoint, ToolResult
+from quipu.services.planner.logic.run_end import child_not_started, refusal_events, refused_target
+from quipu.services.planner.logic.starts import (
+    StartPlan,
+    answer_message,
+    run_context,
+    run_start,
+    start_plan,
+    user_message,
+)
+from quipu.services.planner.logic.view import RunView, text_of
+from quipu.services.planner.settings import PlannerSettings
+
+logger = structlog.get_logger(__name__)
+
+COMPACTION_FAILED = "the history over the request budget could not be compacted"
+
+RELOAD_CODES = frozenset(
+    {
+        ErrorCode.EVENT_CONFLICT,
+        ErrorCode.RUN_NOT_ACTIVE,
+        ErrorCode.RUN_TERMINAL_CONFLICT,
+        ErrorCode.RUN_CANCELLATION_CONFLICT,
+        ErrorCode.RUN_SUSPENSION_CONFLICT,
+    }
+)
+"""Refusals that mean another writer got there first: reload and use what the store holds."""
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+class RunRefusedError(PermanentError):
+    """Raised when a run request is refused before its run starts; `code` is the typed reason its
+    stream is told (a store code such as SESSION_NOT_FOUND, or AGENT_NOT_FOUND)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
+"""Refusal code of a request naming an agent nobody registered."""
+
+
+# --- the planner --------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannerDeps:
+    """What the planner works with; `create_app` builds whatever is left None."""
+
+    store: Store | None = None
+    model: ModelClient | None = None
+    catalog: ToolCatalog | None = None
+    agents: AgentRegistry | None = None
+    context: ContextSource | None = None
+    memory: MemoryStore | None = None
+    """Conversation memory: with it, the default context source is `MemoryContextSource`, and
+    sessions are claimed there (else through the owner when the store is its Kafka client)."""
+
+
+@dataclass(frozen=True)
+class ReadyDeps:
+    """The planner's dependencies; without `owners` no session owner is checked (no history kept)."""
+
+    store: Store
+    model: ModelClient
+    catalog: ToolCatalog
+    agents: AgentRegistry
+    context: ContextSource
+    owners: SessionOwners | None = None
+
+
+def _permanent(what: str, error: StoreError) -> PermanentError:
+    return PermanentError(f"{what}: {error.code.value}: {error.message}")
+
+
+class Planner:
+    """The agent loop over the store: one method per trigger, each ending in `advance`."""
+
+    def __init__(self, deps: ReadyDeps, publisher: Publisher, settings: PlannerSettings) -> None:
+        self.deps = deps
+        self.publisher = publisher
+        self.settings = settings
+        self.locks: KeyedLocks[str] = KeyedLocks()  # one run's triggers, one at a time
+
+    # --- triggers -------------------------------------------------------------------------------
+
+    async def on_run_requested(self, request: RunRequested) -> None:
+        """A new turn, a resume or a child run: start it, record its input, advance.
+
+        A request refused before its run starts tells the run's stream why (then goes to the DLQ).
+        """
+        log = logger.bind(run_id=request.run_id, session_id=request.session_id, kind=request.kind.value)
+        async with self.locks.hold(request.run_id):
+            try:
+                view = await self._start_request(request)
+            except RunRefusedError as refusal:
+                await self._tell_refusal(request.run_id, request.session_id, refusal.code, refusal.message)
+                raise
+            if view is None:
+                log.info("run not planned (stopped at start or parent closed)")
+                return
+            await self.advance(view, self._trigger(request.occurred_at, request.event_id))
+
+    async def on_invalid_request(self, body: bytes, reason: str) -> None:
+        """A run request that does not validate: its stream, when it names a run, hears why."""
+        target = refused_target(body)
+        if target is not None:
+            await self._tell_refusal(*target, ErrorCode.INVALID_ARGUMENT.value, reason)
+
+    async def _tell_refusal(self, run_id: str, session_id: str, code: str, message: str) -> None:
+        # Only for a run the store does not know: a request must never end someone else's run.
+        try:
+            await self.deps.store.load_run(run_id)
+        except StoreError as error:
+            if error.code is not ErrorCode.RUN_NOT_FOUND:
+                raise
+            logger.info("run request refused", run_id=run_id, session_id=session_id, code=code)
+            for event in refusal_events(run_id, session_id, code, message, to_millisecond(utc_now_ms())):
+                await self.publisher.publish(event)
+
+    async def on_tool_result(self, completed: ToolCallCompleted) -> None:
+        """Record one tool result (the first one wins), then advance."""
+        async with self.locks.hold(completed.run_id):
+            view = await load_view(self.deps.store, completed.run_id)
+            if view is None:
+                logger.warning("tool result for an unknown run ignored", run_id=completed.run_id)
+                return
+            trigger = self._trigger(completed.occurred_at, completed.event_id, completed.tool_use_id)
+            if not view.closed and completed.tool_use_id not in view.results:
+                if completed.tool_use_id not in _tool_use_ids(view):
+                    logger.warning(
+                        "result for a tool use the run never made ignored",
+                        run_id=view.run_id,
+                        tool_use_id=completed.tool_use_id,
+                    )
+                    return
+                result = ToolResult.of(completed)
+                record = view.record(
+                    tool_result_key(completed.tool_use_id), TOOL_RESULT_TYPE, result.encode(), trigger.at
+                )
+                view = await self._write(view, record)
+                if not _tool_use_ids(view) <= view.results.keys():
+                    # Others still missing: read again after our own write. Of two results written
+                    # at once by two processes (a rebalance), the later reader sees both, so the
+                    # group is never left waiting. With every result in hand there is nothing to see.
+                    fresh = await load_view(self.deps.store, completed.run_id)
+                    if fresh is not None:
+                        fresh.session_ended = view.session_ended
+                        view = fresh
+            await self.advance(view, trigger)
+
+    async def on_cancel(self, cancel: CancelRun) -> None:
+        """Record the cancellation intent (the first reason is permanent), then advance to the end."""
+        async with self.locks.hold(cancel.run_id):
+            view = await load_view(self.deps.store, cancel.run_id)
+            if view is None:
+                logger.warning("cancel for an unknown run ignored", run_id=cancel.run_id)
+                return
+            trigger = self._trigger(cancel.occurred_at, cancel.event_id)
+            if not view.closed and not view.cancel_reason:
+                record = view.record(
+                    CANCEL_KEY,
+                    LifecycleType.CANCELLATION_INTENT.value,
+                    encode_cancellation_intent(cancel.reason),
+                    trigger.at,
+                )
+                view = await self._write(view, record, self.deps.store.record_run_cancellation)
+            await self.advance(view, trigger)
+
+    # --- starts ---------------------------------------------------------------------------------
+
+    async def _start_request(self, request: RunRequested) -> RunView | None:
+        if request.kind is RunKind.RESUME:
+            return await self._start_resume(request)
+        if request.kind is RunKind.CHILD:
+            return await self._start_child(request)
+        return await self._start_turn(request)
+
+    async def _require_owner(self, request: RunRequested, session_id: str, context: RunContext) -> None:
+        """The run's principal must be its session's (claimed by the first turn): else the answer
+        would be given and then refused by the history, so the request is refused now."""
+        owners = self.deps.owners
+        if owners is None or not session_id:
+            return
+        scope = MemoryScope(
+            tenant_id=context.tenant_id,
+            principal_id=history_principal(context.principal_id, session_id),
+            agent_id=request.agent_id,
+        )
+        try:
+            await owners.require(session_id, scope)
+        except StoreRefusedError as error:
+            raise RunRefusedError(error.code.value, error.message) from error
+
+    async def _start_turn(self, request: RunRequested) -> RunView | None:
+        agent = self._agent(request.agent_id)
+        if not request.text:
+            raise RunRefusedError(
+                ErrorCode.INVALID_ARGUMENT.value, f"run {request.run_id!r}: a turn needs the user's text"
+            )
+        await self._require_owner(request, request.session_id, run_context(request, agent))
+        plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
+        view = await self._start(plan, request)
+        if view is None or view.closed:
+            return view
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        view = await self._write_once(
+            view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
+        )
+        if view.session_id and not view.has_input and SEED_KEY not in view.keys:
+            principal = view.context.principal_id if view.context is not None else ""
+            blocks = await self.deps.context.context(
+                view.session_id,
+                principal,
+                view.agent_id,
+                tenant_id=request.tenant_id,
+                query=request.text,
+                memory_opt_out=agent.memory_opt_out,
+            )
+            if blocks.memory is not None:
+                # Before the seed: whatever the model is shown, the run says which memory it was.
+                view = await self._write_once(
+                    view,
+                    MEMORY_CONTEXT_KEY,
+                    MEMORY_CONTEXT_TYPE,
+                    canonical_json(blocks.memory.payload()),
+                    trigger,
+                )
+            seed = seed_messages(blocks)
+            if seed:
+                view = await self._write_once(
+                    view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), trigger
+                )
+        return await self._write_input(view, request.text, trigger)
+
+    async def _start_child(self, request: RunRequested) -> RunView | None:
+        parent = request.parent
+        if parent is None:
+            raise RunRefusedError(
+                ErrorCode.INVALID_ARGUMENT.value, f"child run {request.run_id!r} names no parent tool call"
+            )
+        agent = self._agent(request.agent_id)
+        run = run_start(
+            request,
+            agent_id=agent.agent_id,
+            session_id=request.session_id,
+            parent_run_id=parent.parent_run_id,
+        )
+        plan = start_plan(run, (parent, link_key(parent.tool_call_id, run.run_id, continuation=False)))
+        view = await self._start(plan, request)
+        if view is None:
+            # Stopped (the session ended) or refused (the parent closed): the parent must not wait.
+            answer = child_not_started(request, "its session ended or its parent closed")
+            if answer is not None:
+                await self.publisher.publish(answer)
+            return None
+        if view.closed:
+            return view
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        view = await self._write_once(
+            view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
+        )
+        return await self._write_input(view, request.text, trigger)
+
+    async def _write_input(self, view: RunView, text: str, trigger: Trigger) -> RunView:
+        """The user's message that opens a turn or a child run (once)."""
+        message = encode_messages([user_message(text)])
+        return await self._write_once(view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, message, trigger)
+
+    async def _start_resume(self, request: RunRequested) -> RunView | None:
+        store = self.deps.store
+        predecessor = await load_view(store, request.predecessor_run_id)
+        if predecessor is None or predecessor.suspended_time is None:
+            raise RunRefusedError(
+                ErrorCode.RUN_SUSPENSION_NOT_FOUND.value,
+                f"resume {request.run_id!r}: {request.predecessor_run_id!r} is not suspended",
+            )
+        try:
+            checkpoint = SuspensionCheckpoint.decode(
+                (await store.load_run_suspension(predecessor.run_id)).data
+            )
+        except StoreRefusedError as error:
+            raise _permanent(f"resume {request.run_id!r}", error) from error
+        agent = self._agent(predecessor.agent_id)
+        run = run_start(
+            request,
+            agent_id=predecessor.agent_id,
+            session_id=predecessor.session_id,
+            parent_run_id=predecessor.parent_run_id,
+            inherited=predecessor.context,
+        )
+        parent = predecessor.context.parent if predecessor.context is not None else None
+        link = (parent, link_key(parent.tool_call_id, run.run_id, continuation=True)) if parent else None
+        context = run_context(request, agent, inherited=predecessor.context)
+        await self._require_owner(request, predecessor.session_id, context)
+        view = await self._start(start_plan(run, link), request)
+        if view is None or view.closed:
+            return view
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
+        view = await self._write_once(
+            view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(predecessor.messages), trigger
+        )
+        try:
+            answer = answer_message(predecessor, checkpoint.pending, request.answer)
+        except TranscriptError as error:
+            raise PermanentError(f"resume {request.run_id!r}: {error}") from error
+        return await self._write_once(
+            view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
+        )
+
+    async def _start(self, plan: StartPlan, request: RunRequested) -> RunView | None:
+        """Start the run (an exact retry on redelivery); None when it must not be planned."""
+        store = self.deps.store
+        run = plan.run
+        try:
+            result: StartResult
+            if plan.parent_link is not None and run.session_id:
+                result = await store.start_child_run(run, plan.parent_link, plan.started, plan.stopped)
+            elif plan.parent_link is not None:
+                result = await store.start_one_shot_child_run(run, plan.parent_link, plan.started)
+            elif run.session_id:
+                result = await store.start_root_run(run, plan.started, plan.stopped)
+            else:
+                result = await store.start_one_shot_run(run, plan.started)
+        except StoreRefusedError as error:
+            if plan.parent_link is not None and error.code is ErrorCode.RUN_NOT_ACTIVE:
+                logger.info("child not started: its parent is closed", run_id=run.run_id)
+                return None
+            raise RunRefusedError(error.code.value, f"start of {run.run_id!r}: {error.message}") from error
+        if result.decision is StartOutcome.STOP:
+            return None
+        if result.started.inserted and result.run_status is RunStatus.RUNNING:
+            # This call wrote the run's first record, so the log is that record: no read back. A
+            # second writer (a rebalance) is caught by the conflict of our next append.
+            return RunView.of([plan.started])
+        view = await load_view(store, run.run_id)
+        if view is None:
+            raise RetryableError(f"run {run.run_id!r} started but not readable yet")
+        return view
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def advance(self, view: RunView, trigger: Trigger) -> None:
+        """Take the run's next steps until it waits for a message or is closed."""
+        agent = self._agent(view.agent_id)
+        tools = tool_book(agent, self.deps.catalog, self.deps.agents)
+        dispatched = 0
+        for _ in range(self.settings.max_actions_per_message):
+            action = decide(view, trigger, dispatched)
+            if isinstance(action, Wait):
+                return
+            if isinstance(action, Closed):
+                for message in action.outputs:
+                    await self.publisher.publish(message)
+                return
+            if isinstance(action, Append):
+                view = await self._write(view, action.record)
+            elif isinstance(action, Intend):
+                view = await self._write(view, action.record, self.deps.store.record_run_cancellation)
+            elif isinstance(action, Finish):
+                view = await self._write(view, action.record, self.deps.store.record_run_terminal)
+            elif isinstance(action, Suspend):
+                view = await self._write(view, action.record, self._suspension_writer(action))
+            elif isinstance(action, Dispatch):
+                outputs, local = dispatch_outputs(view, action.step, action.uses, tools, trigger)
+                for record in local:
+                    view = await self._write(view, record)
+                for message in outputs:
+                    await self.publisher.publish(message)
+                dispatched = action.step
+            elif isinstance(action, CallModel):
+                view = await self._model_step(view, agent, tools, action.step, trigger)
+        raise PermanentError(
+            f"run {view.run_id!r}: no end after {self.settings.max_actions_per_message} steps"
+        )
+
+    async def _model_step(
+        self, view: RunView, agent: AgentSpec, tools: Mapping[str, ToolInfo], step: int, trigger: Trigger
+    ) -> RunView:
+        request = model_request(view, agent, tools, step, self.settings.max_tokens_per_call)
+        try:
+            validate_planner_transcript(request.messages)
+        except TranscriptError as error:
+            failure = Failure(message=str(error), kind=INVALID_TRANSCRIPT, retryable=False)
+            return await self._fail(view, trigger, failure)
+        fitted = await self._fit(view, agent, tools, step, trigger, request)
+        if isinstance(fitted, RunView):
+            return fitted
+        view, request = fitted
+        deltas = 0
+
+        async def on_text(text: str) -> None:
+            nonlocal deltas
+            await self.publisher.publish(reply_delta(view, step, deltas, text, utc_now_ms()))
+            deltas += 1
+
+        model = self.deps.model
+        try:
+            response = await asyncio.wait_for(model.complete(request, on_text), self.settings.model_timeout_s)
+        except TimeoutError as error:
+            raise RetryableError(f"model call {request.call_key} timed out") from error
+        except ModelError as error:
+            if error.retryable:
+                raise RetryableError(f"model call {request.call_key}: {error.kind}: {error}") from error
+            failure = model_failure(
+                str(error), provider=model.name, code=error.kind, http_status=error.http_status
+            )
+            return await self._fail(view, trigger, failure)
+        for record in model_records(view, step, response, trigger.at):
+            view = await self._write(view, record)
+        return view
+
+    # --- the request budget ---------------------------------------------------------------------
+
+    async def _fit(
+        self,
+        view: RunView,
+        agent: AgentSpec,
+        tools: Mapping[str, ToolInfo],
+        step: int,
+        trigger: Trigger,
+        request: ModelRequest,
+    ) -> tuple[RunView, ModelRequest] | RunView:
+        """The request of call `step` within the request budget, or the run closed as overflowing.
+
+        Over budget, the oldest history turns are dropped, whole, and what they said is compacted
+        with the summary block into a new summary block (never dropped silently); the compaction
+        is recorded, so a redelivery and every later call of the run see the same request. When
+        the current turn alone (system, memory blocks, this run's own messages) does not fit,
+        the run fails with `context_overflow` instead of sending what the provider would refuse.
+        """
+        if view.compaction is not None and view.compaction.step == step:
+            # Decided before a redelivery: the record is the decision; the stream hears it again.
+            await self.publisher.publish(compaction_event(view, view.compaction, trigger.at))
+            return view, request
+        budget = self.settings.request_budget_tokens
+        tokens = await self._count(request)
+        if tokens <= budget:
+            return view, request
+        previous = view.compaction.dropped_turns if view.compaction is not None else 0
+        droppable = len(history_turns(view.messages)) - previous
+        existing = summary_text(compacted_messages(view.messages, view.compaction))
+        cap = self.settings.compaction_summary_tokens
+
+        def without(drop: int, summary: str | None) -> ModelRequest:
+            return model_request(
+                view,
+                agent,
+                tools,
+                step,
+                self.settings.max_tokens_per_call,
+                fit_messages(view.messages, previous + drop, summary),
+            )
+
+        floor = await self._count(without(droppable, None))
+        if droppable <= 0 or floor + cap > budget:
+            logger.info("turn over its request budget", run_id=view.run_id, tokens=tokens, floor=floor)
+            return await self._fail(view, trigger, overflow_failure(floor, budget))
+        # The fewest turns whose removal fits, by the local estimate scaled to the real count.
+        scale = tokens / max(1, estimate_request_tokens(request))
+        drop = next(
+            (
+                count
+                for count in range(1, droppable + 1)
+                if estimate_request_tokens(without(count, None)) * scale + cap <= budget
+            ),
+            droppable,
+        )
+        summary, after, summarized = existing, tokens, 0
+        while True:
+            new = dropped_messages(view.messages, previous + summarized, previous + drop)
+            compacted = await self._compact(summary, new, f"{view.run_id}/step/{step}/compact/{drop}")
+            if isinstance(compacted, Failure):
+                return await self._fail(view, trigger, compacted)
+            summary, summarized = compacted, drop
+            after = await self._count(without(drop, summary))
+            if after <= budget or drop == droppable:
+                break
+            drop = droppable  # the estimate fell short: compact the rest too, in one more call
+        if after > budget:
+            return await self._fail(view, trigger, overflow_failure(after, budget))
+        compaction = Compaction(
+            step=step,
+            dropped_turns=previous + drop,
+            summary=summary,
+            tokens_before=tokens,
+            tokens_after=after,
+        )
+        logger.info(
+            "history compacted to fit the request budget",
+            run_id=view.run_id,
+            step=step,
+            dropped_turns=compaction.dropped_turns,
+            tokens_before=tokens,
+            tokens_after=after,
+        )
+        view = await self._write(view, compaction_record(view, compaction, trigger.at))
+        if view.closed or view.compaction is None:
+            return view  # another writer closed the run meanwhile
+        await self.publisher.publish(compaction_event(view, view.compaction, trigger.at))
+        return view, model_request(view, agent, tools, step, self.settings.max_tokens_per_call)
+
+    async def _count(self, request: ModelRequest) -> int:
+        """Input tokens of a request: the local estimate while it is far below the budget, else
+        the provider's counter (the estimate when the counter fails or is slow)."""
+        estimate = estimate_request_tokens(request)
+        if estimate <= self.settings.request_budget_tokens * self.settings.count_tokens_above:
+            return estimate
+        try:
+            return await asyncio.wait_for(
+                self.deps.model.count_tokens(request), self.settings.count_tokens_timeout_s
+            )
+        except (ModelError, TimeoutError) as error:
+            logger.info("token count unavailable; using the local estimate", error=str(error))
+            return estimate
+
+    async def _compact(self, summary: str, dropped: list[Message], call_key: str) -> str | Failure:
+        """`summary` extended with the dropped turns, capped; a Failure when it cannot be written."""
+        summarizer = Summarizer(self.deps.model, self.settings.compaction_summary_tokens)
+        said = [
+            Utterance(HistoryRole.USER if message.role == "user" else HistoryRole.ASSISTANT, text_of(message))
+            for message in dropped
+        ]
+        try:
+            written = await asyncio.wait_for(
+                summarizer.summarize(summary, said, call_key), self.settings.compaction_timeout_s
+            )
+        except TimeoutError as error:
+            raise RetryableError(f"compaction {call_key} timed out") from error
+        except ModelError as error:
+            if error.retryable:
+                raise RetryableError(f"compaction {call_key}: {error.kind}: {error}") from error
+            return overflow_failure(
+                0, 0, f"the history over the request budget could not be compacted: {error}"
+            )
+        except SummaryError as error:
+            return overflow_failure(
+                0, 0, f"the history over the request budget could not be compacted: {error}"
+            )
+        return written.text
+
+    async def _fail(self, view: RunView, trigger: Trigger, failure: Failure) -> RunView:
+        """Close the run as failed."""
+        return await self._write(
+            view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
+        )
+
+    # --- writing --------------------------------------------------------------------------------
+
+    async def _write(self, view: RunView, record: Record, operation: _Write | None = None) -> RunView:
+        """Write a record and fold it into the view; reload instead when another writer came first."""
+        write = operation or self.deps.store.append_run_record
+        try:
+            result = await write(record)
+        except StoreRefusedError as error:
+            if error.code not in RELOAD_CODES:
+                raise _permanent(f"run {view.run_id!r} record {record.event_key!r}", error) from error
+            logger.info(
+                "another writer came first; reloading",
+                run_id=view.run_id,
+                event_key=record.event_key,
+                code=error.code.value,
+            )
+            reloaded = await load_view(self.deps.store, view.run_id)
+            if reloaded is None:
+                raise _permanent(f"run {view.run_id!r} vanished", error) from error
+            return reloaded
+        view.add(record)
+        if isinstance(result, AppendResult) and result.session_status == SessionStatus.ENDED.value:
+            view.session_ended = True
+        return view
+
+    async def _write_once(
+        self, view: RunView, key: str, type_: str, payload: bytes, trigger: Trigger
+    ) -> RunView:
+        """Write the record at `key` unless the run already holds one there."""
+        if key in view.keys:
+            return view
+        return await self._write(view, view.record(key, type_, payload, trigger.at))
+
+    def _suspension_writer(self, action: Suspend) -> _Write:
+        async def suspend(record: Record) -> object:
+            return await self.deps.store.record_run_suspension(action.checkpoint, record)
+
+        return suspend
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _agent(self, agent_id: str) -> AgentSpec:
+        try:
+            return self.deps.agents.get_agent(agent_id)
+        except UnknownAgentError as error:
+            raise RunRefusedError(AGENT_NOT_FOUND, str(error)) from error
+
+    @staticmethod
+    def _trigger(at: datetime, event_id: str, result_for: str = "") -> Trigger:
+        return Trigger(at=at, event_id=event_id, result_for=result_for)
+
+
+class _Write(Protocol):
+    async def __call__(self, record: Record, /) -> object: ...
+
+
+def _tool_use_ids(view: RunView) -> set[str]:
+    return {
+        part.id
+        for message in view.messages
+        if message.role == "assistant"
+        for part in message.parts
+        if isinstance(part, ToolUsePart)
+    }
