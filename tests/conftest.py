@@ -17,10 +17,10 @@
   multiplied by `QUIPU_TEST_TIME_SCALE`, like every deadline in `tests/timing.py`; a module's own
   `timeout(...)` marker says `scaled(seconds)` itself.
 - No test can reach a real model or any host off this machine: the model keys are removed from
-  the environment before any test (and so from every child process a test starts), and a socket
+  the environment before any test (and so from every child process a test starts), a socket
   may connect only to loopback addresses (the embedded broker, database and the local Messages-API
-  server live there); anything else fails the test at once, as pydantic-ai's
-  `ALLOW_MODEL_REQUESTS = False` does.
+  server live there) and no host name but `localhost` is looked up; anything else fails the test
+  at once, as pydantic-ai's `ALLOW_MODEL_REQUESTS = False` does.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from tests.timing import scaled
 
 if TYPE_CHECKING:
+    from socket import _GetAddrInfoResult
+
     from _typeshed import ReadableBuffer
 
     SocketAddress = tuple[object, ...] | str | ReadableBuffer
@@ -82,7 +84,26 @@ def refuse_off_machine(address: object) -> None:
         )
 
 
+def refuse_name_lookup(host: bytes | str | None) -> None:
+    """Refuse to look up a host name other than `localhost`; IP literals pass (`connect` checks them).
+
+    The lookup would itself leave the machine (DNS), and where there is no DNS the test would fail
+    with the resolver's error instead of this guard's.
+    """
+    name = host.decode() if isinstance(host, bytes) else host
+    if not name or name.lower() == "localhost":
+        return
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        raise OffMachineConnectionError(
+            f"a test tried to look up {name}: tests reach only loopback (no real model, no network)"
+        ) from None
+
+
 def _guard_connections() -> None:
+    original_getaddrinfo = socket.getaddrinfo
+
     original_connect = socket.socket.connect
     original_connect_ex = socket.socket.connect_ex
 
@@ -94,6 +115,19 @@ def _guard_connections() -> None:
         refuse_off_machine(address)
         return original_connect_ex(self, address)
 
+    def getaddrinfo(
+        host: bytes | str | None,
+        port: bytes | str | int | None,
+        family: int = 0,
+        type: int = 0,  # socket.getaddrinfo's name for it: callers may pass it by keyword
+        proto: int = 0,
+        flags: int = 0,
+    ) -> _GetAddrInfoResult:
+        refuse_name_lookup(host)
+        return original_getaddrinfo(host, port, family, type, proto, flags)
+
+    # asyncio, anyio and socket.create_connection all look it up in the socket module at call time.
+    socket.getaddrinfo = getaddrinfo
     # mypy refuses any assignment to a method; replacing it for every socket is the point here.
     socket.socket.connect = connect  # type: ignore[method-assign]
     socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
