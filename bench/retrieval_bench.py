@@ -7,7 +7,7 @@ searched `ROUNDS` times with `search_index`, one at a time, as the context build
 - `fact_retrieval_p50_ms`: median latency of one search_index call, end to end (the client's
   Kafka hop to the owner, the owner's MongoDB transaction, BM25 and rehydration, the reply);
 - `retrieval_recall_at_5` / `retrieval_mrr`: quality of the method chosen (BM25 over the index),
-  identical on every backend because the scoring is shared (`services/domain/memory/rules.py`).
+  identical on every backend because the scoring is shared (`services/domain/memory/ranking.py`).
 """
 
 from __future__ import annotations

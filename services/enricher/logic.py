@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from quipu.contracts.memory import FactChanged, FactChangeKind, IndexEntry, MemoryScope
-from quipu.services.domain.memory.rules import MAX_FACT_TEXT, term_frequencies
+from quipu.services.domain.memory.ranking import term_frequencies
+from quipu.services.domain.memory.validation import MAX_FACT_TEXT
 from quipu.services.kit.delivery import PermanentError
 
 

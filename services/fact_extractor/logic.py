@@ -56,7 +56,7 @@ from quipu.contracts.memory import (
     Provenance,
 )
 from quipu.contracts.transcript import Message, TextPart
-from quipu.services.domain.memory.rules import tokenize
+from quipu.services.domain.memory.ranking import tokenize
 from quipu.services.domain.memory.safety import SensitiveCategory, fold, sensitive_category
 from quipu.services.domain.models.port import ModelRequest, ModelResponse, StopReason
 

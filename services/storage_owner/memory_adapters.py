@@ -59,7 +59,8 @@ from quipu.contracts.memory import (
     SessionSummary,
 )
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.memory.rules import MemoryRules, MemorySession, MemoryTransaction
+from quipu.services.domain.memory.rules import MemoryRules
+from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
 from quipu.services.storage_owner.adapters import (
     TransactionLoop,
     TransactionPolicy,

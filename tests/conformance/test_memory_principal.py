@@ -5,7 +5,7 @@ from __future__ import annotations
 from quipu.contracts.errors import ErrorCode
 from quipu.contracts.memory import Profile
 from quipu.services.domain.memory.protocol import MemoryStore
-from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.ranking import build_index_entry
 from tests.conformance.memory_builders import (
     ms,
     other_agent,

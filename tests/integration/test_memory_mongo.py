@@ -26,7 +26,7 @@ from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.memory import FactChanged, HistoryRecorded, Profile
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack
-from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.storage_owner.keys import KEYS, parse_master_key
 from quipu.services.storage_owner.memory_adapters import HISTORY, INDEXES, MongoMemoryStore

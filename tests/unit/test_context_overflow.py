@@ -35,7 +35,7 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
 from quipu.services.domain.memory.context import MemoryContextSource
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
-from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.domain.memory.summary import SUMMARY_HEADER, read_summarizer_request, summary_of_block
 from quipu.services.domain.models.estimate import estimate_request_tokens, estimate_text_tokens
 from quipu.services.domain.models.port import (

@@ -36,7 +36,7 @@ from quipu.services.domain.memory.context import (
     SpokenTurn,
 )
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
-from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.domain.memory.summary import SUMMARY_HEADER, summary_of_block
 from quipu.services.planner.adapters import PublishedTurns
 

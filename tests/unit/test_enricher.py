@@ -25,9 +25,9 @@ from quipu.contracts.memory import (
 )
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
+from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.domain.memory.reindex import IndexMaintenance, Principal
 from quipu.services.domain.memory.retrieval_eval import ManualClock
-from quipu.services.domain.memory.rules import build_index_entry
 from quipu.services.enricher.adapters import Enricher
 from quipu.services.enricher.app import EnricherDeps, check_timeouts, create_app
 from quipu.services.enricher.handlers import FACT_CHANGED

@@ -7,7 +7,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from quipu.contracts.memory import Fact, IndexEntry, MemoryScope, Provenance
-from quipu.services.domain.memory.rules import (
+from quipu.services.domain.memory.ranking import (
     bm25_scores,
     index_ranking,
     keyword_overlap,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quipu.contracts.memory import HistoryRole
-from quipu.services.domain.memory.rules import tokenize
+from quipu.services.domain.memory.ranking import tokenize
 from quipu.services.domain.memory.summary import Utterance, neutralise, read_summarizer_request, sentences
 from quipu.services.domain.models.estimate import estimate_text_tokens
 from quipu.services.domain.models.port import ModelRequest

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quipu.contracts.memory import Fact, FactChanged, IndexEntry, MemoryScope
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.memory.rules import build_index_entry
+from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.kit.settings import KafkaSettings
 
 
