@@ -127,27 +127,24 @@ def no_key(_: StoreReply) -> None:
     return None
 
 
+_SESSION_ELSE_RUN = "session id (run id when sessionless)"
+
+# The type argument of each entry is what its key function is checked against (mypy).
 TOPICS: tuple[TopicSpec[Any], ...] = (
-    TopicSpec(
-        Topic.RUNS_REQUESTED, RunRequested, "session id (run id when sessionless)", session_else_run, 8
+    TopicSpec[RunRequested](Topic.RUNS_REQUESTED, RunRequested, _SESSION_ELSE_RUN, session_else_run, 8),
+    TopicSpec[CancelRun](Topic.RUNS_CONTROL, CancelRun, _SESSION_ELSE_RUN, session_else_run, 8),
+    TopicSpec[ToolCallRequested](Topic.TOOLS_CALLS, ToolCallRequested, "run id", run_of, 8),
+    TopicSpec[ToolCallCompleted](
+        Topic.TOOLS_RESULTS, ToolCallCompleted, _SESSION_ELSE_RUN, session_else_run, 8
     ),
-    TopicSpec(Topic.RUNS_CONTROL, CancelRun, "session id (run id when sessionless)", session_else_run, 8),
-    TopicSpec(Topic.TOOLS_CALLS, ToolCallRequested, "run id", run_of, 8),
-    TopicSpec(
-        Topic.TOOLS_RESULTS, ToolCallCompleted, "session id (run id when sessionless)", session_else_run, 8
+    TopicSpec[StoreOperation](
+        Topic.STORAGE_COMMANDS, StoreCommand, "session id, else run or principal id", command_key, 8
     ),
-    TopicSpec(
-        Topic.STORAGE_COMMANDS,
-        StoreCommand,
-        "session id, else run or principal id",
-        command_key,
-        8,
-    ),
-    TopicSpec(Topic.STORAGE_REPLIES, StoreReply, "none", no_key, 8),
-    TopicSpec(Topic.RUNS_EVENTS, RunEvent, "session id (run id when sessionless)", session_else_run, 8),
-    TopicSpec(Topic.HISTORY_TURNS, TurnCompleted, "session id", session_of, 8),
-    TopicSpec(Topic.HISTORY_RECORDED, HistoryRecorded, "session id", session_of, 8),
-    TopicSpec(Topic.MEMORY_CHANGES, FactChanged, "principal id", principal_of, 8),
+    TopicSpec[StoreReply](Topic.STORAGE_REPLIES, StoreReply, "none", no_key, 8),
+    TopicSpec[RunEvent](Topic.RUNS_EVENTS, RunEvent, _SESSION_ELSE_RUN, session_else_run, 8),
+    TopicSpec[TurnCompleted](Topic.HISTORY_TURNS, TurnCompleted, "session id", session_of, 8),
+    TopicSpec[HistoryRecorded](Topic.HISTORY_RECORDED, HistoryRecorded, "session id", session_of, 8),
+    TopicSpec[FactChanged](Topic.MEMORY_CHANGES, FactChanged, "principal id", principal_of, 8),
 )
 """The registry: every topic with its payload, key and partition count."""
 
