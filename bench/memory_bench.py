@@ -39,8 +39,8 @@ from quipu.services.domain.memory.summary import Summarizer, read_summarizer_req
 from quipu.services.domain.models.estimate import estimate_request_tokens
 from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
 from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.store.memory import InMemoryStore
-from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.planner.adapters import PublishedTurns
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.orchestrator import Planner, ReadyDeps

@@ -3,8 +3,10 @@
 Everything installs under this one import root: the wire (`quipu.contracts`), the services
 (`quipu.services.<name>`, each runnable as `quipu serve <name>`), the shared plumbing
 (`quipu.services.kit`) and domain (`quipu.services.domain`), and the embedded local stack
-(`quipu.deploy.local`). The names below are the stable surface a program that publishes run
-requests and reads run events needs; they load on first use, so `import quipu` stays cheap.
+(`quipu.deploy.local`). The names below are the stable surface: what a program that publishes run
+requests and reads run events needs, and what your own tools are written with (`tool`, `Toolset`,
+`ToolContext`, `ToolError`; see `quipu.tools`). They load on first use, so `import quipu` stays
+cheap. `quipu.testing` holds the offline models for your own tests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
     from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
     from quipu.contracts.topics import TOPICS, Topic, TopicSpec
+    from quipu.tools import AwaitInput, AwaitKind, Cancellation, Tool, ToolContext, ToolError, Toolset, tool
 
 __version__ = "0.1.0"
 
@@ -29,10 +32,19 @@ _PUBLIC: dict[str, str] = {
     "Topic": "quipu.contracts.topics",
     "TopicSpec": "quipu.contracts.topics",
     "TOPICS": "quipu.contracts.topics",
+    "tool": "quipu.tools",
+    "Tool": "quipu.tools",
+    "Toolset": "quipu.tools",
+    "ToolContext": "quipu.tools",
+    "ToolError": "quipu.tools",
+    "Cancellation": "quipu.tools",
+    "AwaitInput": "quipu.tools",
+    "AwaitKind": "quipu.tools",
 }
 
-__all__ = ["TOPICS", "CancelRun", "RunEvent", "RunPhase", "RunRequested", "StreamEventType", "Topic",
-           "TopicSpec", "TurnCompleted", "__version__"]
+__all__ = ["TOPICS", "AwaitInput", "AwaitKind", "CancelRun", "Cancellation", "RunEvent", "RunPhase",
+           "RunRequested", "StreamEventType", "Tool", "ToolContext", "ToolError", "Toolset", "Topic",
+           "TopicSpec", "TurnCompleted", "__version__", "tool"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,10 @@ Both sides of a tool call read the same definitions:
 - the tool executor validates the model's arguments against `definition.arguments`, and runs
   the call under `definition.timeout_s` and at most `definition.max_concurrency` at a time.
 
-    catalog = default_catalog()
+A definition is usually made by `quipu.tools.tool` from a typed function; the shipped tools are
+in `quipu.services.domain.shipped_tools`.
+
+    catalog = ToolCatalog(my_toolset.definitions())   # or shipped_tools.default_catalog()
     catalog.register(agent_tool("researcher", "Looks things up and reports back.", "agent-research"))
     tools = catalog.specs(["calculator", "current_time", "researcher"])   # for the ModelRequest
 
@@ -21,17 +24,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quipu.contracts.errors import QuipuError
 from quipu.services.domain.models.port import ToolSpec
-
-CURRENT_TIME = "current_time"
-CALCULATOR = "calculator"
-NOTES = "notes"
-ASK_USER = "ask_user"
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """Tool names every provider accepts (Anthropic's rule); the model calls tools by these names."""
@@ -60,74 +58,6 @@ class ToolArguments(BaseModel):
     """Base of every tool's arguments: frozen, and unknown arguments are an error the model sees."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class CurrentTimeArguments(ToolArguments):
-    """Arguments of `current_time`."""
-
-    timezone: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=64,
-        description="IANA time zone name such as 'Europe/Madrid' or 'America/New_York'; UTC if omitted.",
-    )
-
-
-class CalculatorArguments(ToolArguments):
-    """Arguments of `calculator`."""
-
-    expression: str = Field(
-        min_length=1,
-        max_length=500,
-        description=(
-            "Arithmetic expression: numbers, + - * / // % **, parentheses and unary minus, "
-            "e.g. '(17.5 - 2) * 3 ** 2'. No variables or functions."
-        ),
-    )
-
-
-NoteAction = Literal["get", "set", "list"]
-
-
-class NotesArguments(ToolArguments):
-    """Arguments of `notes`."""
-
-    action: NoteAction = Field(
-        description="'set' saves value under key, 'get' reads the note under key, 'list' lists the keys."
-    )
-    key: str | None = Field(
-        default=None, min_length=1, max_length=200, description="Name of the note (get and set)."
-    )
-    value: str | None = Field(default=None, max_length=4000, description="Text to save (set only).")
-
-    @model_validator(mode="after")
-    def _fits_action(self) -> NotesArguments:
-        if self.action in ("get", "set") and self.key is None:
-            raise ValueError(f"action {self.action!r} needs a key")
-        if self.action == "set" and self.value is None:
-            raise ValueError("action 'set' needs a value")
-        if self.action != "set" and self.value is not None:
-            raise ValueError(f"action {self.action!r} takes no value")
-        return self
-
-
-class AskUserArguments(ToolArguments):
-    """Arguments of `ask_user`."""
-
-    question: str = Field(min_length=1, max_length=2000, description="The question to put to the user.")
-    choices: list[str] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=20,
-        description="Answers to offer, when the question has a few possible answers.",
-    )
-
-    @model_validator(mode="after")
-    def _choices_are_short_text(self) -> AskUserArguments:
-        for choice in self.choices or ():
-            if not choice or len(choice) > 200:
-                raise ValueError("each choice must be 1 to 200 characters")
-        return self
 
 
 class AgentToolArguments(ToolArguments):
@@ -270,57 +200,3 @@ class ToolCatalog:
 
     def __len__(self) -> int:
         return len(self._definitions)
-
-
-CURRENT_TIME_TOOL = ToolDefinition(
-    name=CURRENT_TIME,
-    description=(
-        "The current date and time, in UTC or in the given IANA time zone. Use it whenever the "
-        "answer depends on today's date or the time of day."
-    ),
-    arguments=CurrentTimeArguments,
-    timeout_s=2.0,
-    max_concurrency=32,
-)
-
-CALCULATOR_TOOL = ToolDefinition(
-    name=CALCULATOR,
-    description=(
-        "Evaluates an arithmetic expression exactly as written and returns the number. Supports "
-        "+ - * / // % **, parentheses and unary minus on integers and decimals."
-    ),
-    arguments=CalculatorArguments,
-    timeout_s=2.0,
-    max_concurrency=8,
-)
-
-NOTES_TOOL = ToolDefinition(
-    name=NOTES,
-    description=(
-        "A small notebook for the person you work for: 'set' saves a text under a key, 'get' "
-        "reads it back, 'list' lists the keys. Notes outlive the conversation turn."
-    ),
-    arguments=NotesArguments,
-    timeout_s=5.0,
-    max_concurrency=8,
-)
-
-ASK_USER_TOOL = ToolDefinition(
-    name=ASK_USER,
-    description=(
-        "Asks the user a clarifying question and waits for the answer. Use it only when you "
-        "cannot go on without the answer; offer choices when there are a few possible answers."
-    ),
-    arguments=AskUserArguments,
-    timeout_s=2.0,
-    max_concurrency=32,
-    awaits_input=True,
-)
-
-DEFAULT_TOOLS: tuple[ToolDefinition, ...] = (CURRENT_TIME_TOOL, CALCULATOR_TOOL, NOTES_TOOL, ASK_USER_TOOL)
-"""The tools the tool executor ships with."""
-
-
-def default_catalog() -> ToolCatalog:
-    """A new catalog holding the shipped tools (each call a new one: registering agent-tools is local)."""
-    return ToolCatalog(DEFAULT_TOOLS)

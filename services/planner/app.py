@@ -10,7 +10,7 @@ from quipu.services.domain.agents import default_agents
 from quipu.services.domain.memory.context import ContextSource, MemoryContextSource
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
-from quipu.services.domain.tool_catalog import default_catalog
+from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher

@@ -17,21 +17,15 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from quipu.contracts.tools import ToolCallCompleted
-from quipu.services.domain.tool_catalog import (
-    ASK_USER,
-    CALCULATOR,
+from quipu.services.domain.shipped_tools import (
     CURRENT_TIME,
     NOTES,
     CurrentTimeArguments,
     NotesArguments,
+    ask_user,
+    calculator,
 )
-from quipu.services.tool_executor.logic import (
-    ToolContext,
-    ToolError,
-    ToolImplementation,
-    run_ask_user,
-    run_calculator,
-)
+from quipu.tools import ToolContext, ToolError, ToolImplementation
 
 Clock = Callable[[], datetime]
 """The current time, timezone-aware."""
@@ -145,10 +139,10 @@ class RememberedResults:
 def default_implementations(
     clock: Clock = system_clock, notes: NotesStore | None = None
 ) -> dict[str, ToolImplementation]:
-    """The implementations of the shipped tools (`quipu.services.domain.tool_catalog.DEFAULT_TOOLS`)."""
+    """The implementations of the shipped tools (`quipu.services.domain.shipped_tools.DEFAULT_TOOLS`)."""
     return {
         CURRENT_TIME: current_time_tool(clock),
-        CALCULATOR: run_calculator,
+        calculator.name: calculator.run,
         NOTES: notes_tool(notes or NotesStore()),
-        ASK_USER: run_ask_user,
+        ask_user.name: ask_user.run,
     }

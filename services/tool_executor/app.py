@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 
 from faststream import FastStream
 
-from quipu.services.domain.tool_catalog import ToolCatalog, default_catalog
+from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
 from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
-from quipu.services.tool_executor.logic import CompletedCalls, ToolImplementation, ToolRunner
+from quipu.services.tool_executor.logic import CompletedCalls, ToolRunner
 from quipu.services.tool_executor.settings import ToolExecutorSettings
+from quipu.tools import ToolImplementation
 
 SERVICE = "tool-executor"
 

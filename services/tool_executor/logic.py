@@ -1,23 +1,20 @@
 """The tool executor's domain logic: run one tool call to exactly one result; no broker, no I/O.
 
-- `ToolRunner.run(request)` validates the arguments against the catalog, runs the tool's
-  implementation under its deadline and concurrency limit, and turns whatever happens (content,
-  a request for outside input, a bad argument, an error, a timeout, an oversized result) into
-  one `ToolCallCompleted`; or None when the run was canceled (a canceled call answers nothing:
-  the planner has abandoned it).
-- `calculate` is the calculator: arithmetic through `ast` with a whitelist, sizes bounded.
+`ToolRunner.run(request)` validates the arguments against the catalog, runs the tool's
+implementation (a `quipu.tools.Tool`'s `run`, or any `ToolImplementation`) under its deadline and
+concurrency limit, and turns whatever happens (content, a request for outside input, a bad
+argument, an error, a timeout, an oversized result) into one `ToolCallCompleted`; or None when
+the run was canceled (a canceled call answers nothing: the planner has abandoned it).
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
-import math
-import operator
 import time
+import traceback
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -25,8 +22,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from quipu.contracts.envelope import derive_id
-from quipu.contracts.errors import QuipuError
-from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.tools import AwaitInput, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import (
     TOOL_RESULT_MAX_BYTES,
     TranscriptError,
@@ -34,56 +30,17 @@ from quipu.contracts.transcript import (
     encode_json_value,
 )
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.tool_catalog import (
-    ArgumentError,
-    AskUserArguments,
-    CalculatorArguments,
-    ToolCatalog,
-    ToolDefinition,
-)
-from quipu.services.kit.logging import REDACTED, SECRET_VALUE_PATTERN
+from quipu.services.domain.tool_catalog import ArgumentError, ToolCatalog, ToolDefinition
+from quipu.services.kit.logging import REDACTED, SECRET_VALUE_PATTERN, get_logger
+from quipu.tools import Cancellation, ToolContext, ToolError, ToolImplementation
+
+logger = get_logger(__name__)
 
 ERROR_TEXT_LIMIT = 2000
 """Longest error text given back to the model."""
 
 PREVIEW_CHARS = 1000
 """How much of an oversized result's JSON is kept as the omission's preview."""
-
-
-class ToolError(QuipuError):
-    """Raised by a tool for a failure the model should read and can act on (bad input, nothing found)."""
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """Who a tool call is for: the scope a tool keys its effects by."""
-
-    run_id: str
-    tool_use_id: str
-    session_id: str = ""
-    agent_id: str = ""
-    principal_id: str = ""
-    tenant_id: str = ""
-
-    @classmethod
-    def of(cls, request: ToolCallRequested) -> ToolContext:
-        """The context of one request."""
-        return cls(
-            run_id=request.run_id,
-            tool_use_id=request.tool_use_id,
-            session_id=request.session_id,
-            agent_id=request.agent_id,
-            principal_id=request.principal_id,
-            tenant_id=request.tenant_id,
-        )
-
-
-ToolImplementation = Callable[[Any, ToolContext], Awaitable[Any]]
-"""A tool: validated arguments (its definition's model) and context in; JSON content out.
-
-A tool whose definition `awaits_input` returns an `AwaitInput` instead. Raise ToolError for a
-failure the model should read; any other exception is reported as the tool's failure too.
-"""
 
 
 class CompletedCalls(Protocol):
@@ -96,136 +53,6 @@ class CompletedCalls(Protocol):
     def put(self, result: ToolCallCompleted) -> None:
         """Remember a result."""
         ...
-
-
-# --- the calculator -------------------------------------------------------------------------------
-
-MAX_INT_BITS = 4096
-"""Largest integer (about 1,233 digits) the calculator computes or returns."""
-
-MAX_EXPONENT = 10_000
-"""Largest exponent magnitude the calculator accepts."""
-
-MAX_DEPTH = 300
-"""Deepest nesting of operations evaluated (a 500-character sum of ones is 250 deep)."""
-
-Number = int | float
-
-_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-
-_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-class CalculatorError(ToolError):
-    """Raised when an expression is not plain arithmetic, or its value cannot be computed."""
-
-
-def calculate(expression: str) -> Number:
-    """The value of an arithmetic expression: numbers, + - * / // % **, parentheses, unary signs.
-
-    Nothing but these is evaluated: no names, calls, attributes, strings or comparisons. Integers
-    stay exact up to MAX_INT_BITS; exponents are bounded, and a power that would exceed the
-    bound is refused before it is computed. Raises CalculatorError.
-    """
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as error:
-        raise CalculatorError(f"not an arithmetic expression: {error.msg}") from None
-    except (RecursionError, MemoryError, ValueError):
-        raise CalculatorError("expression is too deeply nested") from None
-    try:
-        return _evaluate(tree.body, 0)
-    except ZeroDivisionError:
-        raise CalculatorError("division by zero") from None
-    except OverflowError:
-        raise CalculatorError("result is too large") from None
-    except RecursionError:
-        raise CalculatorError("expression is too deeply nested") from None
-
-
-def _evaluate(node: ast.expr, depth: int) -> Number:
-    if depth > MAX_DEPTH:
-        raise CalculatorError("expression is too deeply nested")
-    if isinstance(node, ast.Constant):
-        return _checked(_literal(node.value))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _checked(_UNARY[type(node.op)](_evaluate(node.operand, depth + 1)))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left = _evaluate(node.left, depth + 1)
-        right = _evaluate(node.right, depth + 1)
-        _check_size_before(node.op, left, right)
-        return _checked(_BINARY[type(node.op)](left, right))
-    raise CalculatorError(f"not allowed in an arithmetic expression: {_describe_node(node)}")
-
-
-def _literal(value: object) -> Number:
-    # bool is an int subclass; True + True is not arithmetic a model should rely on.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CalculatorError(f"not a number: {type(value).__name__} literal")
-    return value
-
-
-def _describe_node(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return f"name {node.id!r}"
-    if isinstance(node, ast.Call):
-        return "function call"
-    if isinstance(node, ast.Attribute):
-        return "attribute access"
-    if isinstance(node, ast.BinOp | ast.UnaryOp):
-        return f"operator {type(node.op).__name__}"
-    return type(node).__name__
-
-
-def _check_size_before(op: ast.operator, left: Number, right: Number) -> None:
-    """Refuse an operation whose result would be too large, before spending time computing it."""
-    integers = isinstance(left, int) and isinstance(right, int)
-    if isinstance(op, ast.Pow):
-        if abs(right) > MAX_EXPONENT:
-            raise CalculatorError(f"exponent is too large (at most {MAX_EXPONENT} in magnitude)")
-        if integers and right > 0 and abs(left) > 1 and math.log2(abs(left)) * right > MAX_INT_BITS:
-            raise CalculatorError("result is too large")
-    # A product has at most as many bits as its factors together.
-    elif isinstance(op, ast.Mult) and integers and _bits(left) + _bits(right) > MAX_INT_BITS + 1:
-        raise CalculatorError("result is too large")
-
-
-def _bits(value: Number) -> int:
-    return value.bit_length() if isinstance(value, int) else 0
-
-
-def _checked(value: object) -> Number:
-    if isinstance(value, complex):
-        raise CalculatorError("result is not a real number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise CalculatorError("result is too large")
-    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise CalculatorError("result is too large")
-    if not isinstance(value, int | float):
-        raise CalculatorError("result is not a number")
-    return value
-
-
-async def run_calculator(arguments: CalculatorArguments, _context: ToolContext) -> dict[str, Any]:
-    """The `calculator` tool."""
-    return {"expression": arguments.expression, "result": calculate(arguments.expression)}
-
-
-async def run_ask_user(arguments: AskUserArguments, _context: ToolContext) -> AwaitInput:
-    """The `ask_user` tool: no content, a request for the user's answer (the run suspends)."""
-    return AwaitInput(
-        kind=AwaitKind.CLARIFICATION,
-        prompt=arguments.question,
-        details={"choices": list(arguments.choices or [])},
-    )
 
 
 # --- one call to one result -------------------------------------------------------------------------
@@ -249,6 +76,16 @@ class Outcome:
         if len(cleaned) > ERROR_TEXT_LIMIT:
             cleaned = cleaned[: ERROR_TEXT_LIMIT - 1] + "…"
         return cls(content=bounded_tool_result(cleaned, True), is_error=True, duration_ms=duration_ms)
+
+
+FRAMES_LOGGED = 8
+"""How many of a failing tool's innermost frames its log line shows."""
+
+
+def frames(error: BaseException) -> list[str]:
+    """Where an exception was raised, innermost last: `file:line in function`, never a value."""
+    stack = traceback.extract_tb(error.__traceback__)[-FRAMES_LOGGED:]
+    return [f"{frame.filename}:{frame.lineno} in {frame.name}" for frame in stack]
 
 
 def describe_failure(tool_name: str, error: BaseException) -> str:
@@ -320,6 +157,26 @@ CallKey = tuple[str, str]
 """(run id, tool_use id): one tool use."""
 
 
+@dataclass(frozen=True)
+class _Execution:
+    """One tool use running: its task, and the signal a tool in a thread watches."""
+
+    task: asyncio.Task[Outcome]
+    cancellation: Cancellation
+
+
+def context_of(request: ToolCallRequested, seconds: float, cancellation: Cancellation) -> ToolContext:
+    """What the tool is told of its call: who it is for, its deadline `seconds` from now, its signal."""
+    return ToolContext(
+        run_id=request.run_id,
+        tool_use_id=request.tool_use_id,
+        session_id=request.session_id,
+        agent_id=request.agent_id,
+        principal_id=request.principal_id,
+        tenant_id=request.tenant_id,
+    ).with_deadline(seconds, cancellation)
+
+
 class ToolRunner:
     """Runs tool calls: each to exactly one result, under its deadline and concurrency limit.
 
@@ -352,18 +209,19 @@ class ToolRunner:
         self._clock = clock
         self._limits = {name: asyncio.Semaphore(catalog.get(name).max_concurrency) for name in runnable}
         self._canceled_runs = _BoundedSet(canceled_runs_capacity)
-        self._running: dict[CallKey, asyncio.Task[Outcome]] = {}
-        self._running_by_run: dict[str, set[asyncio.Task[Outcome]]] = {}
+        self._running: dict[CallKey, _Execution] = {}
+        self._running_by_run: dict[str, set[CallKey]] = {}
 
     # -- cancellation --
 
     def cancel_run(self, run_id: str) -> int:
         """Cancel the run's calls in flight and refuse its later ones; returns how many were canceled."""
         self._canceled_runs.add(run_id)
-        tasks = self._running_by_run.get(run_id, set())
-        for task in tasks:
-            task.cancel()
-        return len(tasks)
+        executions = [self._running[key] for key in self._running_by_run.get(run_id, set())]
+        for execution in executions:
+            execution.cancellation.set()  # for a tool running in a thread, which no cancel reaches
+            execution.task.cancel()
+        return len(executions)
 
     def is_canceled(self, run_id: str) -> bool:
         """Whether a cancel for this run was seen (remembered for the last canceled runs only)."""
@@ -387,10 +245,9 @@ class ToolRunner:
             return remembered.model_copy(
                 update={"event_id": derive_id(request.event_id, "result"), "causation_id": request.event_id}
             )
-        task = self._running.get(key)
-        owner = task is None
-        if task is None:
-            task = self._start(key, request)
+        running = self._running.get(key)
+        owner = running is None
+        task = self._start(key, request) if running is None else running.task
         try:
             # A duplicate must not cancel the execution it shares when it is itself canceled.
             outcome = await (task if owner else asyncio.shield(task))
@@ -405,22 +262,25 @@ class ToolRunner:
         return result
 
     def _start(self, key: CallKey, request: ToolCallRequested) -> asyncio.Task[Outcome]:
-        task = asyncio.create_task(self._execute(request), name=f"tool {request.tool_name} {key[1]}")
-        self._running[key] = task
-        self._running_by_run.setdefault(key[0], set()).add(task)
+        cancellation = Cancellation()
+        task = asyncio.create_task(
+            self._execute(request, cancellation), name=f"tool {request.tool_name} {key[1]}"
+        )
+        self._running[key] = _Execution(task, cancellation)
+        self._running_by_run.setdefault(key[0], set()).add(key)
 
-        def forget(done: asyncio.Task[Outcome]) -> None:
+        def forget(_done: asyncio.Task[Outcome]) -> None:
             self._running.pop(key, None)
             siblings = self._running_by_run.get(key[0])
             if siblings is not None:
-                siblings.discard(done)
+                siblings.discard(key)
                 if not siblings:
                     del self._running_by_run[key[0]]
 
         task.add_done_callback(forget)
         return task
 
-    async def _execute(self, request: ToolCallRequested) -> Outcome:
+    async def _execute(self, request: ToolCallRequested, cancellation: Cancellation) -> Outcome:
         definition = self._catalog.find(request.tool_name)
         if definition is None:
             available = ", ".join(self._catalog.names())
@@ -431,7 +291,7 @@ class ToolRunner:
             arguments = definition.parse_arguments(request.input)
         except ArgumentError as error:
             return Outcome.error(str(error))
-        return await self._invoke(definition, arguments, request)
+        return await self._invoke(definition, arguments, request, cancellation)
 
     def deadline(self, definition: ToolDefinition, request: ToolCallRequested) -> float:
         """Seconds one call may take: the request's override or the tool's own, capped by the executor."""
@@ -439,11 +299,16 @@ class ToolRunner:
         return min(wanted, self._max_timeout_s)
 
     async def _invoke(
-        self, definition: ToolDefinition, arguments: BaseModel, request: ToolCallRequested
+        self,
+        definition: ToolDefinition,
+        arguments: BaseModel,
+        request: ToolCallRequested,
+        cancellation: Cancellation,
     ) -> Outcome:
         implementation = self._implementations[definition.name]
         limit = self._limits[definition.name]
         seconds = self.deadline(definition, request)
+        context = context_of(request, seconds, cancellation)
         started: float | None = None
         # The deadline covers waiting for a slot too: every call ends within it, which bounds how
         # long the executor holds a message. It cannot interrupt a tool that computes without
@@ -452,15 +317,23 @@ class ToolRunner:
         try:
             async with timer, limit:
                 started = self._clock()
-                value = await implementation(arguments, ToolContext.of(request))
+                value = await implementation(arguments, context)
         except TimeoutError as error:
             if not timer.expired():  # the tool's own timeout (a slow upstream), not ours
                 return Outcome.error(describe_failure(definition.name, error), self._elapsed(started))
+            cancellation.set()  # nobody waits any more: a tool in a thread can stop early
             waited = "waiting for a free slot" if started is None else "running"
             return Outcome.error(
                 f"{definition.name} timed out after {seconds:g} s ({waited})", self._elapsed(started)
             )
+        except ToolError as error:
+            return Outcome.error(describe_failure(definition.name, error), self._elapsed(started))
         except Exception as error:
+            # A defect of the tool, not a message for the model: its type and frames go to the log
+            # (never the arguments, which may hold anything the model was told).
+            logger.warning(
+                "tool raised", tool_name=definition.name, error_type=type(error).__name__, at=frames(error)
+            )
             return Outcome.error(describe_failure(definition.name, error), self._elapsed(started))
         return self._outcome(definition, value, self._elapsed(started))
 

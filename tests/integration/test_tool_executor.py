@@ -27,12 +27,13 @@ from quipu.contracts.envelope import derive_id
 from quipu.contracts.runs import CancelRun
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic
-from quipu.services.domain.tool_catalog import ToolArguments, ToolDefinition, default_catalog
+from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.domain.tool_catalog import ToolArguments, ToolDefinition
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor.adapters import default_implementations
 from quipu.services.tool_executor.app import ToolExecutorDeps, create_app
-from quipu.services.tool_executor.logic import ToolContext
 from quipu.services.tool_executor.settings import ToolExecutorSettings
+from quipu.tools import ToolContext
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import scaled
 

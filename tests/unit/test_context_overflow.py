@@ -47,8 +47,8 @@ from quipu.services.domain.models.port import (
     Usage,
 )
 from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.store.memory import InMemoryStore
-from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.kit.delivery import RetryableError
 from quipu.services.planner.adapters import PublishedTurns, load_records
 from quipu.services.planner.logic.actions import Output

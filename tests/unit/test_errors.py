@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field, TypeAdapter
 
+import quipu
 from quipu.contracts.errors import (
     ErrorBody,
     ErrorCode,
@@ -24,7 +25,7 @@ from quipu.contracts.errors import (
 from quipu.deploy.local.stack import StackError
 from quipu.services.domain.models.port import ModelError
 from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError, RetryPolicy
-from quipu.services.tool_executor.logic import ToolError
+from quipu.tools import ToolError
 
 RETRIED_CODES = {ErrorCode.UNAVAILABLE}
 """STORE_CONTRACT §5: the only code whose "Retry" column says yes."""
@@ -115,19 +116,18 @@ def _defined_exceptions() -> list[type[BaseException]]:
     """Every exception class defined at the top of a module of the project (`__main__` aside:
     importing it runs a service)."""
     found: list[type[BaseException]] = []
-    for root in ("quipu.contracts", "quipu.services", "quipu.deploy"):
-        package = importlib.import_module(root)
-        for module_info in pkgutil.walk_packages(package.__path__, f"{root}."):
-            if module_info.name.rsplit(".", 1)[-1] == "__main__":
-                continue
-            module = importlib.import_module(module_info.name)
-            found += [
-                value
-                for value in vars(module).values()
-                if inspect.isclass(value)
-                and issubclass(value, BaseException)
-                and value.__module__ == module_info.name
-            ]
+    # The whole import root: the public modules (`quipu.tools`, ...) and the linked folders.
+    for module_info in pkgutil.walk_packages(quipu.__path__, "quipu."):
+        if module_info.name.rsplit(".", 1)[-1] == "__main__":
+            continue
+        module = importlib.import_module(module_info.name)
+        found += [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value)
+            and issubclass(value, BaseException)
+            and value.__module__ == module_info.name
+        ]
     return found
 
 

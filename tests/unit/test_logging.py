@@ -5,11 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from pydantic import BaseModel, ValidationError
 
 from quipu.services.kit.logging import (
@@ -17,14 +15,12 @@ from quipu.services.kit.logging import (
     RepeatLimit,
     bind_ids,
     bound_ids,
-    clear_ids,
-    configure_logging,
     get_logger,
     is_secret_key,
     omit_bodies,
     redact_secrets,
 )
-from quipu.services.kit.settings import ServiceSettings
+from tests.support.log_capture import log_lines as _lines
 
 API_KEY = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 
@@ -100,24 +96,6 @@ def test_bodies_are_omitted_above_debug_and_kept_at_debug() -> None:
     debug = omit_bodies(None, "debug", {"level": "debug", "body": "hello there"})
     assert info == {"level": "info", "body": "<omitted: 11 chars>", "event_id": "e1"}
     assert debug["body"] == "hello there"
-
-
-@pytest.fixture
-def log_output() -> Iterator[io.StringIO]:
-    """Logging configured as a service would, into a buffer; the old setup restored after."""
-    stream = io.StringIO()
-    root = logging.getLogger()
-    old_level, old_handlers = root.level, list(root.handlers)
-    configure_logging(ServiceSettings(service_name="tests", log_level="DEBUG", json_logs=True), stream=stream)
-    yield stream
-    clear_ids()
-    root.handlers[:] = old_handlers
-    root.setLevel(old_level)
-    structlog.reset_defaults()
-
-
-def _lines(stream: io.StringIO) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in stream.getvalue().splitlines()]
 
 
 def test_configured_logging_writes_redacted_json_with_ids(log_output: io.StringIO) -> None:

@@ -35,8 +35,8 @@ from quipu.services.domain.models.port import (
     Usage,
 )
 from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.store.memory import InMemoryStore
-from quipu.services.domain.tool_catalog import default_catalog
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.settings import KafkaSettings

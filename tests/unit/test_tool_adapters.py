@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from quipu.contracts.tools import ToolCallCompleted
-from quipu.services.domain.tool_catalog import NotesArguments
+from quipu.services.domain.shipped_tools import NotesArguments
 from quipu.services.tool_executor.adapters import NotesStore, RememberedResults, notes_tool
-from quipu.services.tool_executor.logic import ToolContext, ToolError
+from quipu.tools import ToolContext, ToolError
 
 
-def _context(**fields: str) -> ToolContext:
-    values = {"run_id": "run-1", "tool_use_id": "toolu_1", **fields}
-    return ToolContext(**values)
+def _context(
+    run_id: str = "run-1", session_id: str = "", principal_id: str = "", tenant_id: str = ""
+) -> ToolContext:
+    return ToolContext(
+        run_id=run_id,
+        tool_use_id="toolu_1",
+        session_id=session_id,
+        principal_id=principal_id,
+        tenant_id=tenant_id,
+    )
 
 
 async def test_notes_are_kept_per_person_then_session_then_run() -> None:

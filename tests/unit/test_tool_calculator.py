@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from quipu.services.tool_executor import logic
-from quipu.services.tool_executor.logic import MAX_INT_BITS, CalculatorError, calculate
+from quipu.services.domain import calculator
+from quipu.services.domain.calculator import MAX_INT_BITS, CalculatorError, calculate
 
 
 @pytest.mark.parametrize(
@@ -127,8 +127,8 @@ def test_huge_results_are_refused_quickly(
 ) -> None:
     # Quick means refused before the huge value is computed: every operation actually performed
     # must have an integer result within the bound (floats are fixed-size and overflow at once).
-    for op, compute in list(logic._BINARY.items()):
-        monkeypatch.setitem(logic._BINARY, op, _never_huge(op, compute))
+    for op, compute in list(calculator._BINARY.items()):
+        monkeypatch.setitem(calculator._BINARY, op, _never_huge(op, compute))
     with pytest.raises(CalculatorError, match=message):
         calculate(expression)
 

@@ -8,17 +8,13 @@ import pytest
 from pydantic import BaseModel
 
 from quipu.services.domain.models.port import ToolSpec
+from quipu.services.domain.shipped_tools import ASK_USER, CALCULATOR, CURRENT_TIME, NOTES, default_catalog
 from quipu.services.domain.tool_catalog import (
-    ASK_USER,
-    CALCULATOR,
-    CURRENT_TIME,
-    NOTES,
     ArgumentError,
     ToolCatalog,
     ToolDefinition,
     UnknownToolError,
     agent_tool,
-    default_catalog,
 )
 
 
@@ -69,7 +65,9 @@ def test_ask_user_awaits_input_and_offers_optional_choices() -> None:
     schema = definition.spec().input_schema
     assert schema["required"] == ["question"]
     choices = next(option for option in schema["properties"]["choices"]["anyOf"] if option["type"] == "array")
-    assert choices["items"] == {"type": "string"}
+    # Each choice's bounds are in the schema the model reads, not only in a validator.
+    assert choices["items"] == {"type": "string", "minLength": 1, "maxLength": 200}
+    assert (choices["minItems"], choices["maxItems"]) == (1, 20)
 
 
 def test_specs_follow_the_order_asked_and_refuse_unknown_names() -> None:

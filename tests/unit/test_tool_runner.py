@@ -17,19 +17,11 @@ from pydantic import Field
 from quipu.contracts.envelope import derive_id
 from quipu.contracts.tools import AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import TOOL_RESULT_MAX_BYTES, ToolResultPart, encode_json_value
-from quipu.services.domain.tool_catalog import (
-    ASK_USER,
-    CALCULATOR,
-    CURRENT_TIME,
-    NOTES,
-    ToolArguments,
-    ToolCatalog,
-    ToolDefinition,
-    agent_tool,
-    default_catalog,
-)
+from quipu.services.domain.shipped_tools import ASK_USER, CALCULATOR, CURRENT_TIME, NOTES, default_catalog
+from quipu.services.domain.tool_catalog import ToolArguments, ToolCatalog, ToolDefinition, agent_tool
 from quipu.services.tool_executor.adapters import NotesStore, RememberedResults, default_implementations
-from quipu.services.tool_executor.logic import ToolContext, ToolError, ToolImplementation, ToolRunner
+from quipu.services.tool_executor.logic import ToolRunner
+from quipu.tools import ToolContext, ToolError, ToolImplementation
 
 
 class Seconds(ToolArguments):

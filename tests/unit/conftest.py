@@ -1,0 +1,7 @@
+"""Fixtures of the unit tests."""
+
+from __future__ import annotations
+
+from tests.support.log_capture import log_output
+
+__all__ = ["log_output"]
