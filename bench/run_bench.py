@@ -76,9 +76,9 @@ from quipu.services.kit.settings import KafkaSettings, ServiceSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.adapters import MongoStore
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.tool_executor.app import create_app as create_executor
 
 TEXT = "calculate 6*7"

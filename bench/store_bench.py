@@ -22,8 +22,8 @@ from quipu.deploy.local.stack import EmbeddedStack, create_topics
 from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.settings import MongoSettings
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.storage_owner.adapters import MongoStore
 from quipu.services.storage_owner.app import create_app
+from quipu.services.storage_owner.mongo_store import MongoStore
 
 RUNS = 60
 RAW_TRANSACTIONS = 300

@@ -36,7 +36,7 @@ from quipu.contracts.store import Record, RunStart
 from quipu.deploy.local.services import ServiceProcess
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.storage_owner.adapters import client_options
+from quipu.services.storage_owner.mongo import client_options
 from tests.conformance.builders import (
     all_run_records,
     all_session_records,

@@ -61,15 +61,6 @@ from quipu.contracts.memory import (
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
 from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
-from quipu.services.storage_owner.adapters import (
-    TransactionLoop,
-    TransactionPolicy,
-    WriteRaceError,
-    _unavailable,
-    ensure_indexes,
-    load_generated_secret,
-    with_own_client,
-)
 from quipu.services.storage_owner.keys import (
     KEYS,
     MASTER_KEY_ID,
@@ -78,6 +69,15 @@ from quipu.services.storage_owner.keys import (
     digest,
     unwrap,
     wrap,
+)
+from quipu.services.storage_owner.mongo import (
+    TransactionLoop,
+    TransactionPolicy,
+    WriteRaceError,
+    ensure_indexes,
+    load_generated_secret,
+    unavailable,
+    with_own_client,
 )
 
 T = TypeVar("T")
@@ -578,7 +578,7 @@ class MongoMemoryStore(MemoryRules):
             await ensure_indexes(db, INDEXES)
             key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
         except PyMongoError as error:
-            raise _unavailable(error) from error
+            raise unavailable(error) from error
         return cls(client, db, key, policy=policy, owns_client=owns_client, clock=clock)
 
     @classmethod

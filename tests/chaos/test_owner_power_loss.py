@@ -1,7 +1,7 @@
 """Power loss: the storage owner and its database SIGKILLed together, mid-stream.
 
 The owner acknowledges a command (reply, offset commit) only after its transaction committed with
-`w=majority, j=True` (services/storage_owner/adapters.py TransactionPolicy). Once the offset is
+`w=majority, j=True` (services/storage_owner/mongo.py TransactionPolicy). Once the offset is
 committed the command is never delivered again, so a committed write the database then loses is
 lost for good. Every acknowledged write must survive the database's crash.
 

@@ -18,7 +18,8 @@ from pymongo import AsyncMongoClient
 
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.store.protocol import Store
-from quipu.services.storage_owner.adapters import MongoStore, client_options
+from quipu.services.storage_owner.mongo import client_options
+from quipu.services.storage_owner.mongo_store import MongoStore
 from tests.conformance.implementations import register_implementation
 
 

@@ -30,13 +30,9 @@ from pymongo.errors import PyMongoError
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import Checkpoint, Record, StartOutcome
 from quipu.deploy.local.stack import EmbeddedStack
-from quipu.services.storage_owner.adapters import (
-    RECORDS,
-    RUNS,
-    SESSIONS,
-    MongoStore,
-    TransactionPolicy,
-)
+from quipu.services.storage_owner.mongo import TransactionPolicy
+from quipu.services.storage_owner.mongo_store import MongoStore
+from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS, SESSIONS
 from tests.conformance.builders import (
     all_run_records,
     all_session_records,

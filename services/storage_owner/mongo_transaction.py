@@ -1,4 +1,5 @@
-"""The MongoDB repository behind the store's transaction port (STORE_CONTRACT §6.1, §8).
+"""One operation of the runtime store in one MongoDB transaction: its documents, conditional
+saves and sealing (STORE_CONTRACT §6.1, §8).
 
 `MongoStore` is `RuleStore` (every contract rule, shared with the in-memory store) over
 `MongoTransactions`: each operation runs in one multi-document transaction, retried whole with
@@ -32,98 +33,33 @@ the stored plaintext, never two ciphertexts (sealing uses a random nonce). A val
 gone reads as `ERASED_PAYLOAD`: ids, sequences, types and times stay, so the rules, paging and
 retries go on (a retry of an erased record is an EVENT_CONFLICT, final), and readers say
 "erased". Record documents written before sealing (no `principal_id`) read as stored.
-
-Every query path hits an index: SecantusDB answers an unindexed find at ~5/s (PLATFORM_NOTES);
-tests/integration/test_mongo_store.py explains every query the store sends. Listings read a
-closed sequence window, because SecantusDB reads a whole open range before applying the limit.
-Operations on one session take turns inside the process (`KeyedTurns`) so that they do not abort
-each other; across processes the conditional saves and the transactions decide.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import secrets
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from pymongo import ASCENDING, AsyncMongoClient, IndexModel, ReturnDocument
+from pymongo import ASCENDING, AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import (
-    DocumentTooLarge,
-    DuplicateKeyError,
-    OperationFailure,
-    PyMongoError,
-    ServerSelectionTimeoutError,
-)
-from pymongo.read_concern import ReadConcern
-from pymongo.write_concern import WriteConcern
+from pymongo.errors import DuplicateKeyError
 
-from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
+from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, Record
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.store.rules import RuleStore
 from quipu.services.domain.store.state import RunState, SessionState, StoreTransaction
 from quipu.services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
-from quipu.services.storage_owner.keys import KEYS, MASTER_KEY_ID, Keyring, PrincipalKeys, sealing_principal
+from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, sealing_principal
+from quipu.services.storage_owner.mongo import Document, TransactionLoop, TransactionPolicy, WriteRaceError
 
 T = TypeVar("T")
-X = TypeVar("X")
-
-Document = dict[str, Any]
 
 SESSIONS = "sessions"
 RUNS = "runs"
 RECORDS = "records"
-META = "meta"
-
-CURSOR_SECRET_ID = "cursor_secret"
-_BSON_OBJECT_TOO_LARGE = 10334
-
-INDEXES: Mapping[str, list[IndexModel]] = {
-    RUNS: [IndexModel([("session_id", ASCENDING), ("start_order", ASCENDING)], name="session_start_order")],
-    RECORDS: [
-        IndexModel([("run_id", ASCENDING), ("event_key", ASCENDING)], name="run_event_key", unique=True),
-        IndexModel([("run_id", ASCENDING), ("seq", ASCENDING)], name="run_seq", unique=True),
-        IndexModel([("session_id", ASCENDING), ("session_seq", ASCENDING)], name="session_seq"),
-    ],
-}
-"""Secondary indexes by collection; `sessions` and `meta` are only read by `_id`."""
-
-
-class WriteRaceError(QuipuError):
-    """Raised inside a transaction when a conditional save finds that another writer came first."""
-
-    retryable = True
-
-
-@dataclass(frozen=True)
-class TransactionPolicy:
-    """How operations are committed and retried."""
-
-    write_concern: WriteConcern = field(default_factory=lambda: WriteConcern(w="majority", j=True))
-    """Majority and journaled: on MongoDB an acknowledged commit survives SIGKILL. SecantusDB
-    ignores `j` on commitTransaction (0-82 of 120 journaled commits survived a SIGKILL): run it
-    with `--sync-on-commit` wherever durability matters (120/120)."""
-    read_concern: ReadConcern = field(default_factory=lambda: ReadConcern("snapshot"))
-    """Every read of an operation sees one snapshot."""
-    max_attempts: int = 12
-    """Tries of one operation that keeps meeting other writers, before UNAVAILABLE."""
-    commit_attempts: int = 3
-    """Tries of a commit whose outcome is unknown, before UNAVAILABLE."""
-    backoff_initial: float = 0.002
-    """Upper bound of the first (full-jitter) pause between attempts, in seconds."""
-    backoff_max: float = 0.1
-    """Cap of the pause between attempts, in seconds."""
-
-    def backoff(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(max, initial * 2^(attempt-1))]."""
-        return random.uniform(0, min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1)))
 
 
 # --- documents ----------------------------------------------------------------------------------
@@ -431,100 +367,6 @@ class MongoTransaction:
         }
 
 
-# --- the runner ---------------------------------------------------------------------------------
-
-
-def _unavailable(error: BaseException) -> StoreError:
-    return StoreError(ErrorCode.UNAVAILABLE, f"database unavailable: {type(error).__name__}: {error}")
-
-
-def _is_transient(error: BaseException) -> bool:
-    if isinstance(error, WriteRaceError):
-        return True
-    if isinstance(error, ServerSelectionTimeoutError):
-        # No server within the selection timeout: trying again at once would only wait again.
-        return False
-    return isinstance(error, PyMongoError) and error.has_error_label("TransientTransactionError")
-
-
-def _too_large(error: BaseException) -> bool:
-    return isinstance(error, DocumentTooLarge) or (
-        isinstance(error, OperationFailure) and error.code == _BSON_OBJECT_TOO_LARGE
-    )
-
-
-class TransactionLoop(Generic[X]):
-    """One MongoDB transaction per operation, retried whole on a transient conflict.
-
-    Shared by the runtime store and the memory store: a subclass says how to open its transaction
-    object on a session (`_open`) and what to release when the attempt ends (`_close`).
-    """
-
-    def __init__(self, client: AsyncMongoClient[Document], policy: TransactionPolicy | None) -> None:
-        self._client = client
-        self._policy = policy or TransactionPolicy()
-        self.attempts = 0
-        """Transactions started, conflicts included (an operational figure)."""
-
-    def _open(self, session: AsyncClientSession) -> X:
-        raise NotImplementedError
-
-    def _close(self, transaction: X) -> None:
-        """Release what the attempt held (nothing by default)."""
-
-    async def run_transaction(self, operation: Callable[[X], Awaitable[T]]) -> T:
-        """Apply `operation` in one transaction, retried on conflicts; UNAVAILABLE when they persist."""
-        policy = self._policy
-        last: BaseException | None = None
-        for attempt in range(1, policy.max_attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(policy.backoff(attempt - 1))
-            self.attempts += 1
-            try:
-                return await self._attempt(operation)
-            except StoreError:
-                raise
-            except (PyMongoError, DocumentTooLarge, WriteRaceError) as error:
-                if _too_large(error):
-                    # Permanent: resending would fail the same way (16 MiB per BSON document).
-                    raise StoreError(ErrorCode.INVALID_ARGUMENT, f"document too large: {error}") from error
-                if not _is_transient(error):
-                    raise _unavailable(error) from error
-                last = error
-        assert last is not None
-        raise StoreError(
-            ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
-        ) from last
-
-    async def _attempt(self, operation: Callable[[X], Awaitable[T]]) -> T:
-        policy = self._policy
-        async with self._client.start_session() as session:
-            await session.start_transaction(
-                read_concern=policy.read_concern, write_concern=policy.write_concern
-            )
-            transaction = self._open(session)
-            try:
-                try:
-                    result = await operation(transaction)
-                except BaseException:
-                    await session.abort_transaction()
-                    raise
-                await self._commit(session)
-                return result
-            finally:
-                self._close(transaction)
-
-    async def _commit(self, session: AsyncClientSession) -> None:
-        for attempt in range(1, self._policy.commit_attempts + 1):
-            try:
-                await session.commit_transaction()
-                return
-            except PyMongoError as error:
-                unknown = error.has_error_label("UnknownTransactionCommitResult")
-                if not unknown or attempt == self._policy.commit_attempts:
-                    raise
-
-
 class MongoTransactions(TransactionLoop["MongoTransaction"]):
     """The `TransactionRunner` over MongoDB: one transaction per operation, retried whole."""
 
@@ -548,145 +390,3 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
 
     async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
         return await self.run_transaction(operation)
-
-
-# --- the store ----------------------------------------------------------------------------------
-
-
-async def ensure_indexes(database: AsyncDatabase[Document], indexes: Mapping[str, list[IndexModel]]) -> None:
-    """Create every secondary index; idempotent (an existing identical index is left as it is)."""
-    for name, models in indexes.items():
-        await database[name].create_indexes(models)
-
-
-async def load_generated_secret(
-    database: AsyncDatabase[Document], write_concern: WriteConcern, secret_id: str
-) -> bytes:
-    """32 random bytes kept in `meta` under `secret_id`, generated by the first store that asks."""
-    meta = database.get_collection(META, write_concern=write_concern)
-    for _ in range(2):
-        try:
-            document = await meta.find_one_and_update(
-                {"_id": secret_id},
-                {"$setOnInsert": {"secret": secrets.token_bytes(32), "created_at": datetime.now(UTC)}},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-        except DuplicateKeyError:
-            continue  # another store inserted it at the same moment: read theirs
-        if document is not None:
-            return bytes(document["secret"])
-    raise StoreError(ErrorCode.UNAVAILABLE, f"could not read {secret_id!r} from {META!r}")
-
-
-def client_options(uri: str, server_selection_timeout_ms: int) -> dict[str, Any]:
-    """Keyword options for `AsyncMongoClient`: UTC-aware dates, and no retryable writes unless asked.
-
-    SecantusDB slows ~10x with retryable writes (PLATFORM_NOTES); operations are retried whole here
-    and by the caller after UNAVAILABLE, so the driver's own write retry adds nothing.
-    """
-    options: dict[str, Any] = {"tz_aware": True, "serverSelectionTimeoutMS": server_selection_timeout_ms}
-    if "retrywrites=" not in uri.lower():
-        options["retryWrites"] = False
-    return options
-
-
-async def with_own_client(
-    uri: str,
-    server_selection_timeout_ms: int,
-    open_store: Callable[[AsyncMongoClient[Document]], Awaitable[T]],
-) -> T:
-    """A store opened on a client of its own; the client is closed again if opening fails."""
-    client: AsyncMongoClient[Document] = AsyncMongoClient(
-        uri, **client_options(uri, server_selection_timeout_ms)
-    )
-    try:
-        return await open_store(client)
-    except BaseException:
-        await client.close()
-        raise
-
-
-class MongoStore(RuleStore):
-    """The `Store` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
-
-    def __init__(
-        self,
-        client: AsyncMongoClient[Document],
-        database: AsyncDatabase[Document],
-        cursor_secret: bytes,
-        master_key: bytes,
-        *,
-        policy: TransactionPolicy | None = None,
-        owns_client: bool = False,
-        clock: Callable[[], datetime] = utc_now_ms,
-    ) -> None:
-        self.transactions = MongoTransactions(client, database, Keyring(master_key), policy)
-        super().__init__(self.transactions, cursor_secret, clock)
-        self.client = client
-        self.database = database
-        self._owns_client = owns_client
-
-    @classmethod
-    async def open(
-        cls,
-        client: AsyncMongoClient[Document],
-        database: str,
-        *,
-        cursor_secret: bytes | None = None,
-        master_key: bytes | None = None,
-        policy: TransactionPolicy | None = None,
-        owns_client: bool = False,
-        clock: Callable[[], datetime] = utc_now_ms,
-    ) -> MongoStore:
-        """A store on `database` through an existing client; creates indexes and the cursor secret.
-
-        `master_key` wraps the principals' data keys (the memory store's, `keys`); unset, the one
-        generated once and kept in `meta`. The client must be tz-aware (`client_options`);
-        SecantusDB needs retryable writes off.
-        """
-        policy = policy or TransactionPolicy()
-        db = client.get_database(database, write_concern=policy.write_concern)
-        try:
-            await ensure_indexes(db, INDEXES)
-            secret = cursor_secret or await load_generated_secret(db, policy.write_concern, CURSOR_SECRET_ID)
-            key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
-        except PyMongoError as error:
-            raise _unavailable(error) from error
-        return cls(client, db, secret, key, policy=policy, owns_client=owns_client, clock=clock)
-
-    @classmethod
-    async def connect(
-        cls,
-        uri: str,
-        database: str,
-        *,
-        cursor_secret: bytes | None = None,
-        master_key: bytes | None = None,
-        policy: TransactionPolicy | None = None,
-        server_selection_timeout_ms: int = 5_000,
-        clock: Callable[[], datetime] = utc_now_ms,
-    ) -> MongoStore:
-        """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
-        return await with_own_client(
-            uri,
-            server_selection_timeout_ms,
-            lambda client: cls.open(
-                client,
-                database,
-                cursor_secret=cursor_secret,
-                master_key=master_key,
-                policy=policy,
-                owns_client=True,
-                clock=clock,
-            ),
-        )
-
-    async def drop_database(self) -> None:
-        """Delete every collection of this store (tests)."""
-        await self.client.drop_database(self.database.name)
-
-    async def close(self) -> None:
-        """Close the client if this store opened it."""
-        if self._owns_client:
-            await self.client.close()

@@ -1,0 +1,215 @@
+"""What both MongoDB repositories share: the client's options, indexes, generated secrets, and
+`TransactionLoop`, one transaction per operation retried whole under a `TransactionPolicy`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+from pymongo import AsyncMongoClient, IndexModel, ReturnDocument
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import (
+    DocumentTooLarge,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
+
+T = TypeVar("T")
+X = TypeVar("X")
+
+Document = dict[str, Any]
+META = "meta"
+_BSON_OBJECT_TOO_LARGE = 10334
+
+
+class WriteRaceError(QuipuError):
+    """Raised inside a transaction when a conditional save finds that another writer came first."""
+
+    retryable = True
+
+
+@dataclass(frozen=True)
+class TransactionPolicy:
+    """How operations are committed and retried."""
+
+    write_concern: WriteConcern = field(default_factory=lambda: WriteConcern(w="majority", j=True))
+    """Majority and journaled: on MongoDB an acknowledged commit survives SIGKILL. SecantusDB
+    ignores `j` on commitTransaction (0-82 of 120 journaled commits survived a SIGKILL): run it
+    with `--sync-on-commit` wherever durability matters (120/120)."""
+    read_concern: ReadConcern = field(default_factory=lambda: ReadConcern("snapshot"))
+    """Every read of an operation sees one snapshot."""
+    max_attempts: int = 12
+    """Tries of one operation that keeps meeting other writers, before UNAVAILABLE."""
+    commit_attempts: int = 3
+    """Tries of a commit whose outcome is unknown, before UNAVAILABLE."""
+    backoff_initial: float = 0.002
+    """Upper bound of the first (full-jitter) pause between attempts, in seconds."""
+    backoff_max: float = 0.1
+    """Cap of the pause between attempts, in seconds."""
+
+    def backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(max, initial * 2^(attempt-1))]."""
+        return random.uniform(0, min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1)))
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+def unavailable(error: BaseException) -> StoreError:
+    return StoreError(ErrorCode.UNAVAILABLE, f"database unavailable: {type(error).__name__}: {error}")
+
+
+def _is_transient(error: BaseException) -> bool:
+    if isinstance(error, WriteRaceError):
+        return True
+    if isinstance(error, ServerSelectionTimeoutError):
+        # No server within the selection timeout: trying again at once would only wait again.
+        return False
+    return isinstance(error, PyMongoError) and error.has_error_label("TransientTransactionError")
+
+
+def _too_large(error: BaseException) -> bool:
+    return isinstance(error, DocumentTooLarge) or (
+        isinstance(error, OperationFailure) and error.code == _BSON_OBJECT_TOO_LARGE
+    )
+
+
+class TransactionLoop(Generic[X]):
+    """One MongoDB transaction per operation, retried whole on a transient conflict.
+
+    Shared by the runtime store and the memory store: a subclass says how to open its transaction
+    object on a session (`_open`) and what to release when the attempt ends (`_close`).
+    """
+
+    def __init__(self, client: AsyncMongoClient[Document], policy: TransactionPolicy | None) -> None:
+        self._client = client
+        self._policy = policy or TransactionPolicy()
+        self.attempts = 0
+        """Transactions started, conflicts included (an operational figure)."""
+
+    def _open(self, session: AsyncClientSession) -> X:
+        raise NotImplementedError
+
+    def _close(self, transaction: X) -> None:
+        """Release what the attempt held (nothing by default)."""
+
+    async def run_transaction(self, operation: Callable[[X], Awaitable[T]]) -> T:
+        """Apply `operation` in one transaction, retried on conflicts; UNAVAILABLE when they persist."""
+        policy = self._policy
+        last: BaseException | None = None
+        for attempt in range(1, policy.max_attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(policy.backoff(attempt - 1))
+            self.attempts += 1
+            try:
+                return await self._attempt(operation)
+            except StoreError:
+                raise
+            except (PyMongoError, DocumentTooLarge, WriteRaceError) as error:
+                if _too_large(error):
+                    # Permanent: resending would fail the same way (16 MiB per BSON document).
+                    raise StoreError(ErrorCode.INVALID_ARGUMENT, f"document too large: {error}") from error
+                if not _is_transient(error):
+                    raise unavailable(error) from error
+                last = error
+        assert last is not None
+        raise StoreError(
+            ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
+        ) from last
+
+    async def _attempt(self, operation: Callable[[X], Awaitable[T]]) -> T:
+        policy = self._policy
+        async with self._client.start_session() as session:
+            await session.start_transaction(
+                read_concern=policy.read_concern, write_concern=policy.write_concern
+            )
+            transaction = self._open(session)
+            try:
+                try:
+                    result = await operation(transaction)
+                except BaseException:
+                    await session.abort_transaction()
+                    raise
+                await self._commit(session)
+                return result
+            finally:
+                self._close(transaction)
+
+    async def _commit(self, session: AsyncClientSession) -> None:
+        for attempt in range(1, self._policy.commit_attempts + 1):
+            try:
+                await session.commit_transaction()
+                return
+            except PyMongoError as error:
+                unknown = error.has_error_label("UnknownTransactionCommitResult")
+                if not unknown or attempt == self._policy.commit_attempts:
+                    raise
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+async def ensure_indexes(database: AsyncDatabase[Document], indexes: Mapping[str, list[IndexModel]]) -> None:
+    """Create every secondary index; idempotent (an existing identical index is left as it is)."""
+    for name, models in indexes.items():
+        await database[name].create_indexes(models)
+
+
+async def load_generated_secret(
+    database: AsyncDatabase[Document], write_concern: WriteConcern, secret_id: str
+) -> bytes:
+    """32 random bytes kept in `meta` under `secret_id`, generated by the first store that asks."""
+    meta = database.get_collection(META, write_concern=write_concern)
+    for _ in range(2):
+        try:
+            document = await meta.find_one_and_update(
+                {"_id": secret_id},
+                {"$setOnInsert": {"secret": secrets.token_bytes(32), "created_at": datetime.now(UTC)}},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        except DuplicateKeyError:
+            continue  # another store inserted it at the same moment: read theirs
+        if document is not None:
+            return bytes(document["secret"])
+    raise StoreError(ErrorCode.UNAVAILABLE, f"could not read {secret_id!r} from {META!r}")
+
+
+def client_options(uri: str, server_selection_timeout_ms: int) -> dict[str, Any]:
+    """Keyword options for `AsyncMongoClient`: UTC-aware dates, and no retryable writes unless asked.
+
+    SecantusDB slows ~10x with retryable writes (PLATFORM_NOTES); operations are retried whole here
+    and by the caller after UNAVAILABLE, so the driver's own write retry adds nothing.
+    """
+    options: dict[str, Any] = {"tz_aware": True, "serverSelectionTimeoutMS": server_selection_timeout_ms}
+    if "retrywrites=" not in uri.lower():
+        options["retryWrites"] = False
+    return options
+
+
+async def with_own_client(
+    uri: str,
+    server_selection_timeout_ms: int,
+    open_store: Callable[[AsyncMongoClient[Document]], Awaitable[T]],
+) -> T:
+    """A store opened on a client of its own; the client is closed again if opening fails."""
+    client: AsyncMongoClient[Document] = AsyncMongoClient(
+        uri, **client_options(uri, server_selection_timeout_ms)
+    )
+    try:
+        return await open_store(client)
+    except BaseException:
+        await client.close()
+        raise
