@@ -77,7 +77,7 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
-from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.tool_executor.app import create_app as create_executor
 

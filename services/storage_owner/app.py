@@ -11,7 +11,7 @@ from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from quipu.services.storage_owner import handlers
 from quipu.services.storage_owner.keys import parse_master_key
-from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.settings import OwnerSettings
 

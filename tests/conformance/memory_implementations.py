@@ -42,7 +42,7 @@ async def _in_memory(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStor
 
 @asynccontextmanager
 async def _mongo(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
-    from quipu.services.storage_owner.memory_adapters import MongoMemoryStore  # noqa: PLC0415
+    from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore  # noqa: PLC0415
 
     client = request.getfixturevalue("mongo_client").get()
     store = await MongoMemoryStore.open(client, f"memory_conformance_{uuid.uuid4().hex[:16]}")

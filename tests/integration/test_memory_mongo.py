@@ -29,7 +29,8 @@ from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.storage_owner.keys import KEYS, parse_master_key
-from quipu.services.storage_owner.memory_adapters import HISTORY, INDEXES, MongoMemoryStore
+from quipu.services.storage_owner.mongo_memory_store import INDEXES, MongoMemoryStore
+from quipu.services.storage_owner.mongo_memory_transaction import HISTORY
 from tests.conformance.memory_builders import (
     ms,
     new,

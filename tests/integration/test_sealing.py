@@ -20,7 +20,7 @@ from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, RunStart
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED, TranscriptErasedError
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.transcript import build_messages_from_run_log
-from quipu.services.storage_owner.memory_adapters import MongoMemoryStore
+from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS
 from tests.conformance.builders import (

@@ -1,8 +1,4 @@
-"""The MongoDB repository behind the memory rules, with every text encrypted at rest.
-
-`MongoMemoryStore` is `MemoryRules` (shared with the in-memory store) over
-`MongoMemoryTransactions`: one multi-document transaction per operation, retried whole on a
-transient conflict, like the runtime store's.
+"""One operation of the memory store in one MongoDB transaction, every text sealed at rest.
 
 Encryption: every principal has a random 256-bit data key, stored in `memory_keys` wrapped
 (AES-GCM) by the owner's master key (`QUIPU_OWNER_MASTER_KEY`, else one generated once and kept
@@ -13,10 +9,6 @@ document does not open. Identifiers, sequences, versions and times stay in clear
 the queries and the indexes need. Every write that seals something also bumps the key document,
 so a write racing `forget_principal` meets a write conflict and is retried after it (then under
 a fresh key) instead of committing words under a key that is gone.
-
-`forget_principal` shreds first: one transaction deletes the key (from then on every sealed
-text of the principal is unreadable, whatever copy of it survives), a second deletes the
-documents. A text whose key is gone reads as absent.
 
 Layout (collections prefixed `memory_`; every query path is indexed, see INDEXES):
 
@@ -36,16 +28,15 @@ for forgetting.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
-from pymongo import ASCENDING, AsyncMongoClient, IndexModel
+from pymongo import ASCENDING, AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError
 
 from quipu.contracts.memory import (
     Fact,
@@ -58,27 +49,9 @@ from quipu.contracts.memory import (
     Provenance,
     SessionSummary,
 )
-from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.memory.rules import MemoryRules
 from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
-from quipu.services.storage_owner.keys import (
-    KEYS,
-    MASTER_KEY_ID,
-    Keyring,
-    PrincipalKeys,
-    digest,
-    unwrap,
-    wrap,
-)
-from quipu.services.storage_owner.mongo import (
-    TransactionLoop,
-    TransactionPolicy,
-    WriteRaceError,
-    ensure_indexes,
-    load_generated_secret,
-    unavailable,
-    with_own_client,
-)
+from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, digest, unwrap, wrap
+from quipu.services.storage_owner.mongo import TransactionLoop, TransactionPolicy, WriteRaceError
 
 T = TypeVar("T")
 
@@ -93,23 +66,6 @@ FACT_CHANGES = "memory_fact_changes"
 PROFILES = "memory_profiles"
 INDEX = "memory_index"
 COLLECTIONS = (KEYS, SESSIONS, HISTORY, SUMMARIES, FACTS, AUDIT, FACT_CHANGES, PROFILES, INDEX)
-
-_PRINCIPAL = [("tenant_id", ASCENDING), ("principal_id", ASCENDING)]
-INDEXES: Mapping[str, list[IndexModel]] = {
-    SESSIONS: [IndexModel(_PRINCIPAL, name="principal")],
-    HISTORY: [
-        IndexModel([("session_id", ASCENDING), ("seq", ASCENDING)], name="session_seq", unique=True),
-        IndexModel([("session_id", ASCENDING), ("turn_id", ASCENDING)], name="session_turn"),
-        IndexModel(_PRINCIPAL, name="principal"),
-    ],
-    SUMMARIES: [IndexModel(_PRINCIPAL, name="principal")],
-    FACTS: [IndexModel(_PRINCIPAL, name="principal")],
-    AUDIT: [IndexModel([("fact_id", ASCENDING)], name="fact"), IndexModel(_PRINCIPAL, name="principal")],
-    FACT_CHANGES: [IndexModel(_PRINCIPAL, name="principal")],
-    PROFILES: [IndexModel(_PRINCIPAL, name="principal")],
-    INDEX: [IndexModel(_PRINCIPAL, name="principal")],
-}
-"""Secondary indexes by collection; `memory_keys` is only read by `_id`."""
 
 _CHANGES = TypeAdapter(list[FactChanged])
 
@@ -536,87 +492,3 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
     async def run_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
         """`run` with the MongoDB transaction itself (for what only this backend does: shredding)."""
         return await self.run_transaction(operation)
-
-
-# --- the store ----------------------------------------------------------------------------------
-
-
-class MongoMemoryStore(MemoryRules):
-    """The `MemoryStore` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
-
-    def __init__(
-        self,
-        client: AsyncMongoClient[Document],
-        database: AsyncDatabase[Document],
-        master_key: bytes,
-        *,
-        policy: TransactionPolicy | None = None,
-        owns_client: bool = False,
-        clock: Callable[[], datetime] = utc_now_ms,
-    ) -> None:
-        self.transactions = MongoMemoryTransactions(client, database, Keyring(master_key), policy)
-        super().__init__(self.transactions, clock)
-        self.client = client
-        self.database = database
-        self._owns_client = owns_client
-
-    @classmethod
-    async def open(
-        cls,
-        client: AsyncMongoClient[Document],
-        database: str,
-        *,
-        master_key: bytes | None = None,
-        policy: TransactionPolicy | None = None,
-        owns_client: bool = False,
-        clock: Callable[[], datetime] = utc_now_ms,
-    ) -> MongoMemoryStore:
-        """A store on `database` through an existing (tz-aware) client; creates indexes and the key."""
-        policy = policy or TransactionPolicy()
-        db = client.get_database(database, write_concern=policy.write_concern)
-        try:
-            await ensure_indexes(db, INDEXES)
-            key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
-        except PyMongoError as error:
-            raise unavailable(error) from error
-        return cls(client, db, key, policy=policy, owns_client=owns_client, clock=clock)
-
-    @classmethod
-    async def connect(
-        cls,
-        uri: str,
-        database: str,
-        *,
-        master_key: bytes | None = None,
-        policy: TransactionPolicy | None = None,
-        server_selection_timeout_ms: int = 5_000,
-        clock: Callable[[], datetime] = utc_now_ms,
-    ) -> MongoMemoryStore:
-        """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
-        return await with_own_client(
-            uri,
-            server_selection_timeout_ms,
-            lambda client: cls.open(
-                client, database, master_key=master_key, policy=policy, owns_client=True, clock=clock
-            ),
-        )
-
-    async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
-        """Shred the principal's key in its own transaction, then erase their documents."""
-        if principal_id:
-            await self.transactions.run_mongo(lambda tx: tx.shred_key(tenant_id, principal_id))
-        return await super().forget_principal(tenant_id, principal_id)
-
-    async def drop_collections(self) -> None:
-        """Delete every memory collection (tests that share a database with the runtime store)."""
-        for name in COLLECTIONS:
-            await self.database.drop_collection(name)
-
-    async def drop_database(self) -> None:
-        """Delete the whole database (tests)."""
-        await self.client.drop_database(self.database.name)
-
-    async def close(self) -> None:
-        """Close the client if this store opened it."""
-        if self._owns_client:
-            await self.client.close()
