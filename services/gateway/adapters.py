@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 import anyio
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.runs import CancelRun, RunRequested
-from quipu.services.kit.publishing import TopicPublisher, producer_publisher
+from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.run_events import (
     EventPosition,
     EventStreamError,
@@ -61,8 +60,8 @@ class KafkaRunPublisher:
             raise StoreError(ErrorCode.UNAVAILABLE, "the publisher is not started")
         try:
             await self._publisher.publish(message)
-        except KafkaError as error:
-            raise StoreError(ErrorCode.UNAVAILABLE, f"could not publish: {error!r}") from error
+        except PublishError as error:
+            raise StoreError(ErrorCode.UNAVAILABLE, f"could not publish: {error}") from error
         logger.info(
             "published",
             topic=self._publisher.topic_of(message),

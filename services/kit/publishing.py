@@ -9,6 +9,11 @@ The topic follows from the payload's type alone and the key from the registry's 
 chooses where it goes: the only routes a caller adds are ones its own configuration gives it
 (the owner's reply partition, a store client's reply-partition header). A contract test checks
 that nothing else in the services sends to Kafka.
+
+This is where aiokafka's errors meet Quipu's: the broker's refusal is a `PublishError`, retryable
+unless resending the same record must be refused the same way (too large, an invalid topic
+name). aiokafka's own `retriable` flag is no guide here: its `KafkaTimeoutError` (no metadata in
+time: the broker is away) says False, and so does `ProducerClosed` (shutting down).
 """
 
 from __future__ import annotations
@@ -17,11 +22,28 @@ from collections.abc import Awaitable, Mapping
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import InvalidTopicError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import spec_for
 from quipu.services.kit.settings import KafkaSettings
+
+_REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError)
+"""What the broker (or the producer) would refuse again for the same record."""
+
+
+class PublishError(QuipuError):
+    """Raised when the broker did not take a message; retryable unless the record itself is refused.
+
+    The message names the topic and the library's error type, never the record.
+    """
+
+    def __init__(self, topic: str, error: KafkaError) -> None:
+        super().__init__(f"publishing to {topic} failed: {type(error).__name__}")
+        self.topic = topic
+        self.retryable = not isinstance(error, _REFUSED_FOR_GOOD)
 
 
 class Send(Protocol):
@@ -46,18 +68,23 @@ class TopicPublisher:
     async def publish(
         self, message: BaseModel, *, partition: int | None = None, headers: Mapping[str, str] | None = None
     ) -> None:
-        """Send `message` to its topic with its key and wait for the broker's acknowledgement.
+        """Send `message` to its topic with its key and wait for the broker's acknowledgement
+        (PublishError when it did not take it).
 
         `partition` and `headers` are routes from the caller's configuration, never from a message.
         """
         spec = spec_for(message)
-        await self._send(
-            self._prefix + spec.topic.value,
-            message.model_dump_json().encode(),
-            key=spec.key_for(message),
-            partition=partition,
-            headers=headers or {},
-        )
+        topic = self._prefix + spec.topic.value
+        try:
+            await self._send(
+                topic,
+                message.model_dump_json().encode(),
+                key=spec.key_for(message),
+                partition=partition,
+                headers=headers or {},
+            )
+        except KafkaError as error:
+            raise PublishError(topic, error) from error
 
 
 def broker_publisher(broker: KafkaBroker, settings: KafkaSettings) -> TopicPublisher:

@@ -58,7 +58,7 @@ from quipu.contracts.store import (
     StartResult,
 )
 from quipu.contracts.topics import Topic
-from quipu.services.kit.publishing import TopicPublisher, producer_publisher
+from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 
 logger = structlog.get_logger(__name__)
@@ -226,7 +226,7 @@ class KafkaStore:
             try:
                 await self._commands.publish(command, headers=route)
                 return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
-            except (TimeoutError, KafkaError) as error:
+            except (TimeoutError, PublishError) as error:
                 logger.info("store command unanswered; resending", op=command.op, error=repr(error))
         raise StoreError(ErrorCode.UNAVAILABLE, f"{command.op}: no reply from the storage owner")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from aiokafka.errors import KafkaError
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
@@ -31,7 +30,7 @@ from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic
 from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
-from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError
+from quipu.services.kit.delivery import Delivery, PermanentError
 from quipu.services.kit.logging import bound_ids, get_logger
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
@@ -95,14 +94,9 @@ def register(
     """Subscribe the executor to `tools.calls` (its group) and `runs.control` (every partition)."""
     publisher = broker_publisher(broker, kafka)
 
-    async def publish(result: ToolCallCompleted) -> None:
-        try:
-            await publisher.publish(result)
-        except KafkaError as error:
-            # The broker is briefly away: try again (the tool is not run again, its result is kept).
-            raise RetryableError(f"publishing the result failed: {type(error).__name__}") from error
-
-    answerer = CallAnswerer(runner, publish)
+    # A broker briefly away is a retryable PublishError: the delivery tries again (the tool is not
+    # run again, its result is kept).
+    answerer = CallAnswerer(runner, publisher.publish)
     # Unordered: a model's parallel tool uses share a run id, hence a key, and must run together.
     calls = consume_concurrently(
         broker,

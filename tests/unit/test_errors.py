@@ -5,10 +5,19 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from aiokafka.errors import (
+    InvalidTopicError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    NotLeaderForPartitionError,
+    ProducerClosed,
+)
 from pydantic import BaseModel, Field, TypeAdapter
 
 import quipu
@@ -22,9 +31,12 @@ from quipu.contracts.errors import (
     invalid,
     is_retryable,
 )
+from quipu.contracts.runs import CancelRun
 from quipu.deploy.local.stack import StackError
 from quipu.services.domain.models.port import ModelError
 from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError, RetryPolicy
+from quipu.services.kit.publishing import PublishError, TopicPublisher
+from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import ToolError
 
 RETRIED_CODES = {ErrorCode.UNAVAILABLE}
@@ -248,3 +260,66 @@ async def test_an_unclassified_error_is_a_bug_dead_lettered_at_once_as_unexpecte
         "unexpected_error",
         "LookupError: no such thing",
     )
+
+
+# --- a library's errors, classified where the library is called --------------------------------------
+
+
+class FailingSend:
+    """A producer's send that fails `failures` times with `error`, then takes every record."""
+
+    def __init__(self, error: Exception, failures: int = 1_000) -> None:
+        self.error = error
+        self.failures = failures
+        self.taken: list[str] = []
+
+    async def __call__(
+        self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise self.error
+        self.taken.append(topic)
+
+
+def _publisher(send: FailingSend) -> TopicPublisher:
+    return TopicPublisher(KafkaSettings(bootstrap="127.0.0.1:9", topic_prefix="p."), send)
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (KafkaConnectionError(), True),
+        (KafkaTimeoutError(), True),  # aiokafka's `retriable` says False: no metadata in time
+        (NotLeaderForPartitionError(), True),
+        (ProducerClosed(), True),  # shutting down: the message comes again after the restart
+        (MessageSizeTooLargeError(), False),
+        (InvalidTopicError(), False),
+    ],
+    ids=["connection", "metadata timeout", "leader moved", "producer closed", "too large", "invalid topic"],
+)
+async def test_the_broker_not_taking_a_message_is_a_publish_error_that_says_whether_to_retry(
+    error: Exception, retryable: bool
+) -> None:
+    with pytest.raises(PublishError) as raised:
+        await _publisher(FailingSend(error)).publish(CancelRun(run_id="r-1", session_id="s-1"))
+    assert is_retryable(raised.value) is retryable
+    assert raised.value.topic == "p.runs.control"
+    assert str(raised.value) == f"publishing to p.runs.control failed: {type(error).__name__}"
+    assert raised.value.__cause__ is error
+
+
+async def test_an_effect_whose_publish_meets_a_broker_blip_is_tried_again_not_dead_lettered() -> None:
+    send = FailingSend(KafkaConnectionError(), failures=1)
+    publisher = _publisher(send)
+    letters: list[dict[str, str]] = []
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        letters.append(headers)
+
+    async def effect(job: Job) -> None:
+        await publisher.publish(CancelRun(run_id=job.name, session_id="s-1"))
+
+    message = Consumed()
+    await Delivery(dead_letter, RetryPolicy(attempts=3, base_delay_s=0.0)).handle(message, JOB, effect)
+    assert (send.taken, letters, message.acked, message.nacked) == (["p.runs.control"], [], 1, 0)
