@@ -39,19 +39,22 @@ from quipu.services.domain.memory.context import is_anonymous_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest, ModelResponse, StopReason
-from quipu.services.fact_extractor.logic import (
-    ModelOutputError,
+from quipu.services.fact_extractor.logic.profile import (
     ProfileLimits,
-    Refusal,
-    RefusalReason,
-    TurnRows,
-    ValidationLimits,
-    decode_json_object,
-    decode_proposals,
-    extraction_request,
     profile_due,
     profile_request,
     profile_text,
+)
+from quipu.services.fact_extractor.logic.proposals import (
+    ModelOutputError,
+    decode_json_object,
+    decode_proposals,
+)
+from quipu.services.fact_extractor.logic.turn import TurnRows, extraction_request
+from quipu.services.fact_extractor.logic.validation import (
+    Refusal,
+    RefusalReason,
+    ValidationLimits,
     validate_operations,
 )
 from quipu.services.fact_extractor.settings import FactExtractorSettings

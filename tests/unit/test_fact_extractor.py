@@ -44,7 +44,7 @@ from quipu.services.domain.models.port import (
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.fact_extractor.adapters import FactExtractor, TurnOutcome
 from quipu.services.fact_extractor.app import check_timeouts
-from quipu.services.fact_extractor.logic import RefusalReason, new_fact_id
+from quipu.services.fact_extractor.logic.validation import RefusalReason, new_fact_id
 from quipu.services.fact_extractor.settings import FactExtractorSettings
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.settings import KafkaSettings

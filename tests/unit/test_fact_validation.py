@@ -26,28 +26,30 @@ from quipu.contracts.memory import (
 from quipu.contracts.transcript import TextPart
 from quipu.services.domain.memory.safety import SensitiveCategory
 from quipu.services.domain.models.port import ModelResponse, StopReason, Usage
-from quipu.services.fact_extractor.logic import (
-    FACT_OPERATIONS_SCHEMA,
-    PROFILE_SCHEMA,
-    ModelOutputError,
+from quipu.services.fact_extractor.logic.profile import (
     ProfileLimits,
-    Proposals,
-    RefusalReason,
-    TurnRows,
-    Validated,
-    ValidationLimits,
-    attribute_key,
-    decode_json_object,
-    decode_proposals,
-    digest,
-    extraction_request,
-    grounded,
-    new_fact_id,
-    normalized,
     profile_due,
     profile_request,
     profile_text,
-    turn_number,
+)
+from quipu.services.fact_extractor.logic.proposals import (
+    FACT_OPERATIONS_SCHEMA,
+    PROFILE_SCHEMA,
+    ModelOutputError,
+    Proposals,
+    decode_json_object,
+    decode_proposals,
+)
+from quipu.services.fact_extractor.logic.turn import TurnRows, extraction_request, turn_number
+from quipu.services.fact_extractor.logic.validation import (
+    RefusalReason,
+    Validated,
+    ValidationLimits,
+    attribute_key,
+    digest,
+    grounded,
+    new_fact_id,
+    normalized,
     validate_operations,
 )
 
