@@ -72,8 +72,9 @@ class TopicSpec(Generic[PayloadT]):
     partitions: int
 
     @cached_property
-    def adapter(self) -> TypeAdapter[Any]:
-        """Decodes and encodes the payload (the lenient decoding every consumer applies)."""
+    def adapter(self) -> TypeAdapter[PayloadT]:
+        """Decodes and encodes the payload, leniently as topic consumers do (the owner decodes
+        commands more strictly: `STRICT_COMMAND`)."""
         return TypeAdapter(self.payload)
 
     @property
