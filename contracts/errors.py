@@ -15,12 +15,14 @@ is a `FileNotFoundError`):
     ├── PermanentError             an effect's own "never" (`services.kit.delivery`)
     ├── RetryableError             an effect's own "try again" (`services.kit.delivery`); retryable
     ├── ModelError                 a model call failed; retryable as its adapter classified it
+    ├── PublishError               the broker did not take a message (`services.kit.publishing`);
+    │                              retryable unless the record itself is refused (too large)
     └── ...                        every other error of the project (seals, tools, agents, the
                                    gateway, the CLI, the local stack): permanent
 
 The delivery wrapper asks `is_retryable(error)` and nothing else. A library's exceptions are
 turned into these types once, at the adapter that calls the library (pymongo's in the storage
-owner, aiokafka's in the store client and the publishers, anthropic's in the model adapter; a
+owner, aiokafka's in `TopicPublisher` and the store client, anthropic's in the model adapter; a
 pydantic `ValidationError` while decoding is the delivery's `invalid_payload`). What reaches the
 wrapper unclassified is a bug, unless it is a lost connection or a timeout, which may heal.
 """
