@@ -11,13 +11,14 @@ header names (never to a topic a message names).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from quipu.contracts.errors import ErrorBody
 from quipu.contracts.memory_commands import MemoryCommand
+from quipu.contracts.sealed import SealedFor, refuse_unopened, without_empty
 from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
@@ -235,6 +236,22 @@ class StoreReply(BaseModel):
     op: str = Field(default="", description="The operation that was applied.")
     result: Any = Field(default=None, description="JSON form of the operation's result.")
     error: ErrorBody | None = Field(default=None, description="Set instead of result on refusal.")
+    sealed_for: SealedFor | None = Field(
+        default=None,
+        exclude_if=without_empty,
+        description="Whose data key seals `result` (the command's own `sealed_for`); absent: plaintext.",
+    )
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"result"})
+    """A result may carry anything read back (record payloads, history, facts): sealed when the
+    command was (errors name rules and ids, never content, and stay in clear)."""
+
+    _refuse_unopened = model_validator(mode="before")(refuse_unopened)
+
+    @classmethod
+    def sealed_field_names(cls) -> frozenset[str]:
+        """The fields a sealed reply carries encrypted."""
+        return cls.sealed_fields
 
 
 def encode_result(value: object) -> Any:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quipu.contracts.sealed import SealedFor, refuse_unopened, without_empty
 from quipu.contracts.wire import Timestamp, utc_now_ms
 
 QUIPU_NAMESPACE = uuid.UUID("6b3c2f0e-9a51-4c1e-8f7d-2a9e5d4b7c10")
@@ -30,3 +32,20 @@ class Envelope(BaseModel):
     tenant_id: str = Field(default="", description="Tenant the message belongs to.")
     correlation_id: str = Field(default="", description="Ties a request to its replies and effects.")
     causation_id: str = Field(default="", description="event_id of the message that caused this one.")
+    sealed_for: SealedFor | None = Field(
+        default=None,
+        exclude_if=without_empty,
+        description=(
+            "Whose data key seals this message's words (quipu.contracts.sealed); absent: a plaintext message."
+        ),
+    )
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset()
+    """The fields that carry a principal's words: sealed on the wire when `sealed_for` is set."""
+
+    _refuse_unopened = model_validator(mode="before")(refuse_unopened)
+
+    @classmethod
+    def sealed_field_names(cls) -> frozenset[str]:
+        """The fields a sealed message of this type carries encrypted."""
+        return cls.sealed_fields

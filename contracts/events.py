@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -92,6 +92,9 @@ class RunEvent(Envelope):
     server_data: dict[str, Any] | None = Field(
         default=None, description="Server-side extras for UIs (never secrets)."
     )
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"payload", "server_data"})
+    """What a run said or a tool returned lives in the payload; type, keys and ids stay in clear."""
 
     def dedup_key(self) -> tuple[str, str, str]:
         """The identity consumers de-duplicate on."""

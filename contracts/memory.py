@@ -10,6 +10,7 @@ is never an authority. Only the storage owner writes any of it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -132,6 +133,9 @@ class FactChanged(Envelope):
     scope: MemoryScope = Field(description="Whose fact.")
     version: int = Field(description="The fact's version after the change.")
     text: str = Field(default="", description="The fact's text after the change (empty when deleted).")
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"text"})
+    """The fact's words; kind, ids, scope and version stay in clear."""
 
 
 class HistoryRecorded(Envelope):

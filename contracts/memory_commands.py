@@ -25,6 +25,7 @@ from quipu.contracts.memory import (
     ScoredFact,
     SessionSummary,
 )
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store_operation import Backend, StoreOperation
 
 
@@ -48,6 +49,15 @@ class MemoryOperation(StoreOperation):
             if isinstance(value, Profile | IndexEntry):
                 return value.scope.principal_id
         return ""
+
+    def whose_words(self) -> SealedFor | None:
+        """The principal whose memory the command touches (their key seals it), when it names one."""
+        for name in ("scope", "turn", "profile", "entry"):
+            value = getattr(self, name, None)
+            scope = value if isinstance(value, MemoryScope) else getattr(value, "scope", None)
+            if isinstance(scope, MemoryScope) and scope.principal_id:
+                return SealedFor(tenant_id=scope.tenant_id, principal_id=scope.principal_id)
+        return None
 
 
 class AppendHistoryTurn(MemoryOperation, result_type=HistoryAppendResult):
@@ -172,6 +182,10 @@ class ForgetPrincipal(MemoryOperation, result_type=int):
     def arguments(self) -> dict[str, Any]:
         """`forget_principal(tenant_id, principal_id)`: the envelope's own tenant is not the target."""
         return {"tenant_id": self.scope.tenant_id, "principal_id": self.scope.principal_id}
+
+    def whose_words(self) -> SealedFor | None:
+        """None: the command and its reply carry no words, and sealing them would make the key anew."""
+        return None
 
 
 MemoryCommand = (

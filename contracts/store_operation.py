@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from quipu.contracts.envelope import Envelope
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store import Record, RunStart
 
 
@@ -22,6 +23,7 @@ class Backend(StrEnum):
 
 
 _ENVELOPE_FIELDS = frozenset(Envelope.model_fields) | {"op"}
+"""The fields of a command that are not arguments of its store method (they stay in clear)."""
 
 _BASE: Any = object()
 """`result_type` of a class that is a base of commands rather than a command."""
@@ -58,6 +60,15 @@ class StoreOperation(Envelope):
         own = inspect.get_annotations(cls)
         cls.__annotations__ = {"op": Literal[cls.__name__], **own}
         setattr(cls, "op", Field(default=cls.__name__, description="Operation name."))  # noqa: B010
+
+    @classmethod
+    def sealed_field_names(cls) -> frozenset[str]:
+        """Every argument: a command's ids beyond the envelope route nothing on the topic."""
+        return frozenset(cls.model_fields) - _ENVELOPE_FIELDS
+
+    def whose_words(self) -> SealedFor | None:
+        """The principal whose words the command carries, when it says so itself (memory commands)."""
+        return None
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of the matching store method."""

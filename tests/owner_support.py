@@ -33,6 +33,7 @@ from quipu.contracts.commands import (
 )
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import Record, RunStart
+from quipu.contracts.topics import topic_names
 from quipu.deploy.local.services import ServiceProcess
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.store_client import KafkaStore
@@ -515,3 +516,63 @@ async def assert_sessions_hold_exactly_their_records(store: KafkaStore, plans: l
         if (await store.load_run(session.run.run_id)).status.value != "completed":
             problems.append(f"{session.run.run_id}: not completed")
     assert not problems, f"{len(problems)} sessions wrong:\n" + "\n".join(problems)
+
+
+# --- everything on the wire -------------------------------------------------------------------
+
+
+async def every_record_on_topics(
+    bootstrap: str, prefix: str, within: float = 30.0
+) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
+    """Every record of every topic of `prefix` (dead-letter topics too), read from the beginning to
+    the end each partition's last fetch reported, outside any consumer group."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10
+    )
+    await consumer.start()
+    found: dict[str, list[ConsumerRecord[bytes, bytes]]] = {name: [] for name in topic_names(prefix)}
+    try:
+        await asyncio.sleep(0)  # see RunEventReader.start: let the group-less coordinator start
+        partitions: list[TopicPartition] = []
+        for name in found:
+            numbers: set[int] | None = None
+            for _ in range(100):
+                numbers = consumer.partitions_for_topic(name)
+                if numbers:
+                    break
+                await consumer._client.force_metadata_update()
+                await asyncio.sleep(0.05)
+            assert numbers, f"topic {name} does not exist"
+            partitions += [TopicPartition(name, number) for number in sorted(numbers)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + scaled(within)
+        while True:
+            batches = await consumer.getmany(*partitions, timeout_ms=200)
+            for partition, records in batches.items():
+                found[partition.topic] += records
+            if await _at_the_end(consumer, partitions):
+                return found
+            assert time.monotonic() < deadline, f"the ends of the topics of {prefix} not reached in time"
+    finally:
+        await consumer.stop()
+
+
+async def _at_the_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
+    for partition in partitions:
+        watermark = consumer.highwater(partition)
+        if watermark is None or await consumer.position(partition) < watermark:
+            return False
+    return True
+
+
+def readable_anywhere(records: dict[str, list[ConsumerRecord[bytes, bytes]]], phrase: str) -> list[str]:
+    """Where `phrase` is readable in any key, value or header of `records` (`topic@offset`)."""
+    needle = phrase.encode()
+    places = []
+    for name, found in records.items():
+        for record in found:
+            headers = b"".join(key.encode() + value for key, value in record.headers)
+            if any(needle in part for part in (record.key or b"", record.value or b"", headers)):
+                places.append(f"{name}@{record.partition}/{record.offset}")
+    return places

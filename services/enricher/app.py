@@ -15,6 +15,7 @@ from quipu.services.enricher import handlers
 from quipu.services.enricher.adapters import Enricher
 from quipu.services.enricher.settings import EnricherSettings
 from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.keys import KeySettings, message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
 
@@ -51,7 +52,8 @@ def create_app(
 
     # One try at the delivery level: the enricher bounds its own tries and turns the last failure
     # into a dead letter, where the shared default would rewind and retry the change forever.
-    delivery = broker_delivery(broker, kafka, attempts=1)
+    seals = message_seals(KeySettings())  # fact changes are sealed under their principal's key
+    delivery = broker_delivery(broker, kafka, attempts=1, opener=seals)
     holder = handlers.EnricherHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or EnricherDeps()
@@ -77,6 +79,7 @@ def create_app(
         for client in opened:
             await client.stop()
         opened.clear()
+        await seals.close()
         holder.enricher = None
 
     return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

@@ -39,7 +39,7 @@ from typing import Any, Literal, TypedDict
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 
-from quipu.services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
+from quipu.services.kit.delivery import DeadLetterLimits, Delivery, MessageOpener, RetryPolicy
 from quipu.services.kit.settings import KafkaSettings
 
 BROKER_LOGGER_NAME = "quipu.faststream"
@@ -173,9 +173,12 @@ def subscriber_options(
     )
 
 
-def broker_delivery(broker: KafkaBroker, settings: KafkaSettings, attempts: int) -> Delivery:
+def broker_delivery(
+    broker: KafkaBroker, settings: KafkaSettings, attempts: int, opener: MessageOpener | None = None
+) -> Delivery:
     """`Delivery` with `attempts` tries whose dead letters go out through `broker` (acknowledged
-    before the offset moves on), within the producer limits of `settings`."""
+    before the offset moves on), within the producer limits of `settings`; `opener` opens sealed
+    messages (quipu.services.kit.keys.MessageSeals)."""
 
     async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
         await broker.publish(body, topic=topic, key=key, headers=headers)
@@ -185,4 +188,4 @@ def broker_delivery(broker: KafkaBroker, settings: KafkaSettings, attempts: int)
         attempts=settings.dead_letter_attempts,
         timeout_s=settings.dead_letter_timeout_s,
     )
-    return Delivery(dead_letter, RetryPolicy(attempts=attempts), limits)
+    return Delivery(dead_letter, RetryPolicy(attempts=attempts), limits, opener)

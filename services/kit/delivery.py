@@ -54,6 +54,21 @@ class RetryableError(QuipuError):
     retryable = True
 
 
+class MessageErasedError(QuipuError):
+    """Raised when a message is sealed under a key that is gone: its principal was forgotten."""
+
+
+class MessageOpener(Protocol):
+    """Opens a sealed message body (quipu.services.kit.keys.MessageSeals); a plaintext one comes back as is.
+
+    Raises MessageErasedError (settled), PermanentError (dead-lettered), RetryableError (retried).
+    """
+
+    async def open(self, body: bytes, /) -> bytes:
+        """The plaintext JSON of `body`."""
+        ...
+
+
 class ConsumedMessage(Protocol):
     """What delivery needs from a consumed message (FastStream's KafkaMessage satisfies it)."""
 
@@ -209,10 +224,12 @@ class Delivery:
         dead_letter: DeadLetterPublisher,
         policy: RetryPolicy | None = None,
         limits: DeadLetterLimits | None = None,
+        opener: MessageOpener | None = None,
     ) -> None:
         self._dead_letter = dead_letter
         self._policy = policy or RetryPolicy()
         self._limits = limits or DeadLetterLimits()
+        self._opener = opener
         self.counters = DeliveryCounters()
 
     async def handle(
@@ -244,8 +261,11 @@ class Delivery:
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None,
         log: Any,
     ) -> None:
+        body = await self._opened(message, on_invalid, log)
+        if body is None:
+            return
         try:
-            payload = payload_type.validate_json(message.body)
+            payload = payload_type.validate_json(body)
         except Exception as error:
             # A validator that raises something else than ValueError escapes pydantic as itself.
             detail = describe(error) if isinstance(error, ValidationError) else describe_error(error)
@@ -281,6 +301,42 @@ class Delivery:
             log.error("unexpected failure", error=describe_error(error))
             await self.dead_letter(message, "unexpected_error", describe_error(error), attempts=attempt)
         await message.ack()
+
+    async def _opened(
+        self,
+        message: ConsumedMessage,
+        on_invalid: Callable[[bytes, str], Awaitable[None]] | None,
+        log: Any,
+    ) -> bytes | None:
+        """The message's plaintext (a sealed one opened), or None once it is settled or nacked.
+
+        A message sealed under a forgotten principal's key is settled without a dead letter (there
+        is nothing left to replay; `on_invalid` still answers it); one that cannot ever open is
+        dead-lettered; a key channel that does not answer is retried like a transient failure.
+        """
+        if self._opener is None:
+            return message.body
+        for attempt in range(1, self._policy.attempts + 1):
+            try:
+                return await self._opener.open(message.body)
+            except MessageErasedError as error:
+                log.info("message of a forgotten principal settled")
+                await self._tell_invalid(on_invalid, message.body, str(error), log)
+                await message.ack()
+                return None
+            except PermanentError as error:
+                log.warning("sealed message does not open", error=describe_error(error))
+                await self._tell_invalid(on_invalid, message.body, str(error), log)
+                await self.dead_letter(message, "unsealable", str(error), attempts=attempt)
+                await message.ack()
+                return None
+            except RetryableError as error:
+                log.info("key channel unavailable", attempt=attempt, error=describe_error(error))
+                if attempt < self._policy.attempts:
+                    await asyncio.sleep(self._policy.delay(attempt))
+        log.warning("retries exhausted; message will be delivered again")
+        await message.nack()
+        return None
 
     async def _tell_invalid(
         self, on_invalid: Callable[[bytes, str], Awaitable[None]] | None, body: bytes, detail: str, log: Any

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import spec_for
+from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
 
 _REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError)
@@ -57,9 +58,11 @@ class Send(Protocol):
 class TopicPublisher:
     """Publishes registry payloads through one producer, within one deployment's topics."""
 
-    def __init__(self, settings: KafkaSettings, send: Send) -> None:
+    def __init__(self, settings: KafkaSettings, send: Send, seals: MessageSeals | None = None) -> None:
+        """`seals` seal the words of payloads that name `sealed_for` (quipu.contracts.sealed)."""
         self._prefix = settings.topic_prefix
         self._send = send
+        self._seals = seals or MessageSeals(None)
 
     def topic_of(self, message: BaseModel) -> str:
         """The physical topic `message` goes to (UnroutablePayloadError when no topic carries it)."""
@@ -75,10 +78,11 @@ class TopicPublisher:
         """
         spec = spec_for(message)
         topic = self._prefix + spec.topic.value
+        body = await self._seals.encode(message)  # KeyUnavailableError: the key channel is away
         try:
             await self._send(
                 topic,
-                message.model_dump_json().encode(),
+                body,
                 key=spec.key_for(message),
                 partition=partition,
                 headers=headers or {},
@@ -87,7 +91,9 @@ class TopicPublisher:
             raise PublishError(topic, error) from error
 
 
-def broker_publisher(broker: KafkaBroker, settings: KafkaSettings) -> TopicPublisher:
+def broker_publisher(
+    broker: KafkaBroker, settings: KafkaSettings, seals: MessageSeals | None = None
+) -> TopicPublisher:
     """A `TopicPublisher` on a service's FastStream broker."""
 
     async def send(
@@ -95,10 +101,12 @@ def broker_publisher(broker: KafkaBroker, settings: KafkaSettings) -> TopicPubli
     ) -> None:
         await broker.publish(body, topic=topic, key=key, partition=partition, headers=dict(headers) or None)
 
-    return TopicPublisher(settings, send)
+    return TopicPublisher(settings, send, seals)
 
 
-def producer_publisher(producer: AIOKafkaProducer, settings: KafkaSettings) -> TopicPublisher:
+def producer_publisher(
+    producer: AIOKafkaProducer, settings: KafkaSettings, seals: MessageSeals | None = None
+) -> TopicPublisher:
     """A `TopicPublisher` on a started aiokafka producer (clients without a FastStream broker)."""
 
     async def send(
@@ -107,4 +115,4 @@ def producer_publisher(producer: AIOKafkaProducer, settings: KafkaSettings) -> T
         encoded = [(name, value.encode()) for name, value in headers.items()]
         await producer.send_and_wait(topic, body, key=key, partition=partition, headers=encoded or None)
 
-    return TopicPublisher(settings, send)
+    return TopicPublisher(settings, send, seals)

@@ -47,6 +47,8 @@ from pydantic import ValidationError
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.events import RunEvent
 from quipu.contracts.topics import Topic
+from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
+from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals
 from quipu.services.kit.settings import KafkaSettings
 
 logger = structlog.get_logger(__name__)
@@ -131,13 +133,19 @@ class RunEventReader:
         run_id: str = "",
         deduplicate: bool = True,
         client_id: str | None = None,
+        seals: MessageSeals | None = None,
     ) -> None:
-        """Read the events of `session_id`; without one, those of the sessionless run `run_id`."""
+        """Read the events of `session_id`; without one, those of the sessionless run `run_id`.
+
+        `seals` open sealed events (default: the key channel of `KeySettings()`, closed with the
+        reader); an event whose principal was forgotten is skipped."""
         if not session_id and not run_id:
             raise ValueError("a run event stream needs a session id or a run id")
         self.session_id = session_id
         self.run_id = "" if session_id else run_id
         self._settings = settings
+        self._owns_seals = seals is None
+        self._seals = seals if seals is not None else message_seals(KeySettings())
         self._topic = settings.topic_prefix + Topic.RUNS_EVENTS.value
         self._deduplicate = deduplicate
         self._client_id = client_id or f"{settings.client_id}-events"
@@ -255,23 +263,23 @@ class RunEventReader:
             if record.offset < self._next_offset:
                 continue  # fetched before a seek; never shown
             self._next_offset = record.offset + 1
-            event = self._decode(record.value, record.offset)
+            event = await self._decode(record.value, record.offset)
             if event is not None and self._wanted(event):
                 streamed.append(StreamedEvent(EventPosition(self._partition.partition, record.offset), event))
         return streamed
 
-    def _decode(self, value: bytes | None, offset: int) -> RunEvent | None:
+    async def _decode(self, value: bytes | None, offset: int) -> RunEvent | None:
+        position = {"topic": self._topic, "partition": self.partition, "offset": offset}
         try:
-            return RunEvent.model_validate_json(value or b"")
-        except ValidationError as error:
-            logger.warning(
-                "unreadable run event skipped",
-                topic=self._topic,
-                partition=self.partition,
-                offset=offset,
-                error=str(error)[:300],
-            )
+            return RunEvent.model_validate_json(await self._seals.open(value or b""))
+        except MessageErasedError:
+            logger.info("run event of a forgotten principal skipped", **position)
             return None
+        except (ValidationError, PermanentError) as error:
+            logger.warning("unreadable run event skipped", **position, error=describe_error(error))
+            return None
+        except RetryableError as error:
+            raise EventStreamError(f"{self._topic}: {describe_error(error)}") from error
 
     def _wanted(self, event: RunEvent) -> bool:
         if self.session_id:
@@ -298,6 +306,8 @@ class RunEventReader:
         if consumer is not None:
             with contextlib.suppress(KafkaError):
                 await consumer.stop()
+        if self._owns_seals:
+            await self._seals.close()
 
     @property
     def stopped(self) -> bool:

@@ -7,21 +7,30 @@ fixed label under the data key, which says nothing about the key) tells "sealed 
 is no longer the principal's" — the principal was forgotten and a fresh key made since — apart
 from "altered": the first reads as erased, the second is an error.
 
+A sealed message (quipu.contracts.sealed) is a topic message's JSON object whose word-carrying fields
+travel as one sealed value in `sealed`, bound to the message's clear fields.
+
 Who holds the keys is not this module's business: the storage owner keeps them wrapped by its
 master key in MongoDB and hands them out over a channel that keeps nothing.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hashlib
 import hmac
+import json
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from quipu.contracts.errors import QuipuError
+from quipu.contracts.sealed import SEALED_FIELD
 
 VERSION = 1
 KEY_BYTES = 32
@@ -82,3 +91,62 @@ def open_sealed(key: bytes, value: bytes, context: str) -> bytes:
         return _cipher(key).decrypt(nonce, value[_HEADER:], context.encode())
     except InvalidTag as error:
         raise BrokenSealError(f"a sealed value does not open ({context})") from error
+
+
+# --- sealed messages (quipu.contracts.sealed) ---------------------------------------------------------
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise BrokenSealError("a sealed message repeats a key")  # the key is input: not named
+    return value
+
+
+def message_context(clear: Mapping[str, Any]) -> str:
+    """The associated data of a sealed message: its clear fields as canonical JSON."""
+    return json.dumps(clear, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def seal_message(key: bytes, message: Mapping[str, Any], fields: frozenset[str]) -> bytes:
+    """The wire form of a message (its JSON object) with `fields` sealed under `key` in `sealed`."""
+    clear = {name: value for name, value in message.items() if name not in fields}
+    words = {name: value for name, value in message.items() if name in fields}
+    sealed = seal(key, json.dumps(words, separators=(",", ":")).encode(), message_context(clear))
+    return json.dumps({**clear, SEALED_FIELD: base64.b64encode(sealed).decode("ascii")}).encode()
+
+
+def sealed_parts(body: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """A sealed message's clear fields and sealed bytes; None for a plaintext message.
+
+    Raises BrokenSealError for a body that is not a JSON object with a well-formed `sealed`.
+    """
+    if SEALED_FIELD.encode() not in body:
+        return None  # the fast path: a plaintext message never mentions the field
+    try:
+        message = json.loads(body, object_pairs_hook=_refuse_duplicates)
+    except (ValueError, RecursionError):
+        return None  # not JSON at all: the payload decoder refuses it with its own reason
+    if not isinstance(message, dict) or SEALED_FIELD not in message:
+        return None
+    sealed = message.pop(SEALED_FIELD)
+    try:
+        return message, base64.b64decode(str(sealed).encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as error:
+        raise BrokenSealError("the sealed part is not padded base64") from error
+
+
+def open_message(key: bytes, clear: dict[str, Any], sealed: bytes) -> bytes:
+    """The plaintext JSON of a sealed message (OtherKeyError, BrokenSealError when it does not open)."""
+    try:
+        opened = open_sealed(key, sealed, message_context(clear))
+    except BrokenSealError:
+        # Not the context in the error: it is the message's clear part, and errors reach logs.
+        raise BrokenSealError("the sealed part does not open (altered, or moved)") from None
+    try:
+        words = json.loads(opened, object_pairs_hook=_refuse_duplicates)
+    except (ValueError, RecursionError) as error:
+        raise BrokenSealError("the sealed part is not a JSON object") from error
+    if not isinstance(words, dict) or words.keys() & clear.keys():
+        raise BrokenSealError("the sealed part of a message is not its word-carrying fields")
+    return json.dumps({**clear, **words}).encode()

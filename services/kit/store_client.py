@@ -12,6 +12,7 @@ attempt times out the caller gets UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import uuid
 from datetime import datetime
@@ -58,10 +59,24 @@ from quipu.contracts.store import (
     StartResult,
 )
 from quipu.contracts.topics import Topic
+from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
+from quipu.services.kit.keys import KeySettings, MessageSeals, current_sealing_for, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 
 logger = structlog.get_logger(__name__)
+
+
+def _erased_reply(value: bytes) -> StoreReply:
+    """The reply a caller gets when its reply was sealed under a key shredded since (a final error)."""
+    try:
+        correlation_id = str(json.loads(value).get("correlation_id", ""))
+    except (ValueError, AttributeError):
+        correlation_id = ""
+    error = StoreError(
+        ErrorCode.INVALID_ARGUMENT, "the reply is sealed under the key of a forgotten principal"
+    )
+    return StoreReply(correlation_id=correlation_id, error=error.to_body())
 
 
 async def partition_count(settings: KafkaSettings, topic: str, *, timeout_s: float = 10.0) -> int:
@@ -90,8 +105,13 @@ class KafkaStore:
         reply_timeout_s: float = 5.0,
         attempts: int = 3,
         tenant_id: str = "",
+        seals: MessageSeals | None = None,
     ) -> None:
+        """`seals` seal the commands that carry a principal's words and open sealed replies
+        (default: the key channel of `KeySettings()`, closed with this client)."""
         self._settings = settings
+        self._owns_seals = seals is None
+        self._seals = seals if seals is not None else message_seals(KeySettings())
         self._reply_timeout_s = reply_timeout_s
         self._attempts = attempts
         self._tenant_id = tenant_id
@@ -125,7 +145,7 @@ class KafkaStore:
             enable_idempotence=settings.enable_idempotence,
         )
         await self._producer.start()
-        self._commands = producer_publisher(self._producer, settings)
+        self._commands = producer_publisher(self._producer, settings, self._seals)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap,
             client_id=f"{settings.client_id}-store-replies",
@@ -171,6 +191,8 @@ class KafkaStore:
             await self._consumer.stop()
         if self._producer is not None:
             await self._producer.stop()
+        if self._owns_seals:
+            await self._seals.close()
 
     async def __aenter__(self) -> KafkaStore:
         await self.start()
@@ -185,13 +207,16 @@ class KafkaStore:
             batches = await self._consumer.getmany(timeout_ms=1000)
             for messages in batches.values():
                 for message in messages:
-                    self._resolve(message.value)
+                    await self._resolve(message.value or b"")
 
-    def _resolve(self, value: bytes | None) -> None:
+    async def _resolve(self, value: bytes) -> None:
         try:
-            reply = StoreReply.model_validate_json(value or b"")
-        except ValueError:
-            logger.warning("unreadable store reply skipped", value=(value or b"")[:200])
+            reply = StoreReply.model_validate_json(await self._seals.open(value))
+        except MessageErasedError:
+            reply = _erased_reply(value)
+        except (ValueError, PermanentError, RetryableError) as error:
+            # Never the value itself in the log: a reply may carry anyone's words.
+            logger.warning("unreadable store reply skipped", error=describe_error(error))
             return
         future = self._pending.get(reply.correlation_id)
         if future is not None and not future.done():
@@ -203,7 +228,11 @@ class KafkaStore:
             raise StoreError(ErrorCode.UNAVAILABLE, "store client not started")
         correlation_id = command.correlation_id or str(uuid.uuid4())
         command = command.model_copy(
-            update={"correlation_id": correlation_id, "tenant_id": command.tenant_id or self._tenant_id}
+            update={
+                "correlation_id": correlation_id,
+                "tenant_id": command.tenant_id or self._tenant_id,
+                "sealed_for": command.sealed_for or command.whose_words() or current_sealing_for(),
+            }
         )
         future: asyncio.Future[StoreReply] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
@@ -220,7 +249,7 @@ class KafkaStore:
     ) -> StoreReply:
         assert self._commands is not None
         # The reply route is this client's own partition; a resend is the same frozen command,
-        # so the same bytes.
+        # so the same bytes (sealed ones under a fresh nonce: the same plaintext).
         route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
         for _ in range(self._attempts):
             try:

@@ -8,8 +8,10 @@ from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.keys import KeyClient, KeySettings, MessageSeals
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from quipu.services.storage_owner import handlers
+from quipu.services.storage_owner.key_endpoint import KeyEndpoint
 from quipu.services.storage_owner.keys import parse_master_key
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
@@ -43,18 +45,23 @@ def create_app(
     owner: OwnerSettings | None = None,
     store: Store | None = None,
     memory: MemoryStore | None = None,
+    keys: KeySettings | None = None,
 ) -> FastStream:
     """The owner application; pass `store` (and `memory`) to serve other backends.
 
-    Without `memory`, the memory store is MongoDB's when `mongo` is given, else in memory.
+    Without `memory`, the memory store is MongoDB's when `mongo` is given, else in memory. With a
+    key token (`keys`, QUIPU_KEYS_TOKEN) the owner seals what it publishes and, on
+    `owner.keys_port`, serves the key endpoint; its own keys never leave its process otherwise.
     """
     owner = owner or OwnerSettings()
+    keys = keys or KeySettings()
     broker = make_broker(kafka, client_id=SERVICE)
 
-    delivery = broker_delivery(broker, kafka, attempts=owner.retry_attempts)
-
     deps = handlers.OwnerDeps(store=store, memory=memory)
-    consumer = handlers.register(broker, kafka, deps, delivery, owner)
+    seals = MessageSeals(KeyClient(deps, ttl_s=keys.cache_ttl_s) if keys.token else None)
+    delivery = broker_delivery(broker, kafka, attempts=owner.retry_attempts, opener=seals)
+    consumer = handlers.register(broker, kafka, deps, delivery, owner, seals)
+    endpoint: list[KeyEndpoint] = []
 
     opened: list[object] = []
 
@@ -71,12 +78,19 @@ def create_app(
             else:
                 deps.memory = await _open_mongo_memory(mongo, owner, deps.store)
                 opened.insert(0, deps.memory)  # closed before the client it may share
+        if keys.token is not None and owner.keys_port is not None:
+            served = KeyEndpoint(deps, keys.token.get_secret_value(), owner.keys_host, owner.keys_port)
+            await served.start()
+            endpoint.append(served)
 
     async def drain() -> None:
         # Before the broker stops: commands in flight can still reply and commit.
         await consumer.drain(owner.drain_grace_s)
 
     async def close_store() -> None:
+        for served in endpoint:
+            await served.stop()
+        endpoint.clear()
         for store_opened in opened:
             close = getattr(store_opened, "close", None)
             if close is not None:

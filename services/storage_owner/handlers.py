@@ -22,16 +22,20 @@ from faststream.kafka import KafkaBroker
 
 from quipu.contracts.commands import STRICT_COMMAND, StoreOperation, StoreReply
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
+from quipu.contracts.memory_commands import ForgetPrincipal
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, PermanentError
+from quipu.services.kit.keys import KeyUnavailableError, MessageSeals
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
 from quipu.services.storage_owner.logic import apply_command, correlation_of, reply_partition
+from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.settings import OwnerSettings
 
 _RECOUNT_AFTER_S = 5.0
@@ -43,6 +47,12 @@ class OwnerDeps:
 
     store: Store | None = None
     memory: MemoryStore | None = None
+
+    async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
+        """The owner's own key source (no channel in between): its memory store's keyring."""
+        if not isinstance(self.memory, MongoMemoryStore):
+            raise KeyUnavailableError("this owner keeps no data keys (its memory store is not MongoDB's)")
+        return await self.memory.data_key(whose, create=create)
 
     def opened_store(self) -> Store:
         """The store, once the lifespan has opened it."""
@@ -93,10 +103,14 @@ def register(
     deps: OwnerDeps,
     delivery: Delivery,
     owner: OwnerSettings,
+    seals: MessageSeals,
 ) -> ConcurrentConsumer:
-    """Subscribe the owner to `storage.commands`: sessions side by side, each session's in order."""
+    """Subscribe the owner to `storage.commands`: sessions side by side, each session's in order.
+
+    `delivery` opens sealed commands with `seals`, which also seal what the owner publishes.
+    """
     replies = RepliesTopic(settings)
-    publisher = broker_publisher(broker, settings)
+    publisher = broker_publisher(broker, settings, seals)
 
     async def on_command(message: ConsumedMessage) -> None:
         async def publish_reply(reply: StoreReply, partition: int | None) -> None:
@@ -110,6 +124,11 @@ def register(
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
             reply, announcements = await apply_command(deps.opened_store(), command, deps.memory)
+            if isinstance(command, ForgetPrincipal) and seals.keys is not None:
+                # This owner just shredded the key: its own cache lets go of it at once.
+                seals.keys.drop(
+                    SealedFor(tenant_id=command.scope.tenant_id, principal_id=command.scope.principal_id)
+                )
             await publish_reply(reply, partition)
             for announcement in announcements:
                 await publisher.publish(announcement)

@@ -32,6 +32,7 @@ from quipu.contracts.events import RUN_PHASE_CHANGED, RunEvent, RunPhase, Stream
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
 from quipu.contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations, DeleteFact
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store import CancellationReason, Record, StartOutcome, StartResult
 from quipu.contracts.store_operation import Backend
 from quipu.contracts.tools import TOOL_RESULT_RECORD
@@ -188,7 +189,12 @@ def memory_events_after_commit(command: StoreOperation, result: object) -> Seque
     elif isinstance(command, DeleteFact):
         assert isinstance(result, FactChanged)
         changes = [result]
-    return changes
+    return [change.model_copy(update=_sealed_for(change)) for change in changes]
+
+
+def _sealed_for(change: FactChanged) -> dict[str, SealedFor]:
+    """A fact's words are sealed under the key of the principal they are about."""
+    return {"sealed_for": SealedFor(tenant_id=change.scope.tenant_id, principal_id=change.scope.principal_id)}
 
 
 async def apply_command(
@@ -203,10 +209,16 @@ async def apply_command(
         result = await getattr(backend, command.method)(**command.arguments())
     except StoreRefusedError as error:
         return StoreReply(correlation_id=command.correlation_id, op=command.op, error=error.to_body()), []
-    reply = StoreReply(correlation_id=command.correlation_id, op=command.op, result=encode_result(result))
+    # What a sealed command carried is sealed again under the same key on the way back and out.
+    whose = command.sealed_for
+    reply = StoreReply(
+        correlation_id=command.correlation_id, op=command.op, result=encode_result(result), sealed_for=whose
+    )
     if memory_command:
         return reply, memory_events_after_commit(command, result)
-    return reply, events_after_commit(command, result)
+    return reply, [
+        event.model_copy(update={"sealed_for": whose}) for event in events_after_commit(command, result)
+    ]
 
 
 def correlation_of(body: bytes) -> str:

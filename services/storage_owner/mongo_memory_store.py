@@ -20,6 +20,7 @@ from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
@@ -124,6 +125,12 @@ class MongoMemoryStore(MemoryRules):
             lambda client: cls.open(
                 client, database, master_key=master_key, policy=policy, owns_client=True, clock=clock
             ),
+        )
+
+    async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
+        """The principal's data key (the owner's `KeySource`); None when they have none and not `create`."""
+        return await self.transactions.run_mongo(
+            lambda tx: tx.data_key(whose.tenant_id, whose.principal_id, create=create)
         )
 
     async def forget_principal(self, tenant_id: str, principal_id: str) -> int:

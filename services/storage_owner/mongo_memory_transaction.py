@@ -444,6 +444,13 @@ class MongoMemoryTransaction:
 
     # -- forgetting ----------------------------------------------------------------------------
 
+    async def data_key(self, tenant_id: str, principal_id: str, *, create: bool) -> bytes | None:
+        """The principal's data key (made when missing and `create`), for sealing topic messages."""
+        if create:
+            # Not fenced: key handouts must not conflict with the principal's own writes.
+            return await self._keys.writing_key(tenant_id, principal_id, fence=False)
+        return await self._keys.reading_key(tenant_id, principal_id)
+
     async def shred_key(self, tenant_id: str, principal_id: str) -> None:
         """Delete the principal's data key: every sealed text of theirs becomes unreadable."""
         await self._keys.shred(tenant_id, principal_id)

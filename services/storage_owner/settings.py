@@ -27,6 +27,18 @@ class OwnerSettings(ConsumerSettings):
             "which protects nothing against whoever reads the database."
         ),
     )
+    keys_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description=(
+            "Port of the key endpoint that hands the principals' data keys to services (it needs "
+            "QUIPU_KEYS_TOKEN); unset: none is served and the owner publishes its topics in plaintext."
+        ),
+    )
+    keys_host: str = Field(
+        default="127.0.0.1", description="Address the key endpoint listens on (the services' network)."
+    )
     max_in_flight: int = Field(
         default=8,
         ge=1,

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.contracts.memory import Fact, FactChanged, IndexEntry, MemoryScope
+from quipu.contracts.memory import Fact, IndexEntry, MemoryScope
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.ranking import build_index_entry
+from quipu.services.kit.sealing import SealError, sealed_parts
 from quipu.services.kit.settings import KafkaSettings
 
 
@@ -182,10 +184,13 @@ async def _caught_up(consumer: AIOKafkaConsumer, partitions: list[TopicPartition
 
 
 def _principal_of(value: bytes | None) -> Principal | None:
+    # The scope is in clear on a sealed change too (contracts.sealed): no key is needed to read it.
     try:
-        change = FactChanged.model_validate_json(value or b"")
-    except ValidationError:
+        parts = sealed_parts(value or b"")
+        change = parts[0] if parts is not None else json.loads(value or b"")
+        scope = MemoryScope.model_validate(change["scope"])
+    except (ValueError, KeyError, TypeError, RecursionError, SealError):
         return None
-    if not change.scope.principal_id:
+    if not scope.principal_id:
         return None
-    return Principal(tenant_id=change.scope.tenant_id, principal_id=change.scope.principal_id)
+    return Principal(tenant_id=scope.tenant_id, principal_id=scope.principal_id)

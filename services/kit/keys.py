@@ -1,0 +1,273 @@
+"""The principals' data keys as a service sees them, and the sealing of topic messages with them.
+
+    keys = KeyClient(HttpKeySource(settings))     # or the owner's own source, in its process
+    seals = MessageSeals(keys)
+    body = await seals.encode(event)              # sealed when `event.sealed_for` is set
+    plain = await seals.open(body)                # MessageErasedError: the principal was forgotten
+
+Keys come over a channel that keeps nothing: the storage owner answers `POST /v1/keys` directly
+(HTTP on the deployment's network, a service token), never through a topic or a log, and a key
+is held only in this process's memory for `KeySettings.cache_ttl_s`: one fetch per principal per
+TTL per process. A forget made by this process's owner drops the key at once (`KeyClient.drop`);
+one made elsewhere reaches this process's cache within the TTL, while the copies on topics are
+unreadable to everyone else at once (their key is gone from the owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from quipu.contracts.sealed import SEALED_FOR_FIELD, SealedFor
+from quipu.services.kit import sealing
+from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError
+
+KEYS_PATH = "/v1/keys"
+"""The owner's key endpoint."""
+
+
+class KeyUnavailableError(RetryableError):
+    """Raised when the key channel does not answer (the owner is away): try again later."""
+
+
+class UnsealableMessageError(PermanentError):
+    """Raised when a sealed message can never open here: altered, or no key channel configured."""
+
+
+class KeySettings(BaseSettings):
+    """Where a service asks for data keys (`QUIPU_KEYS_...`); no URL: messages are not sealed."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_KEYS_", frozen=True, extra="ignore")
+
+    url: str = Field(
+        default="",
+        description=(
+            "Base URL of the storage owner's key endpoint (http://owner:8711). Empty: this service "
+            "publishes its messages in plaintext and cannot open sealed ones."
+        ),
+    )
+    token: SecretStr | None = Field(
+        default=None, description="The service credential the key endpoint asks for (a Secret)."
+    )
+    cache_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a fetched key is kept in memory: how late a forget elsewhere reaches here.",
+    )
+    timeout_s: float = Field(default=5.0, gt=0, description="Longest wait for one key request.")
+
+
+class KeyRequest(BaseModel):
+    """A request to the key endpoint: whose data key, and whether to make one when there is none."""
+
+    tenant_id: str = Field(default="", description="Tenant of the principal.")
+    principal_id: str = Field(min_length=1, description="The principal.")
+    create: bool = Field(default=False, description="Make a key when the principal has none (a writer).")
+
+    def whose(self) -> SealedFor:
+        """The principal asked about."""
+        return SealedFor(tenant_id=self.tenant_id, principal_id=self.principal_id)
+
+
+class DataKey(BaseModel):
+    """The key endpoint's answer (never logged, never written anywhere)."""
+
+    key: str = Field(description="The data key, padded base64 of 32 bytes.")
+
+
+class KeySource(Protocol):
+    """Where data keys come from: the owner's keyring, or its endpoint."""
+
+    async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
+        """The principal's data key; None when they have none (forgotten, and `create` is false)."""
+        ...
+
+
+class HttpKeySource:
+    """The owner's key endpoint over HTTP; nothing of the exchange is kept or logged."""
+
+    def __init__(self, settings: KeySettings) -> None:
+        if not settings.url or settings.token is None:
+            raise ValueError("the key channel needs QUIPU_KEYS_URL and QUIPU_KEYS_TOKEN")
+        self._client = httpx.AsyncClient(
+            base_url=settings.url,
+            timeout=settings.timeout_s,
+            headers={"authorization": f"Bearer {settings.token.get_secret_value()}"},
+        )
+
+    async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
+        """Ask the owner; KeyUnavailableError when it does not answer as it should."""
+        request = KeyRequest(tenant_id=whose.tenant_id, principal_id=whose.principal_id, create=create)
+        try:
+            response = await self._client.post(
+                KEYS_PATH, content=request.model_dump_json(), headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as error:
+            raise KeyUnavailableError(f"the key endpoint did not answer ({type(error).__name__})") from error
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise KeyUnavailableError(f"the key endpoint answered {response.status_code}")
+        try:
+            return base64.b64decode(DataKey.model_validate_json(response.content).key, validate=True)
+        except (ValueError, binascii.Error) as error:
+            raise KeyUnavailableError("the key endpoint's answer is not a key") from error
+
+    async def close(self) -> None:
+        """Close the HTTP client."""
+        await self._client.aclose()
+
+
+class KeyClient:
+    """Data keys cached in memory for a short time, one fetch at a time per principal.
+
+    A missing key is never cached: a principal forgotten and then back (a new key) must not read
+    as erased for the length of a TTL.
+    """
+
+    def __init__(
+        self, source: KeySource, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.source = source
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._cached: dict[SealedFor, tuple[float, bytes]] = {}
+        self._fetching: dict[SealedFor, tuple[asyncio.Future[bytes | None], bool]] = {}
+
+    async def key(self, whose: SealedFor, *, create: bool = False, fresh: bool = False) -> bytes | None:
+        """The principal's data key (created when `create`); `fresh` skips the cache."""
+        cached = self._cached.get(whose)
+        if cached is not None and not fresh and self._clock() < cached[0]:
+            return cached[1]
+        while (pending := self._fetching.get(whose)) is not None:
+            # One fetch at a time per principal: a burst of messages costs one round trip.
+            future, creating = pending
+            key = await asyncio.shield(future)
+            if key is not None or creating or not create:
+                return key
+        fetch = asyncio.ensure_future(self._fetch(whose, create))
+        self._fetching[whose] = (fetch, create)
+        try:
+            return await asyncio.shield(fetch)
+        finally:
+            if self._fetching.get(whose, (None, False))[0] is fetch:
+                del self._fetching[whose]
+
+    async def _fetch(self, whose: SealedFor, create: bool) -> bytes | None:
+        key = await self.source.data_key(whose, create=create)
+        if key is None:
+            self._cached.pop(whose, None)
+        else:
+            self._cached[whose] = (self._clock() + self._ttl_s, key)
+        return key
+
+    def drop(self, whose: SealedFor) -> None:
+        """Forget the cached key (this process's owner just shredded it)."""
+        self._cached.pop(whose, None)
+
+
+class MessageSeals:
+    """Seals the messages a service publishes and opens the ones it consumes (quipu.contracts.sealed).
+
+    Without a `KeyClient` nothing is sealed, and a sealed message cannot be opened.
+    """
+
+    def __init__(self, keys: KeyClient | None) -> None:
+        self.keys = keys
+
+    @property
+    def sealing(self) -> bool:
+        """Whether this service has a key channel (and so seals what names a principal)."""
+        return self.keys is not None
+
+    async def close(self) -> None:
+        """Close the key channel's client, when it has one."""
+        close = getattr(self.keys.source if self.keys else None, "close", None)
+        if close is not None:
+            await close()
+
+    async def encode(self, message: BaseModel) -> bytes:
+        """The wire form of `message`: its words sealed when it names `sealed_for`, else plain JSON."""
+        whose: SealedFor | None = getattr(message, SEALED_FOR_FIELD, None)
+        fields: frozenset[str] = getattr(type(message), "sealed_field_names", frozenset)()
+        if whose is None or not fields or self.keys is None:
+            return message.model_dump_json().encode()
+        key = await self.keys.key(whose, create=True)
+        assert key is not None  # created when missing
+        return sealing.seal_message(key, message.model_dump(mode="json"), fields)
+
+    async def open(self, body: bytes) -> bytes:
+        """The plaintext JSON of a consumed message (a plaintext one is returned as it is).
+
+        MessageErasedError: sealed under a key that is gone. UnsealableMessageError: altered, or
+        this service has no key channel. KeyUnavailableError: the channel is away (retry).
+        """
+        try:
+            parts = sealing.sealed_parts(body)
+        except sealing.SealError as error:
+            raise UnsealableMessageError(str(error)) from error
+        if parts is None:
+            return body
+        clear, sealed = parts
+        if self.keys is None:
+            raise UnsealableMessageError("a sealed message, and no key channel configured (QUIPU_KEYS_URL)")
+        whose = _whose(clear)
+        key = await self.keys.key(whose)
+        for attempt in ("cached", "fresh"):
+            if key is None:
+                raise MessageErasedError("sealed under the key of a forgotten principal")
+            try:
+                return sealing.open_message(key, clear, sealed)
+            except sealing.OtherKeyError:
+                if attempt == "fresh":
+                    raise MessageErasedError("sealed under a key the principal no longer has") from None
+                # The cache may hold a key shredded since (and a new one made): ask once more.
+                key = await self.keys.key(whose, fresh=True)
+            except sealing.SealError as error:
+                raise UnsealableMessageError(str(error)) from error
+        raise AssertionError("unreachable")
+
+
+_SEALING_FOR: contextvars.ContextVar[SealedFor | None] = contextvars.ContextVar("sealing_for", default=None)
+
+
+@contextlib.contextmanager
+def sealing_for(tenant_id: str, principal_id: str) -> Iterator[None]:
+    """Within the block, storage commands that name no principal themselves (run records, reads of
+    a run) are sealed under this principal's key: the person whose run the service is working on."""
+    token = _SEALING_FOR.set(
+        SealedFor(tenant_id=tenant_id, principal_id=principal_id) if principal_id else None
+    )
+    try:
+        yield
+    finally:
+        _SEALING_FOR.reset(token)
+
+
+def current_sealing_for() -> SealedFor | None:
+    """The principal set by the innermost `sealing_for` block, if any."""
+    return _SEALING_FOR.get()
+
+
+def _whose(clear: dict[str, Any]) -> SealedFor:
+    try:
+        return SealedFor.model_validate(clear.get(SEALED_FOR_FIELD))
+    except ValueError as error:
+        raise UnsealableMessageError("a sealed message without a valid sealed_for") from error
+
+
+def message_seals(settings: KeySettings) -> MessageSeals:
+    """The seals of a service configured by `settings`: over HTTP when a URL is set, else none."""
+    if not settings.url:
+        return MessageSeals(None)
+    return MessageSeals(KeyClient(HttpKeySource(settings), ttl_s=settings.cache_ttl_s))

@@ -1,0 +1,129 @@
+"""The key channel and the owner's sealed topics: words on Kafka open only with their principal's key.
+
+A real owner (in this process) over the embedded broker and database serves its key endpoint on
+loopback; a store client fetches keys over HTTP like any service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+from pydantic import SecretStr
+
+from quipu.contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance
+from quipu.contracts.sealed import SealedFor
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.delivery import MessageErasedError
+from quipu.services.kit.keys import HttpKeySource, KeySettings, KeyUnavailableError, message_seals
+from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.storage_owner.settings import OwnerSettings
+from tests.integration.test_gateway_support import unique_name
+from tests.owner_support import every_record_on_topics, readable_anywhere
+from tests.timing import scaled
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "service-token-for-tests"
+ANA = MemoryScope(tenant_id="acme", principal_id="ana")
+ANA_KEY = SealedFor(tenant_id="acme", principal_id="ana")
+BEA = MemoryScope(tenant_id="acme", principal_id="bea")
+WORDS = "keeps her spare key under the blue flowerpot"
+BYSTANDER = "collects stamps from the Faroe Islands"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@dataclass
+class Sealed:
+    prefix: str
+    keys: KeySettings
+    memory: KafkaMemoryStore
+
+
+@asynccontextmanager
+async def sealed_deployment(stack: EmbeddedStack) -> AsyncIterator[Sealed]:
+    name = unique_name()
+    prefix = f"{name}."
+    kafka = stack.kafka_settings(topic_prefix=prefix)
+    port = free_port()
+    keys = KeySettings(url=f"http://127.0.0.1:{port}", token=SecretStr(TOKEN))
+    owner = create_owner(kafka, stack.mongo_settings(database=name), OwnerSettings(keys_port=port), keys=keys)
+    store = KafkaStore(kafka, reply_timeout_s=scaled(10.0), seals=message_seals(keys))
+    await create_topics(stack.bootstrap, prefix)
+    await owner.start()
+    await store.start()
+    try:
+        yield Sealed(prefix, keys, KafkaMemoryStore(store))
+    finally:
+        await store.stop()
+        await owner.stop()
+        with contextlib.suppress(Exception):
+            await delete_topics(stack.bootstrap, prefix)
+
+
+def fact(fact_id: str, text: str) -> FactOperation:
+    return FactOperation(
+        kind=FactOperationKind.NEW,
+        fact_id=fact_id,
+        text=text,
+        provenance=Provenance(session_id="s", turn_id="t"),
+    )
+
+
+async def test_the_key_endpoint_hands_a_key_to_a_service_token_only_and_none_after_forget(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        source = HttpKeySource(deployment.keys)
+        stranger = HttpKeySource(KeySettings(url=deployment.keys.url, token=SecretStr("guessed")))
+        try:
+            assert await source.data_key(ANA_KEY, create=False) is None
+            key = await source.data_key(ANA_KEY, create=True)
+            assert key is not None and len(key) == 32
+            assert await source.data_key(ANA_KEY, create=False) == key
+            with pytest.raises(KeyUnavailableError, match="401"):
+                await stranger.data_key(ANA_KEY, create=True)
+            await deployment.memory.forget_principal(ANA.tenant_id, ANA.principal_id)
+            assert await source.data_key(ANA_KEY, create=False) is None
+        finally:
+            await source.close()
+            await stranger.close()
+
+
+async def test_memory_words_travel_sealed_both_ways_and_are_erased_on_every_topic_by_forget(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        memory = deployment.memory
+        [created] = await memory.apply_fact_operations(ANA, [fact("f-1", WORDS)], "k-1")
+        await memory.apply_fact_operations(BEA, [fact("f-2", BYSTANDER)], "k-2")
+        assert created.text == WORDS  # the reply opened with the key fetched over HTTP
+        assert [found.text for found in await memory.list_facts(ANA)] == [WORDS]
+
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        changes = wire[deployment.prefix + Topic.MEMORY_CHANGES.value]
+        assert len(changes) == 2
+        assert readable_anywhere(wire, WORDS) == []
+        assert readable_anywhere(wire, BYSTANDER) == []
+
+        await memory.forget_principal(ANA.tenant_id, ANA.principal_id)
+        anyone = message_seals(deployment.keys)  # a consumer with an empty cache: any other process
+        opened = []
+        for record in changes:
+            with contextlib.suppress(MessageErasedError):
+                opened.append(await anyone.open(record.value or b""))
+        await anyone.close()
+        assert len(opened) == 1 and BYSTANDER.encode() in opened[0]
