@@ -33,7 +33,9 @@ class SealedFor(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tenant_id: str = Field(default="", description="Tenant of the principal (empty: the default tenant).")
-    principal_id: str = Field(min_length=1, description="The person whose words the message carries.")
+    principal_id: str = Field(
+        description="The person whose words the message carries (empty: no one, the message is not sealed)."
+    )
 
 
 def without_empty(value: SealedFor | None) -> bool:

@@ -200,7 +200,7 @@ class MessageSeals:
         """The wire form of `message`: its words sealed when it names `sealed_for`, else plain JSON."""
         whose: SealedFor | None = getattr(message, SEALED_FOR_FIELD, None)
         fields: frozenset[str] = getattr(type(message), "sealed_field_names", frozenset)()
-        if whose is None or not fields or self.keys is None:
+        if whose is None or not whose.principal_id or not fields or self.keys is None:
             return message.model_dump_json().encode()
         key = await self.keys.key(whose, create=True)
         assert key is not None  # created when missing
@@ -261,9 +261,12 @@ def current_sealing_for() -> SealedFor | None:
 
 def _whose(clear: dict[str, Any]) -> SealedFor:
     try:
-        return SealedFor.model_validate(clear.get(SEALED_FOR_FIELD))
+        whose = SealedFor.model_validate(clear.get(SEALED_FOR_FIELD))
     except ValueError as error:
         raise UnsealableMessageError("a sealed message without a valid sealed_for") from error
+    if not whose.principal_id:
+        raise UnsealableMessageError("a sealed message sealed for no one")
+    return whose
 
 
 def message_seals(settings: KeySettings) -> MessageSeals:
