@@ -116,7 +116,7 @@ def test_every_golden_command_passes_the_owners_strict_decoding(path: Path) -> N
     ids=["top level", "the op itself", "nested"],
 )
 def test_a_repeated_key_anywhere_is_refused(body: str) -> None:
-    assert STORE_COMMAND.validate_json(body), "the lenient decoding lets the last key win"
+    STORE_COMMAND.validate_json(body)  # the lenient decoding accepts it: the last key wins
     reason = _refusal(body)
     assert "repeats a key" in reason
     assert "s-2" not in reason and "principal_id" not in reason, "no input in the reason"
