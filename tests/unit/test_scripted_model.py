@@ -32,12 +32,8 @@ from quipu.services.domain.models.port import (
     ToolSpec,
     Usage,
 )
-from quipu.services.domain.models.scripted import (
-    NOTHING_TO_ANSWER,
-    ScriptedModel,
-    example_for_schema,
-    text_chunks,
-)
+from quipu.services.domain.models.schema_examples import example_for_schema
+from quipu.services.domain.models.scripted import NOTHING_TO_ANSWER, ScriptedModel, text_chunks
 from quipu.services.domain.transcript import (
     encode_anthropic_messages,
     validate_planner_transcript,
