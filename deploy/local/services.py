@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from quipu.deploy.local.stack import die_with_parent
+from quipu.deploy.local.processes import die_with_parent
 
 
 class ServiceProcess:

