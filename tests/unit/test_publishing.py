@@ -1,0 +1,102 @@
+"""TopicPublisher: a payload goes to the deployment's copy of its registry topic, with its registry
+key, and with only the routes its caller gives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel
+
+from quipu.contracts.commands import REPLY_PARTITION_HEADER, CreateSession, StoreReply
+from quipu.contracts.runs import CancelRun, RunRequested
+from quipu.contracts.tools import ToolCallRequested
+from quipu.contracts.topics import UnroutablePayloadError
+from quipu.contracts.wire import utc_now_ms
+from quipu.services.kit.publishing import TopicPublisher, producer_publisher
+from quipu.services.kit.settings import KafkaSettings
+
+SETTINGS = KafkaSettings(bootstrap="127.0.0.1:9", topic_prefix="t1-")
+
+
+@dataclass
+class Sent:
+    """What reached the producer, one tuple per record."""
+
+    records: list[tuple[str, bytes, bytes | None, int | None, dict[str, str]]] = field(default_factory=list)
+
+    async def __call__(
+        self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> None:
+        self.records.append((topic, body, key, partition, dict(headers)))
+
+
+async def _published(
+    message: BaseModel, **routes: Any
+) -> tuple[str, bytes, bytes | None, int | None, dict[str, str]]:
+    sent = Sent()
+    await TopicPublisher(SETTINGS, sent).publish(message, **routes)
+    [record] = sent.records
+    return record
+
+
+async def test_a_payload_goes_to_its_prefixed_topic_with_its_registry_key() -> None:
+    request = RunRequested(run_id="r-1", session_id="s-1", agent_id="a", text="hi")
+    assert await _published(request) == (
+        "t1-runs.requested",
+        request.model_dump_json().encode(),
+        b"s-1",
+        None,
+        {},
+    )
+    sessionless = CancelRun(run_id="r-2")
+    assert (await _published(sessionless))[::2] == ("t1-runs.control", b"r-2", {})
+    call = ToolCallRequested(run_id="r-3", session_id="s-3", agent_id="a", tool_use_id="u", tool_name="clock")
+    assert (await _published(call))[0::2] == ("t1-tools.calls", b"r-3", {})
+
+
+async def test_routes_come_only_from_the_caller() -> None:
+    reply = StoreReply(correlation_id="c-1")
+    assert (await _published(reply, partition=3))[2:] == (None, 3, {})
+    command = CreateSession(session_id="s-9", created_at=utc_now_ms())
+    routed = await _published(command, headers={REPLY_PARTITION_HEADER: "5"})
+    assert routed[0] == "t1-storage.commands" and routed[2:] == (b"s-9", None, {REPLY_PARTITION_HEADER: "5"})
+
+
+async def test_a_payload_no_topic_carries_is_never_sent() -> None:
+    class Stray(BaseModel):
+        run_id: str = "r"
+
+    sent = Sent()
+    with pytest.raises(UnroutablePayloadError):
+        await TopicPublisher(SETTINGS, sent).publish(Stray())
+    assert sent.records == []
+
+
+@dataclass
+class Producer:
+    """Stands in for AIOKafkaProducer.send_and_wait."""
+
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    async def send_and_wait(self, topic: str, value: bytes, **options: Any) -> None:
+        self.calls.append({"topic": topic, **options})
+
+
+async def test_on_a_producer_headers_travel_as_bytes_and_none_when_there_are_none() -> None:
+    producer = Producer()
+    publisher = producer_publisher(cast(AIOKafkaProducer, producer), SETTINGS)
+    await publisher.publish(CancelRun(run_id="r-1", session_id="s-1"))
+    await publisher.publish(StoreReply(correlation_id="c"), headers={REPLY_PARTITION_HEADER: "2"})
+    assert producer.calls == [
+        {"topic": "t1-runs.control", "key": b"s-1", "partition": None, "headers": None},
+        {
+            "topic": "t1-storage.replies",
+            "key": None,
+            "partition": None,
+            "headers": [(REPLY_PARTITION_HEADER, b"2")],
+        },
+    ]
