@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import structlog
+from aiokafka.errors import InvalidTopicError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 from pydantic import ValidationError
 
 from quipu.contracts.errors import QuipuError, StoreError, is_retryable
@@ -414,9 +415,24 @@ class Delivery:
         return False
 
 
+_REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError)
+"""What the broker (or the producer) would refuse again for the same record."""
+
+
+def broker_may_take_again(error: KafkaError) -> bool:
+    """Whether sending the same record again may work: yes, unless the record itself is refused.
+
+    aiokafka's own `retriable` flag is no guide: it says False for `KafkaTimeoutError` (no
+    metadata in time: the broker is away) and for `ProducerClosed` (shutting down).
+    """
+    return not isinstance(error, _REFUSED_FOR_GOOD)
+
+
 def _may_heal(error: BaseException) -> bool:
     """Whether trying the same letter again could work (a broker away, a timeout), or not (too big).
 
-    The publisher's errors are aiokafka's, unclassified: their own `retriable` flag says it.
+    A dead letter goes out through the raw producer, so its errors are aiokafka's own.
     """
-    return is_retryable(error) or bool(getattr(error, "retriable", False))
+    if isinstance(error, KafkaError):
+        return broker_may_take_again(error)
+    return is_retryable(error)

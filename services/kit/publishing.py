@@ -12,8 +12,7 @@ that nothing else in the services sends to Kafka.
 
 This is where aiokafka's errors meet Quipu's: the broker's refusal is a `PublishError`, retryable
 unless resending the same record must be refused the same way (too large, an invalid topic
-name). aiokafka's own `retriable` flag is no guide here: its `KafkaTimeoutError` (no metadata in
-time: the broker is away) says False, and so does `ProducerClosed` (shutting down).
+name; `broker_may_take_again`).
 """
 
 from __future__ import annotations
@@ -22,17 +21,15 @@ from collections.abc import Awaitable, Mapping
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import InvalidTopicError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
+from aiokafka.errors import KafkaError
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import spec_for
+from quipu.services.kit.delivery import broker_may_take_again
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
-
-_REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError)
-"""What the broker (or the producer) would refuse again for the same record."""
 
 
 class PublishError(QuipuError):
@@ -44,7 +41,7 @@ class PublishError(QuipuError):
     def __init__(self, topic: str, error: KafkaError) -> None:
         super().__init__(f"publishing to {topic} failed: {type(error).__name__}")
         self.topic = topic
-        self.retryable = not isinstance(error, _REFUSED_FOR_GOOD)
+        self.retryable = broker_may_take_again(error)
 
 
 class Send(Protocol):

@@ -34,7 +34,13 @@ from quipu.contracts.errors import (
 from quipu.contracts.runs import CancelRun
 from quipu.deploy.local.stack import StackError
 from quipu.services.domain.models.port import ModelError
-from quipu.services.kit.delivery import Delivery, PermanentError, RetryableError, RetryPolicy
+from quipu.services.kit.delivery import (
+    DeadLetterLimits,
+    Delivery,
+    PermanentError,
+    RetryableError,
+    RetryPolicy,
+)
 from quipu.services.kit.publishing import PublishError, TopicPublisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import ToolError
@@ -323,3 +329,22 @@ async def test_an_effect_whose_publish_meets_a_broker_blip_is_tried_again_not_de
     message = Consumed()
     await Delivery(dead_letter, RetryPolicy(attempts=3, base_delay_s=0.0)).handle(message, JOB, effect)
     assert (send.taken, letters, message.acked, message.nacked) == (["p.runs.control"], [], 1, 0)
+
+
+async def test_a_dead_letter_the_broker_did_not_take_in_time_is_sent_again_whole() -> None:
+    letters: list[tuple[bytes, dict[str, str]]] = []
+    failures = [KafkaTimeoutError()]  # aiokafka calls it not retriable; the broker was only slow
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        if failures:
+            raise failures.pop()
+        letters.append((body, headers))
+
+    async def effect(_: Job) -> None:
+        raise PermanentError("names no parent tool call")
+
+    message = Consumed(headers={"trace": "t-1"})
+    policy = RetryPolicy(attempts=1, base_delay_s=0.0)
+    await Delivery(dead_letter, policy, DeadLetterLimits(attempts=3)).handle(message, JOB, effect)
+    [(body, headers)] = letters
+    assert (body, headers["trace"], message.acked) == (message.body, "t-1", 1)
