@@ -33,12 +33,11 @@ from quipu.services.domain.memory.safety import (
     SensitiveCategory,
     filter_lines,
     fold,
-    iban_valid,
     is_rememberable,
-    luhn_valid,
-    nino_valid,
     sensitive_category,
 )
+from quipu.services.domain.memory.sensitive.national_ids import nino_valid
+from quipu.services.domain.memory.sensitive.payment import iban_valid, luhn_valid
 
 C = SensitiveCategory
 DATA = Path(__file__).parents[1] / "data"
