@@ -62,7 +62,8 @@ class MessageErasedError(QuipuError):
 class MessageOpener(Protocol):
     """Opens a sealed message body (quipu.services.kit.keys.MessageSeals); a plaintext one comes back as is.
 
-    Raises MessageErasedError (settled), PermanentError (dead-lettered), RetryableError (retried).
+    Raises MessageErasedError (settled), or another QuipuError: retried when it is retryable (the
+    key channel away), else dead-lettered as `unsealable`.
     """
 
     async def open(self, body: bytes, /) -> bytes:
@@ -325,13 +326,13 @@ class Delivery:
                 await self._tell_invalid(on_invalid, message.body, str(error), log)
                 await message.ack()
                 return None
-            except PermanentError as error:
-                log.warning("sealed message does not open", error=describe_error(error))
-                await self._tell_invalid(on_invalid, message.body, str(error), log)
-                await self.dead_letter(message, "unsealable", str(error), attempts=attempt)
-                await message.ack()
-                return None
-            except RetryableError as error:
+            except QuipuError as error:
+                if not error.retryable:
+                    log.warning("sealed message does not open", error=describe_error(error))
+                    await self._tell_invalid(on_invalid, message.body, str(error), log)
+                    await self.dead_letter(message, "unsealable", str(error), attempts=attempt)
+                    await message.ack()
+                    return None
                 log.info("key channel unavailable", attempt=attempt, error=describe_error(error))
                 if attempt < self._policy.attempts:
                     await asyncio.sleep(self._policy.delay(attempt))

@@ -348,3 +348,48 @@ async def test_a_dead_letter_the_broker_did_not_take_in_time_is_sent_again_whole
     await Delivery(dead_letter, policy, DeadLetterLimits(attempts=3)).handle(message, JOB, effect)
     [(body, headers)] = letters
     assert (body, headers["trace"], message.acked) == (message.body, "t-1", 1)
+
+
+class Opener:
+    """A message opener whose key channel fails with `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.tries = 0
+
+    async def open(self, body: bytes, /) -> bytes:
+        self.tries += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (StoreError(ErrorCode.UNAVAILABLE, "owner away"), True),
+        (RetryableError("the key channel is away"), True),
+        (StoreError(ErrorCode.INVALID_ARGUMENT, "no such key"), False),
+        (PermanentError("altered"), False),
+    ],
+    ids=["store unavailable", "retryable", "store refusal", "permanent"],
+)
+async def test_a_sealed_message_that_cannot_be_opened_yet_is_retried_as_the_error_says(
+    error: Exception, retried: bool
+) -> None:
+    letters: list[dict[str, str]] = []
+
+    async def dead_letter(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:
+        letters.append(headers)
+
+    opener = Opener(error)
+    message = Consumed()
+    delivery = Delivery(dead_letter, RetryPolicy(attempts=3, base_delay_s=0.0), opener=opener)
+    await delivery.handle(message, JOB, _never_called)
+    if retried:
+        assert (opener.tries, message.nacked, message.acked, letters) == (3, 1, 0, [])
+    else:
+        [letter] = letters
+        assert (opener.tries, message.acked, letter["x-dlq-reason"]) == (1, 1, "unsealable")
+
+
+async def _never_called(_: Job) -> None:
+    raise AssertionError("a message that did not open is never applied")
