@@ -4,6 +4,12 @@
 the MongoDB store differ only in how they load, save and list inside one atomic unit. Inside an
 operation every check runs before the first write, so a refused command writes nothing even
 where the backend could not roll back.
+
+One module of over 500 lines on purpose: it is one rule set, the state machine of sessions and
+runs (start, append, suspend, cancel, end, purge) that STORE_CONTRACT §6-§9 states, one method
+per operation over the same `_Writes` and the same small checks at the bottom. Read in one place
+it can be held against the contract section by section and against the one conformance suite
+that runs it over three stores; split, a rule and the check it relies on would sit apart.
 """
 
 from __future__ import annotations
