@@ -40,48 +40,23 @@ created beforehand, so every run is the same first turn): runs/s and p50/p99 und
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import cProfile
 import io
 import itertools
 import os
 import pstats
-import random
 import statistics
 import sys
 import time
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, cast
+from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
-from quipu.contracts.runs import RunRequested
-from quipu.contracts.store_operation import Backend, StoreOperation
-from quipu.contracts.topics import Topic
-from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.domain.memory.protocol import MemoryStore
-from quipu.services.domain.models.port import ModelClient, ModelRequest, ModelResponse, TextDelta
-from quipu.services.domain.models.scripted import ScriptedModel
-from quipu.services.domain.store.protocol import Store
+from bench.run_instruments import STARTED, Span, progress, quantile, to_ms
+from bench.run_system import Run, System, raw_hops, replay, started_system
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.kit.logging import configure_logging
-from quipu.services.kit.publishing import producer_publisher
-from quipu.services.kit.settings import KafkaSettings, ServiceSettings
-from quipu.services.kit.store_client import KafkaStore
-from quipu.services.planner.app import create_app as create_planner
-from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
-from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
-from quipu.services.storage_owner.mongo_store import MongoStore
-from quipu.services.tool_executor.app import create_app as create_executor
+from quipu.services.kit.settings import ServiceSettings
 
-TEXT = "calculate 6*7"
 WARMUP_RUNS = 5
 SEQUENTIAL_RUNS = 40
 REPLAYED_RUNS = 20
@@ -90,7 +65,6 @@ RUNS_PER_SESSION = 2
 RAW_HOPS = 150
 IDLE_GAP_S = 0.020
 IDLE_CPU_S = 2.0
-RUN_TIMEOUT_S = 300.0
 
 DEFINITIONS = """\
 run_overhead     publish RunRequested -> the run's terminal `workflow` event read on runs.events
@@ -105,368 +79,6 @@ store op         the runs' own commands (20 runs) replayed one at a time on Mong
                  MongoMemoryStore (fresh database, same server)
 raw_hops_p50_ms  H x p50(raw hop) + sum over the N commands of p50(that operation, replayed)
 ratio            run_overhead_p50 / raw_hops_p50 (target <= 1.5)"""
-
-_STARTED = [time.perf_counter()]
-
-
-def _progress(step: str) -> None:
-    print(f"  [{time.perf_counter() - _STARTED[0]:6.1f} s] {step} done", file=sys.stderr, flush=True)
-
-
-def _ms(seconds: float) -> float:
-    return seconds * 1000.0
-
-
-def _p(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of `values`, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-# --- instruments ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Span:
-    """One timed call (perf_counter seconds); `command` is kept for the planner's commands."""
-
-    op: str
-    started: float
-    ended: float
-    command: StoreOperation | None = None
-
-    @property
-    def duration(self) -> float:
-        return self.ended - self.started
-
-
-class TimedKafkaStore(KafkaStore):
-    """The planner's store client: every command it sends (runtime or memory) is timed and kept."""
-
-    def __init__(self, settings: KafkaSettings, **options: Any) -> None:
-        super().__init__(settings, **options)
-        self.spans: list[Span] = []
-
-    async def call(self, command: StoreOperation) -> Any:
-        started = time.perf_counter()
-        try:
-            return await super().call(command)
-        finally:
-            self.spans.append(Span(type(command).method, started, time.perf_counter(), command))
-
-
-class TimedBackend:
-    """A proxy around the owner's MongoStore or MongoMemoryStore: every operation is timed."""
-
-    def __init__(self, inner: Any, spans: list[Span]) -> None:
-        self._inner = inner
-        self._spans = spans
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._inner, name)
-        if name.startswith("_") or not asyncio.iscoroutinefunction(attribute):
-            return attribute
-
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return await attribute(*args, **kwargs)
-            finally:
-                self._spans.append(Span(name, started, time.perf_counter()))
-
-        return timed
-
-
-class TimedModel:
-    """The scripted model, timed; the planner's publishes of answer text (`on_text`) timed apart."""
-
-    def __init__(self, inner: ModelClient) -> None:
-        self._inner = inner
-        self.name = inner.name
-        self.spans: list[Span] = []
-        self.publishes: list[Span] = []
-
-    async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
-        timed_on_text = None
-        if on_text is not None:
-            callback = on_text
-
-            async def timed_on_text(text: str) -> None:
-                started = time.perf_counter()
-                await callback(text)
-                self.publishes.append(Span("on_text", started, time.perf_counter()))
-
-        started = time.perf_counter()
-        try:
-            return await self._inner.complete(request, timed_on_text)
-        finally:
-            self.spans.append(Span("complete", started, time.perf_counter()))
-
-    async def count_tokens(self, request: ModelRequest) -> int:
-        started = time.perf_counter()
-        try:
-            return await self._inner.count_tokens(request)
-        finally:
-            self.spans.append(Span("count_tokens", started, time.perf_counter()))
-
-
-class TerminalWatcher:
-    """Reads every partition of runs.events (no group); resolves a future per run at its end."""
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self._settings = settings
-        self._topic = settings.topic_prefix + Topic.RUNS_EVENTS.value
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._ends: dict[str, asyncio.Future[float]] = {}
-
-    async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._settings.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
-        )
-        await self._consumer.start()
-        numbers = await _partitions(self._consumer, self._topic)
-        partitions = [TopicPartition(self._topic, number) for number in sorted(numbers)]
-        self._consumer.assign(partitions)
-        await self._consumer.seek_to_beginning(*partitions)  # a fresh topic: nothing old to skip
-        self._task = asyncio.create_task(self._read())
-
-    def expect(self, run_id: str) -> asyncio.Future[float]:
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._ends[run_id] = future
-        return future
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=1000)
-            now = time.perf_counter()
-            for records in batches.values():
-                for record in records:
-                    event = RunEvent.model_validate_json(record.value or b"")
-                    if event.type is StreamEventType.WORKFLOW and RunPhase(event.payload["phase"]).terminal:
-                        future = self._ends.pop(event.run_id, None)
-                        if future is not None and not future.done():
-                            future.set_result(now)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    for _ in range(50):
-        numbers = consumer.partitions_for_topic(topic)
-        if numbers:
-            return set(numbers)
-        await consumer._client.force_metadata_update()
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"topic {topic} does not exist")
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _stack_pids(stack: EmbeddedStack) -> dict[str, int]:
-    pids: dict[str, int] = {}
-    for pid in stack.pids:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            pids["tansu" if b"tansu" in cmdline.read() else "secantusdb"] = pid
-    return pids
-
-
-# --- the system ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """One run as the bench saw it (perf_counter seconds)."""
-
-    run_id: str
-    session_id: str
-    published: float
-    ended: float
-
-    @property
-    def seconds(self) -> float:
-        return self.ended - self.published
-
-
-@dataclass
-class System:
-    settings: KafkaSettings
-    producer: AIOKafkaProducer
-    setup_store: KafkaStore
-    planner_store: TimedKafkaStore
-    owner_spans: list[Span]
-    model: TimedModel
-    watcher: TerminalWatcher
-    pids: dict[str, int]
-    session_created: dict[str, datetime] = field(default_factory=dict)
-
-    async def new_session(self) -> str:
-        session_id = "s-" + uuid.uuid4().hex[:12]
-        created = utc_now_ms()
-        await self.setup_store.create_session(session_id, created)
-        self.session_created[session_id] = created
-        return session_id
-
-    async def run(self, session_id: str) -> Run:
-        """One run in `session_id`, from publishing its request to reading its terminal event."""
-        request = RunRequested(
-            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id="assistant", text=TEXT
-        )
-        end = self.watcher.expect(request.run_id)
-        published = time.perf_counter()
-        await producer_publisher(self.producer, self.settings).publish(request)
-        return Run(request.run_id, session_id, published, await asyncio.wait_for(end, RUN_TIMEOUT_S))
-
-    def cpu(self) -> dict[str, float]:
-        return {name: _cpu_s(pid) for name, pid in self.pids.items()}
-
-
-def _producer(settings: KafkaSettings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap,
-        acks=settings.acks,
-        enable_idempotence=settings.enable_idempotence,
-    )
-
-
-@contextlib.asynccontextmanager
-async def _system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"rb{uuid.uuid4().hex[:8]}."
-    database = prefix.rstrip(".")
-    await create_topics(stack.bootstrap, prefix)
-    settings = stack.kafka_settings(topic_prefix=prefix)
-    mongo = await MongoStore.connect(stack.mongo_uri, database)
-    memory = await MongoMemoryStore.open(mongo.client, database)
-    owner_spans: list[Span] = []
-    owner = create_owner(
-        settings,
-        store=cast(Store, TimedBackend(mongo, owner_spans)),
-        memory=cast(MemoryStore, TimedBackend(memory, owner_spans)),
-    )
-    planner_store = TimedKafkaStore(settings, reply_timeout_s=10.0)
-    model = TimedModel(ScriptedModel())
-    planner = create_planner(settings, deps=PlannerDeps(store=planner_store, model=model))
-    executor = create_executor(settings)
-    setup_store = KafkaStore(settings, reply_timeout_s=10.0)
-    producer = _producer(settings)
-    watcher = TerminalWatcher(settings)
-    await owner.start()
-    await planner_store.start()
-    await setup_store.start()
-    await asyncio.gather(planner.start(), executor.start(), producer.start(), watcher.start())
-    pids = {"bench": os.getpid(), **_stack_pids(stack)}
-    try:
-        yield System(settings, producer, setup_store, planner_store, owner_spans, model, watcher, pids)
-    finally:
-        await watcher.stop()
-        await producer.stop()
-        await planner.stop()
-        await executor.stop()
-        await planner_store.stop()
-        await setup_store.stop()
-        await owner.stop()
-        await mongo.drop_database()
-        await memory.close()
-        await mongo.close()
-        await delete_topics(stack.bootstrap, prefix)
-
-
-# --- raw hops and store operations -----------------------------------------------------------------
-
-
-async def _raw_hops(settings: KafkaSettings, count: int, idle_s: float) -> list[float]:
-    """Produce -> consume round trips (seconds) on a topic of their own, the services' settings."""
-    name = settings.topic_prefix + "bench.raw-hops"
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-    await admin.start()
-    try:
-        if name not in await admin.list_topics():
-            await admin.create_topics([NewTopic(name, 1, 1)])
-    finally:
-        await admin.close()
-    producer = _producer(settings)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
-    await producer.start()
-    await consumer.start()
-    partition = TopicPartition(name, 0)
-    await _partitions(consumer, name)
-    consumer.assign([partition])
-    await consumer.seek_to_end(partition)
-    await consumer.position(partition)
-    waiting: dict[bytes, asyncio.Future[float]] = {}
-
-    async def read() -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            now = time.perf_counter()
-            for records in batches.values():
-                for record in records:
-                    future = waiting.pop(record.value or b"", None)
-                    if future is not None and not future.done():
-                        future.set_result(now)
-
-    reader = asyncio.create_task(read())
-    samples: list[float] = []
-    try:
-        for index in range(count + 5):
-            if idle_s:
-                await asyncio.sleep(random.uniform(0, idle_s))
-            value = f"{uuid.uuid4().hex}-{index}".encode()
-            future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-            waiting[value] = future
-            started = time.perf_counter()
-            await producer.send_and_wait(name, value)
-            received = await asyncio.wait_for(future, 30.0)
-            if index >= 5:
-                samples.append(received - started)
-    finally:
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
-        await consumer.stop()
-        await producer.stop()
-    return samples
-
-
-async def _replay(uri: str, paths: list[tuple[Run, list[Span]]], system: System) -> dict[str, list[float]]:
-    """Each run's commands again, one at a time, on the owner's backends over a fresh database."""
-    database = f"bench_replay_{uuid.uuid4().hex[:8]}"
-    store = await MongoStore.connect(uri, database)
-    memory = await MongoMemoryStore.open(store.client, database)
-    durations: dict[str, list[float]] = defaultdict(list)
-    try:
-        for run, spans in paths:
-            await store.create_session(run.session_id, system.session_created[run.session_id])
-            for span in spans:
-                assert span.command is not None
-                backend: object = memory if span.command.backend is Backend.MEMORY else store
-                started = time.perf_counter()
-                await getattr(backend, span.command.method)(**span.command.arguments())
-                durations[span.op].append(time.perf_counter() - started)
-    finally:
-        await store.drop_database()
-        await memory.close()
-        await store.close()
-    return durations
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -529,8 +141,8 @@ async def _concurrent(system: System) -> Concurrent:
         {name: after[name] - before[name] for name in after},
         sum(planner) / wall,
         sum(owner) / wall,
-        _ms(statistics.mean(planner)),
-        _ms(statistics.mean(owner)),
+        to_ms(statistics.mean(planner)),
+        to_ms(statistics.mean(owner)),
     )
 
 
@@ -615,7 +227,7 @@ def _breakdown(system: System, paths: list[tuple[Run, list[Span]]]) -> dict[str,
         rows["  answer-text publishes (awaited)"].append(publishes)
         rows["  planner, other"].append(sum(gaps) - tool - model)
         rows["terminal command -> event"].append(end - last.started)
-    return {name: _ms(statistics.mean(values)) for name, values in rows.items()}
+    return {name: to_ms(statistics.mean(values)) for name, values in rows.items()}
 
 
 async def measure_runs(profile: bool = False) -> dict[str, float]:
@@ -623,24 +235,24 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
     # The services' INFO lines (one per tool call) would bury the figures; WARNING keeps errors.
     configure_logging(ServiceSettings(log_level="WARNING"))
     print(DEFINITIONS)
-    _STARTED[0] = time.perf_counter()
+    STARTED[0] = time.perf_counter()
     load = [os.getloadavg()[0]]
     with EmbeddedStack() as stack:
-        async with _system(stack) as system:
+        async with started_system(stack) as system:
             for _ in range(WARMUP_RUNS):
                 await system.run(await system.new_session())
             idle = await _idle_cpu(system)
-            _progress("warm-up runs")
-            hops_idle = await _raw_hops(system.settings, RAW_HOPS, IDLE_GAP_S)
-            hops_back_to_back = await _raw_hops(system.settings, RAW_HOPS, 0.0)
-            _progress("raw hops")
+            progress("warm-up runs")
+            hops_idle = await raw_hops(system.settings, RAW_HOPS, IDLE_GAP_S)
+            hops_back_to_back = await raw_hops(system.settings, RAW_HOPS, 0.0)
+            progress("raw hops")
             sequential = await _sequential(system, SEQUENTIAL_RUNS)
             paths = _paths(system, sequential.runs)
-            _progress("sequential runs")
-            replayed = await _replay(stack.mongo_uri, paths[:REPLAYED_RUNS], system)
-            _progress("commands replayed")
+            progress("sequential runs")
+            replayed = await replay(stack.mongo_uri, paths[:REPLAYED_RUNS], system)
+            progress("commands replayed")
             concurrent = await _concurrent(system)
-            _progress(f"{SESSIONS} sessions")
+            progress(f"{SESSIONS} sessions")
             load.append(os.getloadavg()[0])
             if profile:
                 await _profiled(system)
@@ -659,21 +271,21 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
     _print_details(system, breakdown, sequential, op_p50, path_ops, shapes, concurrent, idle, hop_p50, hops)
     runs = len(concurrent.latencies)
     return {
-        "run_overhead_p50_ms": _ms(p50),
-        "run_overhead_p99_ms": _ms(_p(latencies, 0.99)),
-        "raw_hops_p50_ms": _ms(raw),
+        "run_overhead_p50_ms": to_ms(p50),
+        "run_overhead_p99_ms": to_ms(quantile(latencies, 0.99)),
+        "raw_hops_p50_ms": to_ms(raw),
         "run_overhead_vs_hops_ratio": p50 / raw,
         "runs_per_s_50_sessions": runs / concurrent.wall_s,
-        "run_overhead_p50_ms_50_sessions": _ms(statistics.median(concurrent.latencies)),
-        "run_overhead_p99_ms_50_sessions": _ms(_p(concurrent.latencies, 0.99)),
+        "run_overhead_p50_ms_50_sessions": to_ms(statistics.median(concurrent.latencies)),
+        "run_overhead_p99_ms_50_sessions": to_ms(quantile(concurrent.latencies, 0.99)),
         "run_store_ops_on_path": float(len(shape)),
         "run_kafka_hops_on_path": float(hops),
-        "raw_hop_p50_ms": _ms(hop_p50),
-        "raw_hop_p99_ms": _ms(_p(hops_idle, 0.99)),
-        "raw_hop_back_to_back_p50_ms": _ms(statistics.median(hops_back_to_back)),
-        "raw_store_ops_on_path_p50_ms": _ms(store_floor),
-        "run_cpu_ms_bench_process": _ms(sequential.cpu_s["bench"] / len(latencies)),
-        "run_cpu_ms_bench_process_50_sessions": _ms(concurrent.cpu_s["bench"] / runs),
+        "raw_hop_p50_ms": to_ms(hop_p50),
+        "raw_hop_p99_ms": to_ms(quantile(hops_idle, 0.99)),
+        "raw_hop_back_to_back_p50_ms": to_ms(statistics.median(hops_back_to_back)),
+        "raw_store_ops_on_path_p50_ms": to_ms(store_floor),
+        "run_cpu_ms_bench_process": to_ms(sequential.cpu_s["bench"] / len(latencies)),
+        "run_cpu_ms_bench_process_50_sessions": to_ms(concurrent.cpu_s["bench"] / runs),
         "run_idle_cpu_pct_bench_process": 100 * idle["bench"],
         "run_bench_load_avg_1m": max(load),
     }
@@ -695,7 +307,7 @@ def _print_details(
     print(f"\none sequential run, mean of each span (ms); {commands} commands on the path:")
     for name, value in breakdown.items():
         print(f"  {name:44s} {value:8.1f}")
-    hop = _ms(hop_p50)
+    hop = to_ms(hop_p50)
     print(f"  (raw hop p50 {hop:.2f} ms; x {hops // 2 - 2} steps but the last: {hop * (hops // 2 - 2):.1f})")
     owner_ops = statistics.median(
         len(_within(system.owner_spans, run.published, run.ended)) for run in sequential.runs
@@ -706,12 +318,12 @@ def _print_details(
         print(f"  {seen}: {' '.join(order)}")
     print("commands replayed on the backends, p50 ms x count on the most common path:")
     for op, count in sorted(path_ops.items()):
-        print(f"  {op:44s} {_ms(op_p50[op]):8.2f} x {count}")
+        print(f"  {op:44s} {to_ms(op_p50[op]):8.2f} x {count}")
     runs = len(concurrent.latencies)
     count = len(sequential.runs)
     print("CPU: idle share of a core | ms per run sequential | ms per run, 50 sessions:")
     for name in sequential.cpu_s:
-        per_run = (_ms(sequential.cpu_s[name] / count), _ms(concurrent.cpu_s[name] / runs))
+        per_run = (to_ms(sequential.cpu_s[name] / count), to_ms(concurrent.cpu_s[name] / runs))
         print(f"  {name:44s} {idle[name]:6.0%} | {per_run[0]:8.1f} | {per_run[1]:8.1f}")
     print(
         f"50 sessions: {runs} runs in {concurrent.wall_s:.1f} s; planner commands in flight "
