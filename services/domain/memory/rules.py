@@ -49,11 +49,10 @@ from quipu.services.domain.memory.transaction import (
 from quipu.services.domain.memory.validation import (
     MAX_HISTORY_PAGE,
     check_operations,
-    require_id,
-    require_millisecond,
     require_principal,
     require_results,
 )
+from quipu.services.domain.store.validation import require_id, require_millisecond
 
 USER_DELETE_PREFIX = "user-delete/"
 

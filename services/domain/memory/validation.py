@@ -1,32 +1,20 @@
-"""The shape checks of memory commands and their limits: INVALID_ARGUMENT, before any I/O."""
+"""The shape checks of memory commands and their limits: INVALID_ARGUMENT, before any I/O.
+
+Identifiers and timestamps are checked as the runtime store checks them (`store.validation`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from quipu.contracts.errors import invalid
 from quipu.contracts.memory import FactOperation, FactOperationKind, MemoryScope
-from quipu.contracts.wire import has_sub_millisecond
+from quipu.services.domain.store.validation import require_id
 
 MAX_HISTORY_PAGE = 500
 MAX_SEARCH_RESULTS = 100
 MAX_FACT_TEXT = 2000
 MAX_OPERATIONS = 100
-
-
-def require_id(name: str, value: str) -> None:
-    """Identifiers are non-empty strings."""
-    if not value:
-        raise invalid(f"{name} is required")
-
-
-def require_millisecond(name: str, value: datetime) -> None:
-    """MongoDB keeps milliseconds: finer precision is refused, never truncated."""
-    if value.tzinfo is None:
-        raise invalid(f"{name} must carry a UTC offset")
-    if has_sub_millisecond(value):
-        raise invalid(f"{name} has sub-millisecond precision")
 
 
 def require_principal(scope: MemoryScope) -> None:
