@@ -9,6 +9,7 @@ always a value a producer could send.
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
@@ -106,6 +107,7 @@ def _field(info: FieldInfo) -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
 def models(model: type[ModelT]) -> st.SearchStrategy[ModelT]:
     """Instances of `model`, every field generated (defaults are one value among many)."""
     fields = {name: _field(info) for name, info in model.model_fields.items()}

@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from quipu.contracts.events import RunEvent
@@ -39,40 +40,34 @@ def _id(entry: tuple[TopicSpec[Any], type[BaseModel]]) -> str:
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=_id)
+@SAMPLES
+@given(data=st.data())
 def test_every_payload_the_registry_names_round_trips_and_routes_to_its_topic(
-    entry: tuple[TopicSpec[Any], type[BaseModel]],
+    entry: tuple[TopicSpec[Any], type[BaseModel]], data: st.DataObject
 ) -> None:
     spec, model = entry
-
-    @SAMPLES
-    @given(models(model))
-    def check(payload: BaseModel) -> None:
-        decoded = spec.adapter.validate_json(payload.model_dump_json())
-        assert type(decoded) is model and decoded == payload
-        assert spec_for(payload) is spec
-
-    check()
+    payload = data.draw(models(model))
+    decoded = spec.adapter.validate_json(payload.model_dump_json())
+    assert type(decoded) is model and decoded == payload
+    assert spec_for(payload) is spec
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=_id)
+@SAMPLES
+@given(data=st.data())
 def test_every_key_function_is_total_and_survives_the_wire(
-    entry: tuple[TopicSpec[Any], type[BaseModel]],
+    entry: tuple[TopicSpec[Any], type[BaseModel]], data: st.DataObject
 ) -> None:
     spec, model = entry
-
-    @SAMPLES
-    @given(models(model))
-    def check(payload: BaseModel) -> None:
-        key = spec.key_for(payload)
-        # Only a reply leaves its partition to the producer (the route its command names).
-        assert isinstance(key, bytes) if spec.topic is not Topic.STORAGE_REPLIES else key is None
-        # A consumer that re-keys what it read (a DLQ replay, a retry) computes the same key.
-        assert spec.key_for(spec.adapter.validate_json(payload.model_dump_json())) == key
-        partition_key = getattr(payload, "partition_key", None)
-        if partition_key is not None:
-            assert key == partition_key().encode(), "the model's own partition_key() agrees"
-
-    check()
+    payload = data.draw(models(model))
+    key = spec.key_for(payload)
+    # Only a reply leaves its partition to the producer (the route its command names).
+    assert isinstance(key, bytes) if spec.topic is not Topic.STORAGE_REPLIES else key is None
+    # A consumer that re-keys what it read (a DLQ replay, a retry) computes the same key.
+    assert spec.key_for(spec.adapter.validate_json(payload.model_dump_json())) == key
+    partition_key = getattr(payload, "partition_key", None)
+    if partition_key is not None:
+        assert key == partition_key().encode(), "the model's own partition_key() agrees"
 
 
 def test_a_payload_no_topic_carries_is_refused() -> None:
