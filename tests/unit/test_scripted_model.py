@@ -269,6 +269,60 @@ def test_an_object_result_without_a_main_member_is_json() -> None:
     assert texts(response) == ['The notes says {"saved":true,"key":"a"}.']
 
 
+# --- your own tools: arguments fitted to their schemas -----------------------------------------------
+
+
+class Forecast(BaseModel):
+    """Arguments of a user's tool."""
+
+    model_config = {"extra": "forbid"}
+
+    city: str = Field(min_length=2, max_length=40)
+    days: int = Field(ge=1, le=7)
+    units: Literal["C", "F"] = "C"
+
+
+WEATHER = ToolSpec("weather", "The forecast for a city.", Forecast.model_json_schema())
+PING = ToolSpec("ping", "Answers pong.", {"type": "object", "properties": {}, "additionalProperties": False})
+SHIPPED = [ToolSpec(name, "A shipped tool.", {"type": "object"}) for name in ("calculator", "notes")]
+
+
+def test_an_offered_tool_of_yours_is_called_with_arguments_that_fit_its_schema() -> None:
+    response = answer("hello", tools=[*SHIPPED, WEATHER, PING])
+    assert response.stop_reason is StopReason.TOOL_USE
+    assert texts(response) == ["Calling weather, ping."]
+    [weather, ping] = [part for part in response.parts if isinstance(part, ToolUsePart)]
+    Forecast.model_validate(weather.input)
+    assert (weather.name, ping.name, ping.input) == ("weather", "ping", {})
+    assert SAFE_ID.fullmatch(weather.id) and weather.id != ping.id
+    # A retried step asks for the very same calls; another step for other arguments.
+    assert answer("hello", tools=[*SHIPPED, WEATHER, PING]) == response
+    others = [uses(answer("hello", tools=[WEATHER], call_key=f"run-1:{step}")) for step in range(2, 12)]
+    assert len({json.dumps(call, sort_keys=True) for call in others}) > 1
+
+
+def test_a_tool_the_text_names_is_the_one_called() -> None:
+    def called(text: str) -> list[str]:
+        return [name for name, _ in uses(answer(text, tools=[WEATHER, PING]))]
+
+    assert called("check the weather please") == ["weather"]
+    assert called("weathering") == ["weather", "ping"]  # a whole word only
+
+
+def test_the_phrase_rules_still_win_and_shipped_tools_alone_leave_the_echo() -> None:
+    assert uses(answer("calculate 2+2", tools=[*SHIPPED, WEATHER])) == [("calculator", {"expression": "2+2"})]
+    assert texts(answer("my name is Ana", tools=[WEATHER])) == ["You told me your name is Ana."]
+    assert texts(answer("hello", tools=SHIPPED))[0].startswith('You said: "hello".')
+
+
+def test_the_results_of_your_tools_get_the_usual_answer() -> None:
+    call = answer("hello", tools=[WEATHER])
+    [use] = [part for part in call.parts if isinstance(part, ToolUsePart)]
+    result = user(ToolResultPart(tool_use_id=use.id, content={"answer": "sunny"}))
+    final = ScriptedModel().respond(request(said("hello"), assistant(*call.parts), result, tools=[WEATHER]))
+    assert texts(final) == ["The weather says sunny."]
+
+
 # --- thinking and streaming -----------------------------------------------------------------------
 
 

@@ -45,8 +45,14 @@ Rules, first match wins:
    tool uses (several clauses make one parallel group), stop reason `tool_use`.
 6. **No command**: "what is my X" is answered from the fenced memory block of the system prompt
    (`From an earlier conversation: ...`, or `I don't know your X yet.`); "my X is Y" is said back
-   (`You told me your X is Y.`; the fact extractor may keep it as a fact); anything else is an echo,
-   `You said: "<text>". ...`, with a hint of one phrase per command family (`HINT_PHRASES`).
+   (`You told me your X is Y.`; the fact extractor may keep it as a fact).
+7. **Any other tool** (your own): when the request offers tools these rules do not know (not the
+   shipped four, not an `*_agent`), the model calls them as pydantic-ai's `TestModel` does: the
+   ones the text names (as a whole word), else every one, once each, with arguments drawn to fit
+   the tool's JSON schema (`fitting.fitting_value`, seeded by the tool-use id, so a retried step
+   asks for the very same call). Their results then get the answer of rule 4.
+8. Anything else is an echo, `You said: "<text>". ...`, with a hint of one phrase per command
+   family (`HINT_PHRASES`).
 
 Tool-use ids are `toolu_` + 24 hex digits of SHA-256 over the call key (or, without one, over
 the transcript) and the tool use's position: stable across retries, unique across steps.
@@ -84,6 +90,7 @@ from quipu.services.domain.models.estimate import (
     estimate_parts_tokens,
     estimate_request_tokens,
 )
+from quipu.services.domain.models.fitting import fitting_value
 from quipu.services.domain.models.port import (
     ModelRequest,
     ModelResponse,
@@ -105,6 +112,9 @@ ASK_USER_TOOL = "ask_user"
 DEFAULT_AGENT_TOOL = "math_agent"
 AGENT_TOOL_SUFFIX = "_agent"
 """A tool whose name ends with this is taken for an agent-as-tool by `delegate`."""
+
+PHRASE_TOOLS = frozenset({CALCULATOR_TOOL, CLOCK_TOOL, NOTES_TOOL, ASK_USER_TOOL})
+"""The tools the phrase rules call; any other offered tool is called with schema-fitted arguments."""
 
 NOTHING_TO_ANSWER = "I have nothing to answer yet."
 STREAM_CHUNKS = 3
@@ -149,11 +159,7 @@ class ScriptedModel:
         """Answer `request` and stream its text parts through `on_text`."""
         self.requests.append(request)
         response = self.respond(request)
-        if on_text is not None:
-            for part in response.parts:
-                if isinstance(part, TextPart):
-                    for chunk in text_chunks(part.text):
-                        await on_text(chunk)
+        await stream_text(response, on_text)
         return response
 
     async def count_tokens(self, request: ModelRequest) -> int:
@@ -236,14 +242,46 @@ def _rule_answer(request: ModelRequest) -> tuple[list[Part], StopReason]:
     offered = {tool.name for tool in request.tools}
     if offered:
         calls = [(name, arguments) for name, arguments in calls if name in offered]
-    if not calls:
-        return [TextPart(text=_plain_answer(request.system, text))], StopReason.END_TURN
-    names = ", ".join(dict.fromkeys(name for name, _ in calls))
-    uses: list[Part] = [
-        ToolUsePart(id=tool_use_id(request, position), name=name, input=arguments)
-        for position, (name, arguments) in enumerate(calls)
-    ]
+    if calls:
+        return _calling(
+            [
+                ToolUsePart(id=tool_use_id(request, position), name=name, input=arguments)
+                for position, (name, arguments) in enumerate(calls)
+            ]
+        )
+    answer = _plain_answer(request.system, text)
+    if answer is not None:
+        return [TextPart(text=answer)], StopReason.END_TURN
+    uses = _fitted_uses(request, _unknown_tools(request.tools, text))
+    if uses:
+        return _calling(uses)
+    return [TextPart(text=_echo(text))], StopReason.END_TURN
+
+
+def _fitted_uses(request: ModelRequest, tools: Sequence[ToolSpec]) -> list[ToolUsePart]:
+    """One use of each tool, its input drawn to fit the tool's schema (seeded by the use's id)."""
+    uses = []
+    for position, tool in enumerate(tools):
+        use_id = tool_use_id(request, position)
+        arguments = fitting_value(tool.input_schema, seed=use_id)
+        uses.append(
+            ToolUsePart(id=use_id, name=tool.name, input=arguments if isinstance(arguments, dict) else {})
+        )
+    return uses
+
+
+def _calling(uses: list[ToolUsePart]) -> tuple[list[Part], StopReason]:
+    names = ", ".join(dict.fromkeys(use.name for use in uses))
     return [TextPart(text=f"Calling {names}."), *uses], StopReason.TOOL_USE
+
+
+def _unknown_tools(tools: Sequence[ToolSpec], text: str) -> list[ToolSpec]:
+    """The offered tools no phrase calls: those the text names, else all of them."""
+    unknown = [
+        tool for tool in tools if tool.name not in PHRASE_TOOLS and not tool.name.endswith(AGENT_TOOL_SUFFIX)
+    ]
+    named = [tool for tool in unknown if re.search(rf"(?<![\w-]){re.escape(tool.name)}(?![\w-])", text)]
+    return named or unknown
 
 
 _ASK_AGENT = re.compile(r"\bask the\s+([A-Za-z0-9_-]+)\s*(.*)", re.IGNORECASE | re.DOTALL)
@@ -324,13 +362,13 @@ _MI_COSA_ES = re.compile(
 )
 
 
-def _plain_answer(system: str, text: str) -> str:
-    """A text with no command: a question about the user, a fact about them, or an echo."""
+def _plain_answer(system: str, text: str) -> str | None:
+    """A text with no command: a question about the user or a fact about them, else None."""
     if question := _WHAT_IS_MY.search(text):
         return _from_memory(system, question.group(1))
     if told := _MY_THING_IS.findall(text):
         return _acknowledge(told)
-    return _echo(text)
+    return None
 
 
 def _from_memory(system: str, topic: str) -> str:
@@ -456,6 +494,16 @@ def _thinking(request: ModelRequest, parts: list[Part]) -> ThinkingPart:
     basis = request.call_key or hashlib.sha256(encode_messages(request.messages)).hexdigest()
     signature = "scripted-" + hashlib.sha256(f"{basis}#thinking".encode()).hexdigest()[:32]
     return ThinkingPart(text=f"Scripted reasoning: answer with {kinds}.", signature=signature, final=True)
+
+
+async def stream_text(response: ModelResponse, on_text: TextDelta | None) -> None:
+    """Stream the response's text parts through `on_text` in a few chunks, as a model streams them."""
+    if on_text is None:
+        return
+    for part in response.parts:
+        if isinstance(part, TextPart):
+            for chunk in text_chunks(part.text):
+                await on_text(chunk)
 
 
 def text_chunks(text: str, count: int = STREAM_CHUNKS) -> list[str]:
