@@ -17,7 +17,7 @@ from pydantic import Field, StringConstraints, model_validator
 from quipu.contracts.tools import AwaitInput, AwaitKind
 from quipu.services.domain.calculator import Number, calculate
 from quipu.services.domain.tool_catalog import ToolArguments, ToolCatalog, ToolDefinition
-from quipu.tools import tool
+from quipu.tools import Toolset, tool
 
 CURRENT_TIME = "current_time"
 CALCULATOR = "calculator"
@@ -124,6 +124,9 @@ DEFAULT_TOOLS: tuple[ToolDefinition, ...] = (
 """The tools the tool executor ships with."""
 
 
-def default_catalog() -> ToolCatalog:
-    """A new catalog holding the shipped tools (each call a new one: registering agent-tools is local)."""
-    return ToolCatalog(DEFAULT_TOOLS)
+def default_catalog(*toolsets: Toolset) -> ToolCatalog:
+    """A new catalog of the shipped tools and then the tools of `toolsets` (each call a new one:
+    registering agent-tools is local); a toolset's tool named like another is a ValueError."""
+    return ToolCatalog(
+        [*DEFAULT_TOOLS, *(definition for toolset in toolsets for definition in toolset.definitions())]
+    )

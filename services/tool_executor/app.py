@@ -16,7 +16,7 @@ from quipu.services.tool_executor import handlers
 from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
 from quipu.services.tool_executor.logic import CompletedCalls, ToolRunner
 from quipu.services.tool_executor.settings import ToolExecutorSettings
-from quipu.tools import ToolImplementation
+from quipu.tools import ToolImplementation, Toolset
 
 SERVICE = "tool-executor"
 
@@ -28,6 +28,14 @@ class ToolExecutorDeps:
     catalog: ToolCatalog = field(default_factory=default_catalog)
     implementations: Mapping[str, ToolImplementation] = field(default_factory=default_implementations)
     completed_calls: CompletedCalls | None = None
+
+    @classmethod
+    def serving(cls, *toolsets: Toolset, completed_calls: CompletedCalls | None = None) -> ToolExecutorDeps:
+        """The shipped tools and those of `toolsets` (your own `@tool` functions)."""
+        implementations = dict(default_implementations())
+        for toolset in toolsets:
+            implementations.update(toolset.implementations())
+        return cls(default_catalog(*toolsets), implementations, completed_calls)
 
 
 def create_app(
