@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +53,9 @@ class RunRequested(Envelope):
     )
     max_tokens: int | None = Field(default=None, description="Output-token budget of the whole run.")
 
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"text", "answer"})
+    """What the user said or answered; kind, ids, labels and budgets stay in clear."""
+
     def partition_key(self) -> str:
         """Everything about one session goes to one partition; sessionless runs by run id."""
         return self.session_id or self.run_id
@@ -77,3 +80,6 @@ class TurnCompleted(Envelope):
     principal_id: str = Field(default="", description="The person the turn belongs to.")
     user_text: str = Field(description="What the user said, word for word.")
     assistant_text: str = Field(description="What the agent answered, word for word (no tool traffic).")
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"user_text", "assistant_text"})
+    """The turn's words; ids stay in clear."""

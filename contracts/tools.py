@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,9 @@ class ToolCallRequested(Envelope):
     tool_name: str = Field(description="Registered tool to run.")
     input: dict[str, Any] = Field(default_factory=dict, description="Arguments the model gave.")
     timeout_s: float | None = Field(default=None, description="Deadline override; the tool's own if unset.")
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"input"})
+    """The model's arguments may quote the user; the tool's name and ids stay in clear."""
 
 
 class AwaitKind(StrEnum):
@@ -61,6 +64,9 @@ class ToolCallCompleted(Envelope):
         default=None, description="Set when the tool needs outside input: the run suspends."
     )
     duration_ms: float = Field(default=0.0, description="How long the tool ran.")
+
+    sealed_fields: ClassVar[frozenset[str]] = frozenset({"content", "awaiting"})
+    """What the tool returned or asks; the tool's name, ids, error flag and duration stay in clear."""
 
     def partition_key(self) -> str:
         """Results go with their session, like everything else about it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -516,6 +517,14 @@ async def assert_sessions_hold_exactly_their_records(store: KafkaStore, plans: l
         if (await store.load_run(session.run.run_id)).status.value != "completed":
             problems.append(f"{session.run.run_id}: not completed")
     assert not problems, f"{len(problems)} sessions wrong:\n" + "\n".join(problems)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for a server a test starts next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 # --- everything on the wire -------------------------------------------------------------------

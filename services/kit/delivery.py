@@ -24,6 +24,7 @@ by `describe_error` (a validation error's field paths and error kinds, never its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -37,7 +38,9 @@ from aiokafka.errors import InvalidTopicError, KafkaError, MessageSizeTooLargeEr
 from pydantic import ValidationError
 
 from quipu.contracts.errors import QuipuError, StoreError, is_retryable
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.topics import dead_letter_topic
+from quipu.services.kit.sealing import sealing_as
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -276,9 +279,12 @@ class Delivery:
             await self.dead_letter(message, "invalid_payload", detail, attempts=0)
             await message.ack()
             return
+        # What the effect writes about a sealed message is sealed for the same principal.
+        whose = getattr(payload, "sealed_for", None)
         for attempt in range(1, self._policy.attempts + 1):
             try:
-                await effect(payload)
+                with sealing_as(whose) if isinstance(whose, SealedFor) else contextlib.nullcontext():
+                    await effect(payload)
             except Exception as error:
                 if not is_retryable(error):
                     await self._give_up(message, error, attempt, log)

@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
-import contextvars
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
@@ -31,6 +29,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from quipu.contracts.sealed import SEALED_FOR_FIELD, SealedFor
 from quipu.services.kit import sealing
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError
+from quipu.services.kit.sealing import current_sealing_for
 
 KEYS_PATH = "/v1/keys"
 """The owner's key endpoint."""
@@ -198,13 +197,17 @@ class MessageSeals:
 
     async def encode(self, message: BaseModel) -> bytes:
         """The wire form of `message`: its words sealed when it names `sealed_for`, else plain JSON."""
-        whose: SealedFor | None = getattr(message, SEALED_FOR_FIELD, None)
         fields: frozenset[str] = getattr(type(message), "sealed_field_names", frozenset)()
-        if whose is None or not whose.principal_id or not fields or self.keys is None:
+        if not fields or self.keys is None:
+            return message.model_dump_json().encode()
+        # A message that names no one is sealed for the principal the service is working for.
+        whose: SealedFor | None = getattr(message, SEALED_FOR_FIELD, None) or current_sealing_for()
+        if whose is None or not whose.principal_id:
             return message.model_dump_json().encode()
         key = await self.keys.key(whose, create=True)
         assert key is not None  # created when missing
-        return sealing.seal_message(key, message.model_dump(mode="json"), fields)
+        encoded = message.model_dump(mode="json")
+        return sealing.seal_message(key, {**encoded, SEALED_FOR_FIELD: whose.model_dump()}, fields)
 
     async def open(self, body: bytes) -> bytes:
         """The plaintext JSON of a consumed message (a plaintext one is returned as it is).
@@ -236,27 +239,6 @@ class MessageSeals:
             except sealing.SealError as error:
                 raise UnsealableMessageError(str(error)) from error
         raise AssertionError("unreachable")
-
-
-_SEALING_FOR: contextvars.ContextVar[SealedFor | None] = contextvars.ContextVar("sealing_for", default=None)
-
-
-@contextlib.contextmanager
-def sealing_for(tenant_id: str, principal_id: str) -> Iterator[None]:
-    """Within the block, storage commands that name no principal themselves (run records, reads of
-    a run) are sealed under this principal's key: the person whose run the service is working on."""
-    token = _SEALING_FOR.set(
-        SealedFor(tenant_id=tenant_id, principal_id=principal_id) if principal_id else None
-    )
-    try:
-        yield
-    finally:
-        _SEALING_FOR.reset(token)
-
-
-def current_sealing_for() -> SealedFor | None:
-    """The principal set by the innermost `sealing_for` block, if any."""
-    return _SEALING_FOR.get()
 
 
 def _whose(clear: dict[str, Any]) -> SealedFor:

@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import contextvars
 import functools
 import hashlib
 import hmac
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from quipu.contracts.errors import QuipuError
-from quipu.contracts.sealed import SEALED_FIELD
+from quipu.contracts.sealed import SEALED_FIELD, SealedFor
 
 VERSION = 1
 KEY_BYTES = 32
@@ -150,3 +152,34 @@ def open_message(key: bytes, clear: dict[str, Any], sealed: bytes) -> bytes:
     if not isinstance(words, dict) or words.keys() & clear.keys():
         raise BrokenSealError("the sealed part of a message is not its word-carrying fields")
     return json.dumps({**clear, **words}).encode()
+
+
+# --- whose words a service is working on --------------------------------------------------------
+
+
+_SEALING_FOR: contextvars.ContextVar[SealedFor | None] = contextvars.ContextVar("sealing_for", default=None)
+
+
+@contextlib.contextmanager
+def sealing_for(tenant_id: str, principal_id: str) -> Iterator[None]:
+    """Within the block, storage commands that name no principal themselves (run records, reads of
+    a run) are sealed under this principal's key: the person whose run the service is working on."""
+    token = _SEALING_FOR.set(
+        SealedFor(tenant_id=tenant_id, principal_id=principal_id) if principal_id else None
+    )
+    try:
+        yield
+    finally:
+        _SEALING_FOR.reset(token)
+
+
+@contextlib.contextmanager
+def sealing_as(whose: SealedFor | None) -> Iterator[None]:
+    """`sealing_for` with the principal a consumed message was sealed for (None: no one)."""
+    with sealing_for(whose.tenant_id if whose else "", whose.principal_id if whose else ""):
+        yield
+
+
+def current_sealing_for() -> SealedFor | None:
+    """The principal set by the innermost `sealing_for` block, if any."""
+    return _SEALING_FOR.get()

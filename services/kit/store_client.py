@@ -60,8 +60,9 @@ from quipu.contracts.store import (
 )
 from quipu.contracts.topics import Topic
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
-from quipu.services.kit.keys import KeySettings, MessageSeals, current_sealing_for, message_seals
+from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
+from quipu.services.kit.sealing import current_sealing_for
 from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 
 logger = structlog.get_logger(__name__)
@@ -125,7 +126,12 @@ class KafkaStore:
 
     @classmethod
     def for_service(
-        cls, settings: KafkaSettings, client: StoreClientSettings, *, tenant_id: str = ""
+        cls,
+        settings: KafkaSettings,
+        client: StoreClientSettings,
+        *,
+        tenant_id: str = "",
+        seals: MessageSeals | None = None,
     ) -> KafkaStore:
         """A client that waits for replies and resends as the service's store settings say."""
         return cls(
@@ -133,6 +139,7 @@ class KafkaStore:
             reply_timeout_s=client.store_reply_timeout_s,
             attempts=client.store_attempts,
             tenant_id=tenant_id,
+            seals=seals,
         )
 
     async def start(self) -> None:

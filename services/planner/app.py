@@ -12,6 +12,7 @@ from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.keys import KeySettings, message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
@@ -68,7 +69,9 @@ def create_app(
     check_timeouts(kafka, settings)
     broker = make_broker(kafka, client_id=SERVICE)
 
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
+    # Runs carry their principal's words: what the planner reads and writes is sealed under their key.
+    seals = message_seals(KeySettings())
+    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts, opener=seals)
     holder = handlers.PlannerHolder()
     consumers = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or PlannerDeps()
@@ -78,12 +81,12 @@ def create_app(
         # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
         store = given.store
         if store is None:
-            client = KafkaStore.for_service(kafka, settings)
+            client = KafkaStore.for_service(kafka, settings, seals=seals)
             await client.start()
             opened.append(client)
             store = client
         publisher = PublishedTurns(
-            broker_publisher(broker, kafka), turns_per_session=max(1, settings.history_messages // 2)
+            broker_publisher(broker, kafka, seals), turns_per_session=max(1, settings.history_messages // 2)
         )
         context: ContextSource
         if given.context is not None:
@@ -117,6 +120,7 @@ def create_app(
         for client in opened:
             await client.stop()
         opened.clear()
+        await seals.close()
         holder.planner = None
 
     return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

@@ -17,8 +17,10 @@ from pydantic import TypeAdapter
 from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.topics import Topic
+from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.adapters import ignoring_erased_runs
 from quipu.services.planner.orchestrator import Planner
@@ -54,7 +56,8 @@ def register(
     """Subscribe the planner to its three topics, each with its own consumer group."""
 
     async def run_requested(request: RunRequested) -> None:
-        with ignoring_erased_runs(request.run_id):
+        principal = run_sealing_principal(request.principal_id, request.session_id, request.run_id)
+        with ignoring_erased_runs(request.run_id), sealing_for(request.tenant_id, principal):
             await holder.get().on_run_requested(request)
 
     async def cancel(request: CancelRun) -> None:
@@ -62,6 +65,7 @@ def register(
             await holder.get().on_cancel(request)
 
     async def tool_result(completed: ToolCallCompleted) -> None:
+        # Sealed for the run's principal (the call was): Delivery runs this under their key.
         with ignoring_erased_runs(completed.run_id):
             await holder.get().on_tool_result(completed)
 

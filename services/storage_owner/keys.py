@@ -26,7 +26,6 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.memory.context import history_principal
 
 KEYS = "memory_keys"
 """The collection of wrapped data keys (its name predates run-record sealing)."""
@@ -56,13 +55,6 @@ def digest(*parts: str) -> str:
 def key_id(tenant_id: str, principal_id: str) -> str:
     """The `_id` of a principal's key document (a hash: the id itself is not kept in clear there)."""
     return digest("key", tenant_id, principal_id)
-
-
-def sealing_principal(principal_id: str, session_id: str, run_id: str) -> str:
-    """Whose key seals a run's records: its principal, else its session's anonymous one, else the run's."""
-    if principal_id or session_id:
-        return history_principal(principal_id, session_id)
-    return f"run:{run_id}"
 
 
 @functools.lru_cache(maxsize=4096)

@@ -50,9 +50,10 @@ from pymongo.errors import DuplicateKeyError
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, Record
 from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.store.state import RunState, SessionState, StoreTransaction
 from quipu.services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
-from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, sealing_principal
+from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys
 from quipu.services.storage_owner.mongo import Document, TransactionLoop, TransactionPolicy, WriteRaceError
 
 T = TypeVar("T")
@@ -91,7 +92,7 @@ def _run_state(document: Document, checkpoint: Checkpoint | None) -> RunState:
 
 def _owner(run: RunState) -> tuple[str, str]:
     """(tenant, principal) whose data key seals the run's texts."""
-    return run.tenant_id, sealing_principal(run.principal_id, run.session_id, run.run_id)
+    return run.tenant_id, run_sealing_principal(run.principal_id, run.session_id, run.run_id)
 
 
 def _record_context(run_id: str, event_key: str) -> str:
@@ -238,7 +239,7 @@ class MongoTransaction:
         checkpoint = None
         if sealed is not None:
             if "principal_id" in document:
-                principal_id = sealing_principal(
+                principal_id = run_sealing_principal(
                     document["principal_id"], document["session_id"], document["run_id"]
                 )
                 key = await self._keys.reading_key(document["tenant_id"], principal_id)

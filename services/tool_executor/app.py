@@ -11,6 +11,7 @@ from faststream import FastStream
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.keys import KeySettings, message_seals
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
 from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
@@ -58,11 +59,13 @@ def create_app(
     # The pid in the client id tells the copies apart in the broker's view of the group.
     broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
 
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
-    calls = handlers.register(broker, kafka, settings, runner, delivery)
+    # A call's input and its result are the run's principal's words: sealed under their key.
+    seals = message_seals(KeySettings())
+    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts, opener=seals)
+    calls = handlers.register(broker, kafka, settings, runner, delivery, seals)
 
     async def drain() -> None:
         # Before the broker stops: calls in flight can still publish and commit.
         await calls.drain(settings.drain_grace_s)
 
-    return FastStream(broker, on_shutdown=[drain])
+    return FastStream(broker, on_shutdown=[drain], after_shutdown=[seals.close])

@@ -31,6 +31,7 @@ from quipu.contracts.topics import Topic
 from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery, PermanentError
+from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.logging import bound_ids, get_logger
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
@@ -69,7 +70,7 @@ class CallAnswerer:
             if result is None:
                 logger.info("tool call canceled with its run")
                 return
-            await self._publish(result)
+            await self._publish(result)  # sealed for the call's principal (Delivery's sealing_as)
             logger.info(
                 "tool call completed",
                 is_error=result.is_error,
@@ -90,9 +91,11 @@ def register(
     settings: ToolExecutorSettings,
     runner: ToolRunner,
     delivery: Delivery,
+    seals: MessageSeals | None = None,
 ) -> ConcurrentConsumer:
-    """Subscribe the executor to `tools.calls` (its group) and `runs.control` (every partition)."""
-    publisher = broker_publisher(broker, kafka)
+    """Subscribe the executor to `tools.calls` (its group) and `runs.control` (every partition);
+    `seals` seal each result for the principal its call was sealed for."""
+    publisher = broker_publisher(broker, kafka, seals)
 
     # A broker briefly away is a retryable PublishError: the delivery tries again (the tool is not
     # run again, its result is kept).

@@ -9,6 +9,7 @@ from faststream import FastStream
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import ModelClient
 from quipu.services.kit.broker import broker_delivery, make_broker
+from quipu.services.kit.keys import KeySettings, message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.transcript_recorder import adapters, handlers
@@ -37,7 +38,8 @@ def create_app(
         raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
     broker = make_broker(kafka, client_id=SERVICE)
 
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
+    seals = message_seals(KeySettings())  # the turns on history.turns are sealed for their principal
+    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts, opener=seals)
     holder = handlers.RecorderHolder()
     consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or RecorderDeps()
@@ -68,6 +70,7 @@ def create_app(
         for client in opened:
             await client.stop()
         opened.clear()
+        await seals.close()
         holder.recorder = None
 
     return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])

@@ -109,6 +109,7 @@ if __name__ == "__main__":
     raise SystemExit(0)
 
 from aiokafka import ConsumerRecord  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
 
 from quipu.contracts.events import RunEvent, StreamEventType  # noqa: E402
 from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted  # noqa: E402
@@ -119,9 +120,10 @@ from quipu.contracts.transcript import Message, ToolResultPart, ToolUsePart  # n
 from quipu.contracts.wire import utc_now_ms  # noqa: E402
 from quipu.deploy.local.services import ServiceProcess  # noqa: E402
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics  # noqa: E402
+from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals  # noqa: E402
 from quipu.services.kit.store_client import KafkaStore  # noqa: E402
 from quipu.services.planner.adapters import load_records  # noqa: E402
-from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving  # noqa: E402
+from tests.owner_support import Owner, RawPublisher, TopicReader, free_port, wait_until_serving  # noqa: E402
 from tests.support.gateway_keys import TestKeys  # noqa: E402
 from tests.timing import scaled  # noqa: E402
 
@@ -217,6 +219,8 @@ class Deployment:
     log_dir: Path
     tool_delays: Mapping[str, float] = field(default_factory=dict)
     with_gateway: bool = False
+    sealed: bool = False
+    """Every service seals its topics under the principals' keys, fetched from the owner's key endpoint."""
     environment: dict[str, str] = field(default_factory=dict)
     journal: Path = field(init=False)
     owner: Owner = field(init=False)
@@ -227,6 +231,8 @@ class Deployment:
     gateway_url: str = ""
     gateway_headers: dict[str, str] = field(default_factory=dict)
     store: KafkaStore = field(init=False)
+    keys: KeySettings = field(init=False)
+    seals: MessageSeals = field(init=False)
     events: TopicReader = field(init=False)
     turns: TopicReader = field(init=False)
     results: TopicReader = field(init=False)
@@ -247,9 +253,23 @@ class Deployment:
             DELAYS_ENV: json.dumps(dict(self.tool_delays)),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
         }
+        keys = KeySettings(url="")
+        if self.sealed:
+            port, token = free_port(), "e2e-" + uuid.uuid4().hex
+            keys = KeySettings(url=f"http://127.0.0.1:{port}", token=SecretStr(token))
+            self.environment |= {"QUIPU_KEYS_URL": keys.url, "QUIPU_KEYS_TOKEN": token}
         self.owner = Owner(self.stack, self.prefix, self.database, self.log_dir / "owner.log")
+        if self.sealed:
+            self.owner.environment |= {
+                "QUIPU_KEYS_TOKEN": self.environment["QUIPU_KEYS_TOKEN"],
+                "QUIPU_OWNER_KEYS_PORT": keys.url.rsplit(":", 1)[1],
+            }
+        self.keys = keys
+        self.seals = message_seals(keys)
         self.store = KafkaStore(
-            self.stack.kafka_settings(topic_prefix=self.prefix), reply_timeout_s=scaled(10.0)
+            self.stack.kafka_settings(topic_prefix=self.prefix),
+            reply_timeout_s=scaled(10.0),
+            seals=self.seals,
         )
         self.events = TopicReader(self.stack.bootstrap, self.prefix + Topic.RUNS_EVENTS.value)
         self.turns = TopicReader(self.stack.bootstrap, self.prefix + Topic.HISTORY_TURNS.value)
@@ -288,6 +308,7 @@ class Deployment:
             self.results.stop,
             self.publisher.__aexit__,
             self.store.stop,
+            self.seals.close,
         ]
         for close in closers:
             with contextlib.suppress(Exception):

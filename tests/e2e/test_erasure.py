@@ -4,29 +4,40 @@ Real service processes (owner, planner, tool executor, transcript recorder) on t
 broker and database. A person says a phrase in one turn (the scripted model echoes it, so their
 model's answer carries it too) and has a second turn suspended on a question that repeats
 another phrase (it rests in the checkpoint). Then the principal is forgotten through the owner,
-as `quipu memory forget` does, and the test searches every collection of the database and every
-service's log for either phrase: nothing readable. A bystander in another session keeps every
-word. (The Kafka topics still carry the words until their retention: see the README.)
+as `quipu memory forget` does, and the test searches every collection of the database, every
+record of every topic (dead-letter topics included: keys, values and headers, opened with the
+principals' keys wherever a message is sealed) and every service's log for either phrase: nothing
+readable. A bystander in another session keeps every word.
+
+The services seal their topics (the owner's key endpoint hands out the keys), except the client
+that publishes the turns here: a plain producer of runs.requested, whose plaintext the README
+bounds by that topic's retention. Its two requests are left out of the topic search by offset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
+from aiokafka import ConsumerRecord
 
-from quipu.contracts.events import StreamEventType
+from quipu.contracts.errors import StoreError
 from quipu.contracts.runs import RunRequested
+from quipu.contracts.store import RunStatus
 from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import TranscriptErasedError
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.kit.delivery import MessageErasedError, PermanentError
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.sealing import sealing_for
 from tests.e2e.agent_support import Deployment, eventually
-from tests.owner_support import client_on, resting_bytes
+from tests.owner_support import client_on, every_record_on_topics, readable_anywhere, resting_bytes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,32 +71,70 @@ def _service_logs(folder: Path) -> bytes:
     return b"".join(path.read_bytes() for path in sorted(folder.glob("*.log")))
 
 
-def _suspended(event: Any) -> bool:
-    return event.type is StreamEventType.WORKFLOW and event.payload.get("phase") == "suspended"
+async def _until_status(deployment: Deployment, run_id: str, status: RunStatus) -> None:
+    async def reached() -> bool:
+        try:
+            return (await deployment.store.load_run(run_id)).status is status
+        except StoreError:
+            return False  # not started yet
+
+    await eventually(reached, 60, f"run {run_id} {status.value}")
 
 
-async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collection(
+async def _readable_on_topics(deployment: Deployment, phrases: tuple[str, ...], skip: set[str]) -> list[str]:
+    """Where any phrase is readable on any topic of the deployment, its sealed messages opened with
+    whatever key still exists (a fresh key client: no cache of this test's making)."""
+    found = await every_record_on_topics(deployment.stack.bootstrap, deployment.prefix)
+    opened: dict[str, list[ConsumerRecord[bytes, bytes]]] = {}
+    seals = message_seals(deployment.keys)
+    try:
+        for name, records in found.items():
+            opened[name] = []
+            for record in records:
+                if f"{name}@{record.partition}/{record.offset}" in skip:
+                    continue
+                readable = record
+                with contextlib.suppress(MessageErasedError, PermanentError):
+                    readable = dataclasses.replace(record, value=await seals.open(record.value or b""))
+                opened[name].append(readable)
+    finally:
+        await seals.close()
+    return [place for phrase in phrases for place in readable_anywhere(opened, phrase)]
+
+
+async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collection_topic_or_log(
     stack: EmbeddedStack, tmp_path: Path
 ) -> None:
     name = f"erase{uuid.uuid4().hex[:8]}"
     said, asked, kept = (f"{word}{uuid.uuid4().hex[:8]}" for word in ("tangerine", "quince", "lemon"))
-    async with Deployment(stack, f"{name}.", name, tmp_path) as deployment:
+    async with Deployment(stack, f"{name}.", name, tmp_path, sealed=True) as deployment:
         deployment.start_recorder()
         session_id, other_session = await deployment.session(), await deployment.session()
         first = await _turn(deployment, session_id, "erin", f"my locker code is {said}")
-        await deployment.until_closed(first.run_id, within=60)
+        await _until_status(deployment, first.run_id, RunStatus.COMPLETED)
         second = await _turn(deployment, session_id, "erin", f"ask me whether {asked} is ripe")
-        await deployment.until_event(second.run_id, _suspended, 60, "suspension")
+        await _until_status(deployment, second.run_id, RunStatus.SUSPENDED)
         bystander = await _turn(deployment, other_session, "bruno", f"my locker code is {kept}")
-        await deployment.until_closed(bystander.run_id, within=60)
+        await _until_status(deployment, bystander.run_id, RunStatus.COMPLETED)
 
         memory = KafkaMemoryStore(deployment.store)
-        recorded = await eventually(
-            lambda: memory.list_history(session_id, 0, 10), 30, "erin's turn in the history"
-        )
+        # A read by session id names no principal: a reader says whose (the gateway: the session's owner).
+        with sealing_for(TENANT, "erin"):
+            recorded = await eventually(
+                lambda: memory.list_history(session_id, 0, 10), 30, "erin's turn in the history"
+            )
         assert any(said in row.text for row in recorded)
         before = await _database_dump(stack, name)
         assert said.encode() not in before  # sealed at rest even before forgetting
+        requests = deployment.prefix + Topic.RUNS_REQUESTED.value
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        plain = readable_anywhere(wire, said) + readable_anywhere(wire, asked)
+        # Before forgetting, only the plain producer's requests show the words without a key.
+        assert plain and all(place.startswith(f"{requests}@") for place in plain), plain
+        # ... and with the keys every topic the services wrote opens to them (the test reads them all).
+        assert await _readable_on_topics(
+            deployment, (kept,), skip=set(plain) | set(readable_anywhere(wire, kept))
+        )
 
         await memory.forget_principal(TENANT, "erin")
 
@@ -98,6 +147,8 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
                 await build_messages_from_run_log(deployment.store, run_id)
         kept_messages = await build_messages_from_run_log(deployment.store, bystander.run_id)
         assert any(kept in str(message.model_dump()) for message in kept_messages)
+        # Every topic, dead letters included: nothing of erin opens any more.
+        assert await _readable_on_topics(deployment, (said, asked), skip=set(plain)) == []
         # No service logged the words (logs never carry input values).
         logs = await asyncio.to_thread(_service_logs, tmp_path)
         assert logs and not any(phrase.encode() in logs for phrase in (said, asked, kept))

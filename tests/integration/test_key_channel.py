@@ -7,7 +7,6 @@ loopback; a store client fetches keys over HTTP like any service.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.settings import OwnerSettings
 from tests.integration.test_gateway_support import unique_name
-from tests.owner_support import every_record_on_topics, readable_anywhere
+from tests.owner_support import every_record_on_topics, free_port, readable_anywhere
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -37,13 +36,6 @@ ANA_KEY = SealedFor(tenant_id="acme", principal_id="ana")
 BEA = MemoryScope(tenant_id="acme", principal_id="bea")
 WORDS = "keeps her spare key under the blue flowerpot"
 BYSTANDER = "collects stamps from the Faroe Islands"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @dataclass

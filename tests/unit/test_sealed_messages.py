@@ -21,9 +21,8 @@ from quipu.services.kit.keys import (
     KeyUnavailableError,
     MessageSeals,
     UnsealableMessageError,
-    current_sealing_for,
-    sealing_for,
 )
+from quipu.services.kit.sealing import current_sealing_for, sealing_for
 from tests.unit.test_delivery import Broker, Message
 
 EVENT = TypeAdapter(RunEvent)

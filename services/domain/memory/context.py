@@ -68,6 +68,14 @@ def history_principal(principal_id: str, session_id: str) -> str:
     return principal_id or f"{ANONYMOUS_PRINCIPAL_PREFIX}{session_id}"
 
 
+def run_sealing_principal(principal_id: str, session_id: str, run_id: str) -> str:
+    """Whose data key seals a run's words, at rest and on topics: its principal, else its session's
+    anonymous one, else the run's own."""
+    if principal_id or session_id:
+        return history_principal(principal_id, session_id)
+    return f"run:{run_id}"
+
+
 def is_anonymous_principal(principal_id: str) -> bool:
     """Whether a principal stands for a session without a known person."""
     return not principal_id or principal_id.startswith(ANONYMOUS_PRINCIPAL_PREFIX)
