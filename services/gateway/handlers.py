@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import Page, RunMeta, Session
 from quipu.contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
 from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.transcript import build_messages_from_run_log
 from quipu.services.gateway import access, logic
 from quipu.services.gateway.access import Caller
@@ -35,6 +37,7 @@ from quipu.services.gateway.logic import (
     TranscriptResponse,
 )
 from quipu.services.kit.run_events import EventPosition, EventStreamError, InvalidPositionError, StartAt
+from quipu.services.kit.sealing import sealing_for
 
 
 @dataclass
@@ -81,6 +84,15 @@ class GatewayDeps:
         elif not access.reaches(caller, access.labelled_owner(meta), default_tenant=self.tenant_id):
             raise access.unknown_run(run_id)
         return meta
+
+
+def sealing_for_run(meta: RunMeta, caller: Caller) -> contextlib.AbstractContextManager[None]:
+    """Reads of a run's records travel sealed under its principal's key (the owner the gateway
+    stamped on it, else the caller who reaches it), so a forget reaches the replies too."""
+    owner = access.labelled_owner(meta) or caller.owner
+    return sealing_for(
+        owner.tenant_id, run_sealing_principal(owner.principal_id, meta.session_id, meta.run_id)
+    )
 
 
 def _deps(request: Request) -> GatewayDeps:
@@ -276,8 +288,9 @@ async def list_run_records(
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
 ) -> Page:
     """A page of the run's records in order (payloads are base64 JSON bytes)."""
-    await deps.run(caller, run_id)
-    return await deps.store.list_run_records(run_id, cursor, limit)
+    meta = await deps.run(caller, run_id)
+    with sealing_for_run(meta, caller):
+        return await deps.store.list_run_records(run_id, cursor, limit)
 
 
 @router.get(
@@ -288,9 +301,10 @@ async def list_run_records(
 )
 async def get_transcript(deps: Deps, caller: RunsReader, run_id: str) -> Response:
     """The run's transcript, rebuilt from its records (exact JSON: numbers keep their digits)."""
-    await deps.run(caller, run_id)
+    meta = await deps.run(caller, run_id)
     try:
-        messages = await build_messages_from_run_log(deps.store, run_id)
+        with sealing_for_run(meta, caller):
+            messages = await build_messages_from_run_log(deps.store, run_id)
     except TranscriptErasedError as error:
         raise GatewayError(410, logic.TRANSCRIPT_ERASED, "the run's principal was forgotten") from error
     except TranscriptError as error:

@@ -240,6 +240,7 @@ class Deployment:
     _started: int = 0
     _parsed: list[RunEvent] = field(default_factory=list)
     _logs: dict[int, Path] = field(default_factory=dict)
+    _also_close: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.journal = self.log_dir / "tools.journal"
@@ -303,6 +304,7 @@ class Deployment:
         """Stop the clients, then every process (politely), and drop the topics."""
         # Each step must run even when an earlier one fails (or never started).
         closers: list[Callable[[], Awaitable[Any]]] = [
+            *self._also_close,
             self.events.stop,
             self.turns.stop,
             self.results.stop,
@@ -319,6 +321,10 @@ class Deployment:
         await self.owner.stop()  # last: the others' shutdown may still write through it
         with contextlib.suppress(Exception):
             await delete_topics(self.stack.bootstrap, self.prefix)
+
+    def on_close(self, close: Callable[[], Awaitable[Any]]) -> None:
+        """Close a client of the test's own with the deployment (before its processes stop)."""
+        self._also_close.append(close)
 
     def _process(
         self, module: str, name: str, environment: Mapping[str, str] | None = None

@@ -9,9 +9,8 @@ record of every topic (dead-letter topics included: keys, values and headers, op
 principals' keys wherever a message is sealed) and every service's log for either phrase: nothing
 readable. A bystander in another session keeps every word.
 
-The services seal their topics (the owner's key endpoint hands out the keys), except the client
-that publishes the turns here: a plain producer of runs.requested, whose plaintext the README
-bounds by that topic's retention. Its two requests are left out of the topic search by offset.
+The services seal their topics (the owner's key endpoint hands out the keys), and the turns are
+published as the gateway and `quipu run` publish them, sealed too.
 """
 
 from __future__ import annotations
@@ -28,10 +27,10 @@ from aiokafka import ConsumerRecord
 from quipu.contracts.errors import StoreError
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import RunStatus
-from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import TranscriptErasedError
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.gateway.adapters import KafkaRunPublisher
 from quipu.services.kit.delivery import MessageErasedError, PermanentError
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
@@ -44,7 +43,7 @@ pytestmark = pytest.mark.timeout(300)
 TENANT = "t-erase"
 
 
-async def _turn(deployment: Deployment, session_id: str, principal_id: str, text: str) -> RunRequested:
+async def _turn(publisher: KafkaRunPublisher, session_id: str, principal_id: str, text: str) -> RunRequested:
     request = RunRequested(
         run_id="r-" + uuid.uuid4().hex,
         session_id=session_id,
@@ -53,7 +52,7 @@ async def _turn(deployment: Deployment, session_id: str, principal_id: str, text
         tenant_id=TENANT,
         text=text,
     )
-    await deployment.publish(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), session_id)
+    await publisher.publish(request)
     return request
 
 
@@ -81,7 +80,7 @@ async def _until_status(deployment: Deployment, run_id: str, status: RunStatus) 
     await eventually(reached, 60, f"run {run_id} {status.value}")
 
 
-async def _readable_on_topics(deployment: Deployment, phrases: tuple[str, ...], skip: set[str]) -> list[str]:
+async def _readable_on_topics(deployment: Deployment, phrases: tuple[str, ...]) -> dict[str, list[str]]:
     """Where any phrase is readable on any topic of the deployment, its sealed messages opened with
     whatever key still exists (a fresh key client: no cache of this test's making)."""
     found = await every_record_on_topics(deployment.stack.bootstrap, deployment.prefix)
@@ -91,30 +90,35 @@ async def _readable_on_topics(deployment: Deployment, phrases: tuple[str, ...], 
         for name, records in found.items():
             opened[name] = []
             for record in records:
-                if f"{name}@{record.partition}/{record.offset}" in skip:
-                    continue
                 readable = record
                 with contextlib.suppress(MessageErasedError, PermanentError):
                     readable = dataclasses.replace(record, value=await seals.open(record.value or b""))
                 opened[name].append(readable)
     finally:
         await seals.close()
-    return [place for phrase in phrases for place in readable_anywhere(opened, phrase)]
+    return {phrase: readable_anywhere(opened, phrase) for phrase in phrases}
 
 
 async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collection_topic_or_log(
-    stack: EmbeddedStack, tmp_path: Path
+    stack: EmbeddedStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name = f"erase{uuid.uuid4().hex[:8]}"
     said, asked, kept = (f"{word}{uuid.uuid4().hex[:8]}" for word in ("tangerine", "quince", "lemon"))
     async with Deployment(stack, f"{name}.", name, tmp_path, sealed=True) as deployment:
         deployment.start_recorder()
+        # The turns are published as the gateway and `quipu run` do: sealed with the deployment's keys.
+        monkeypatch.setenv("QUIPU_KEYS_URL", deployment.keys.url)
+        assert deployment.keys.token is not None
+        monkeypatch.setenv("QUIPU_KEYS_TOKEN", deployment.keys.token.get_secret_value())
+        publisher = KafkaRunPublisher(stack.kafka_settings(topic_prefix=deployment.prefix))
+        await publisher.start()
+        deployment.on_close(publisher.stop)
         session_id, other_session = await deployment.session(), await deployment.session()
-        first = await _turn(deployment, session_id, "erin", f"my locker code is {said}")
+        first = await _turn(publisher, session_id, "erin", f"my locker code is {said}")
         await _until_status(deployment, first.run_id, RunStatus.COMPLETED)
-        second = await _turn(deployment, session_id, "erin", f"ask me whether {asked} is ripe")
+        second = await _turn(publisher, session_id, "erin", f"ask me whether {asked} is ripe")
         await _until_status(deployment, second.run_id, RunStatus.SUSPENDED)
-        bystander = await _turn(deployment, other_session, "bruno", f"my locker code is {kept}")
+        bystander = await _turn(publisher, other_session, "bruno", f"my locker code is {kept}")
         await _until_status(deployment, bystander.run_id, RunStatus.COMPLETED)
 
         memory = KafkaMemoryStore(deployment.store)
@@ -126,15 +130,11 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
         assert any(said in row.text for row in recorded)
         before = await _database_dump(stack, name)
         assert said.encode() not in before  # sealed at rest even before forgetting
-        requests = deployment.prefix + Topic.RUNS_REQUESTED.value
         wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
-        plain = readable_anywhere(wire, said) + readable_anywhere(wire, asked)
-        # Before forgetting, only the plain producer's requests show the words without a key.
-        assert plain and all(place.startswith(f"{requests}@") for place in plain), plain
-        # ... and with the keys every topic the services wrote opens to them (the test reads them all).
-        assert await _readable_on_topics(
-            deployment, (kept,), skip=set(plain) | set(readable_anywhere(wire, kept))
-        )
+        # Before forgetting, no topic shows the words without a key ...
+        assert [place for phrase in (said, asked, kept) for place in readable_anywhere(wire, phrase)] == []
+        # ... and with the keys they open (this search can find them).
+        assert all((await _readable_on_topics(deployment, (said, asked, kept))).values())
 
         await memory.forget_principal(TENANT, "erin")
 
@@ -148,7 +148,9 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
         kept_messages = await build_messages_from_run_log(deployment.store, bystander.run_id)
         assert any(kept in str(message.model_dump()) for message in kept_messages)
         # Every topic, dead letters included: nothing of erin opens any more.
-        assert await _readable_on_topics(deployment, (said, asked), skip=set(plain)) == []
+        after = await _readable_on_topics(deployment, (said, asked, kept))
+        assert after[said] == after[asked] == [], after
+        assert after[kept]  # the bystander's words still open
         # No service logged the words (logs never carry input values).
         logs = await asyncio.to_thread(_service_logs, tmp_path)
         assert logs and not any(phrase.encode() in logs for phrase in (said, asked, kept))
