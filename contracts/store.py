@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -124,6 +125,21 @@ class RunStart(_Frozen):
             if not encoded.get(name):
                 encoded.pop(name, None)
         return encoded
+
+    def record(
+        self, key: str, record_type: str, payload: bytes, *, turn_id: str = "", at: datetime | None = None
+    ) -> Record:
+        """A record of this run (its run, agent and session), at `at` or else the run's start."""
+        return Record(
+            event_key=key,
+            run_id=self.run_id,
+            agent_id=self.agent_id,
+            session_id=self.session_id,
+            type=record_type,
+            turn_id=turn_id,
+            payload=payload,
+            timestamp=self.started_at if at is None else at,
+        )
 
 
 class RunMeta(_Frozen):

@@ -71,7 +71,12 @@ WireBytes = Annotated[
 """Bytes that travel as padded standard base64 in JSON and stay raw in Python."""
 
 
+def to_millisecond(value: datetime) -> datetime:
+    """`value` truncated to the millisecond, deterministically: the store keeps milliseconds and
+    refuses finer times, so a producer's own time is cut before it becomes a record's."""
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
 def utc_now_ms() -> datetime:
     """The current instant truncated to the millisecond: the store clock."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+    return to_millisecond(datetime.now(UTC))

@@ -22,7 +22,6 @@ import asyncio
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.memory import (
@@ -34,6 +33,7 @@ from quipu.contracts.memory import (
     MemoryScope,
     Profile,
 )
+from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentSpec
 from quipu.services.domain.memory.context import is_anonymous_principal
 from quipu.services.domain.memory.protocol import MemoryStore
@@ -102,10 +102,6 @@ def _require_principal(rows: list[HistoryMessage], scope: MemoryScope) -> None:
     for row in rows:
         if row.principal_id and row.principal_id != scope.principal_id:
             raise PermanentError(f"history of session {row.session_id} belongs to another principal")
-
-
-def _millisecond(moment: datetime) -> datetime:
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 class FactExtractor:
@@ -276,7 +272,7 @@ class FactExtractor:
 
     async def _rewrite_profile(self, event: HistoryRecorded) -> Profile | None:
         scope = event.scope
-        as_of = _millisecond(event.occurred_at)
+        as_of = to_millisecond(event.occurred_at)
         previous = await self._memory.load_profile(scope)
         if previous is not None and previous.updated_at >= as_of:
             # This turn (redelivered) or a later one already rewrote it.

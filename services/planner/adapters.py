@@ -16,6 +16,7 @@ from quipu.contracts.memory import MemoryScope
 from quipu.contracts.runs import TurnCompleted
 from quipu.contracts.store import Record, RunStatus, is_erased
 from quipu.contracts.transcript import TranscriptError
+from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
 from quipu.services.domain.memory.context import ContextBlocks, SpokenTurn, history_principal
 from quipu.services.domain.memory.protocol import MemoryStore
@@ -26,7 +27,6 @@ from quipu.services.kit.delivery import PermanentError
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.context import history_window
 from quipu.services.planner.logic.dispatch import ToolInfo
-from quipu.services.planner.logic.keys import to_millisecond
 from quipu.services.planner.logic.view import RunView, completed_turn
 
 logger = structlog.get_logger(__name__)

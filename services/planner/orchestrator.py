@@ -45,7 +45,7 @@ from quipu.contracts.transcript import (
     TranscriptError,
     encode_messages,
 )
-from quipu.contracts.wire import utc_now_ms
+from quipu.contracts.wire import to_millisecond, utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, AgentSpec, UnknownAgentError
 from quipu.services.domain.memory.context import ContextSource, history_principal
 from quipu.services.domain.memory.protocol import MemoryStore
@@ -93,7 +93,6 @@ from quipu.services.planner.logic.keys import (
     SEED_KEY,
     TOOL_RESULT_TYPE,
     link_key,
-    to_millisecond,
     tool_result_key,
 )
 from quipu.services.planner.logic.model_call import model_failure, model_records, model_request, reply_delta

@@ -28,6 +28,7 @@ from datetime import datetime
 from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.memory import HistoryAppendResult, HistoryTurn, MemoryScope, SessionSummary
 from quipu.contracts.runs import TurnCompleted
+from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.memory.context import history_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.memory.summary import (
@@ -43,11 +44,6 @@ from quipu.services.kit.delivery import PermanentError
 from quipu.services.kit.logging import get_logger
 
 logger = get_logger(__name__)
-
-
-def to_millisecond(value: datetime) -> datetime:
-    """The store keeps milliseconds; a producer's finer time is truncated, deterministically."""
-    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
 
 
 def history_scope(turn: TurnCompleted) -> MemoryScope:

@@ -136,40 +136,22 @@ def started_record(
     run: RunStart, *, key: str = "started", turn_id: str = "", payload: bytes | None = None
 ) -> Record:
     """The start's `run_started` record: at `started_at`, payload equal to the RunStart."""
-    return Record(
-        event_key=key,
-        run_id=run.run_id,
-        agent_id=run.agent_id,
-        session_id=run.session_id,
-        type=LifecycleType.RUN_STARTED,
-        turn_id=turn_id,
-        payload=encode_run_started(run) if payload is None else payload,
-        timestamp=run.started_at,
-    )
+    encoded = encode_run_started(run) if payload is None else payload
+    return run.record(key, LifecycleType.RUN_STARTED, encoded, turn_id=turn_id)
 
 
 def stopped_record(
     run: RunStart, *, key: str = "stopped", turn_id: str = "", payload: bytes | None = None
 ) -> Record:
     """The start's `stopped` alternative: canceled/session_ended at `started_at`, run labels."""
-    return Record(
-        event_key=key,
-        run_id=run.run_id,
-        agent_id=run.agent_id,
-        session_id=run.session_id,
-        type=LifecycleType.RUN_COMPLETED,
-        turn_id=turn_id,
-        payload=(
-            encode_run_completed(
-                RunStatus.CANCELED,
-                labels=run.labels,
-                cancellation_reason=CancellationReason.SESSION_ENDED.value,
-            )
-            if payload is None
-            else payload
-        ),
-        timestamp=run.started_at,
+    encoded = (
+        encode_run_completed(
+            RunStatus.CANCELED, labels=run.labels, cancellation_reason=CancellationReason.SESSION_ENDED.value
+        )
+        if payload is None
+        else payload
     )
+    return run.record(key, LifecycleType.RUN_COMPLETED, encoded, turn_id=turn_id)
 
 
 def link_record(
@@ -317,16 +299,8 @@ def _record(
     turn_id: str,
     timestamp: datetime | None,
 ) -> Record:
-    return Record(
-        event_key=key,
-        run_id=run.run_id,
-        agent_id=run.agent_id,
-        session_id=run.session_id,
-        type=record_type,
-        turn_id=turn_id,
-        payload=payload,
-        timestamp=timestamp or run.started_at + timedelta(milliseconds=1),
-    )
+    at = timestamp or run.started_at + timedelta(milliseconds=1)
+    return run.record(key, record_type, payload, turn_id=turn_id, at=at)
 
 
 def ordinary(
@@ -531,6 +505,12 @@ async def running_root(store: Store, session_id: str, **options: Any) -> RunStar
     return await proceed(store, root_start(session_id, **options))
 
 
+async def session_with_root(store: Store, **options: Any) -> tuple[str, RunStart]:
+    """An active session and a running root run in it (`options` as for `root_start`)."""
+    session_id = await open_session(store)
+    return session_id, await running_root(store, session_id, **options)
+
+
 async def running_child(store: Store, session_id: str, parent: RunStart, **options: Any) -> RunStart:
     """A running child run of `parent`."""
     return await proceed(store, child_start(session_id, parent, **options))
@@ -553,6 +533,24 @@ async def complete(store: Store, run: RunStart, **options: Any) -> Record:
     record = terminal(run, RunStatus.COMPLETED, **options)
     assert_new(await store.record_run_terminal(record))
     return record
+
+
+CLOSINGS = ["suspended", "completed", "failed", "canceled"]
+"""The ways a running run closes (`close_run`)."""
+
+
+async def close_run(store: Store, run: RunStart, how: str) -> None:
+    """Close a running run as `how` says: suspended, completed, failed, or canceled by the engine."""
+    if how == "suspended":
+        await store.record_run_suspension(*suspension(run))
+    elif how == "completed":
+        await store.record_run_terminal(terminal(run, RunStatus.COMPLETED))
+    elif how == "failed":
+        await store.record_run_terminal(terminal(run, RunStatus.FAILED))
+    else:
+        await store.record_run_terminal(
+            terminal(run, RunStatus.CANCELED, reason=CancellationReason.ENGINE_CANCELED)
+        )
 
 
 async def all_run_records(store: Store, run_id: str, limit: int = 500) -> list[Record]:

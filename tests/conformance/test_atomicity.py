@@ -41,6 +41,7 @@ from tests.conformance.builders import (
     root_start,
     running_one_shot,
     running_root,
+    session_with_root,
     snapshot,
     suspend,
     suspension,
@@ -82,8 +83,7 @@ def successes(results: list[T | StoreError]) -> list[T]:
 
 async def test_stop_child_start_failing_on_the_link_key_writes_nothing(store: Store) -> None:
     # The stop decision would write three records on two runs; the last check fails first.
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     await store.append_run_record(ordinary(parent, "taken"))
     await store.end_session(session_id, ms(3))
     command = child_start(session_id, parent, link_key="taken")
@@ -94,8 +94,7 @@ async def test_stop_child_start_failing_on_the_link_key_writes_nothing(store: St
 
 
 async def test_refused_child_continuation_writes_neither_link_nor_admission(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id, agent_id="agent-parent")
+    session_id, parent = await session_with_root(store, agent_id="agent-parent")
     child = await proceed(store, child_start(session_id, parent, tool_name="approve", tool_call_id="toolu_1"))
     await suspend(store, child)
     await store.append_run_record(ordinary(parent, "taken"))
@@ -149,8 +148,7 @@ async def test_racing_different_starts_of_one_run_admit_one(store: Store) -> Non
 
 @pytest.mark.parametrize("session_state", ["active", "ended"])
 async def test_eight_racing_continuations_admit_exactly_one(store: Store, session_state: str) -> None:
-    session_id = await open_session(store)
-    predecessor = await running_root(store, session_id)
+    session_id, predecessor = await session_with_root(store)
     await suspend(store, predecessor)
     if session_state == "ended":
         await store.end_session(session_id, ms(5))
@@ -182,8 +180,7 @@ async def test_eight_racing_continuations_admit_exactly_one(store: Store, sessio
 
 
 async def test_racing_new_children_and_parent_close_leave_no_orphan(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     commands = [child_start(session_id, parent, tool_call_id=f"call-{n}") for n in range(RACERS)]
     close = terminal(parent)
     operations: list[Callable[[], Awaitable[object]]] = [partial(store.start_child_run, *c) for c in commands]
@@ -258,8 +255,7 @@ async def test_racing_cancellation_and_completion_stay_consistent(store: Store) 
 
 
 async def test_racing_cancellations_keep_one_reason(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     reasons = list(CancellationReason)
     results = await race(
         *(
@@ -282,8 +278,7 @@ async def test_racing_cancellations_keep_one_reason(store: Store) -> None:
 
 
 async def test_racing_appends_get_distinct_contiguous_ids(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     records = [ordinary(run, f"step-{n}") for n in range(RACERS * 2)]
     appended = successes(await race(*(partial(store.append_run_record, r) for r in records)))
     assert all(result.inserted for result in appended)
@@ -296,8 +291,7 @@ async def test_racing_appends_get_distinct_contiguous_ids(store: Store) -> None:
 
 
 async def test_racing_appends_of_one_key_keep_one_record(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     records = [ordinary(run, "same-key", payload=f'{{"n":{n}}}'.encode()) for n in range(RACERS)]
     results = await race(*(partial(store.append_run_record, r) for r in records))
     outcome = codes(results)
@@ -324,8 +318,7 @@ async def _purge_when_possible(store: Store, session_id: str) -> None:
 
 
 async def test_purge_racing_appends_leaves_all_or_nothing_of_each(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     start_command = root_start(session_id, run_id=run.run_id, agent_id=run.agent_id)
     sessionless = await running_one_shot(store)
     await store.end_session(session_id, ms(4))

@@ -8,23 +8,23 @@ import asyncio
 import pytest
 
 from quipu.contracts.errors import ErrorCode
-from quipu.contracts.store import CancellationReason, RunStart, RunStatus, SessionStatus
+from quipu.contracts.store import CancellationReason, RunStatus, SessionStatus
 from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
+    CLOSINGS,
     STATE_CHANGE_GAP,
     all_run_records,
+    close_run,
     ended_session,
     intent,
     ms,
-    open_session,
     ordinary,
     refused,
     root_start,
     running_one_shot,
-    running_root,
     same_record,
+    session_with_root,
     snapshot,
-    suspension,
     terminal,
 )
 
@@ -33,8 +33,7 @@ from tests.conformance.builders import (
 async def test_first_cancellation_stores_the_reason_and_the_intent(
     store: Store, reason: CancellationReason
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     started = await store.load_run(run.run_id)
     await asyncio.sleep(STATE_CHANGE_GAP)
 
@@ -53,8 +52,7 @@ async def test_first_cancellation_stores_the_reason_and_the_intent(
 
 
 async def test_exact_retry_returns_the_original_id_and_keeps_updated_at(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     record = intent(run)
     first = await store.record_run_cancellation(record)
     meta = await store.load_run(run.run_id)
@@ -67,8 +65,7 @@ async def test_exact_retry_returns_the_original_id_and_keeps_updated_at(store: S
 
 
 async def test_exact_retry_after_the_run_was_canceled(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = intent(run, CancellationReason.USER_REQUESTED)
     first = await store.record_run_cancellation(record)
     await store.record_run_terminal(
@@ -82,39 +79,23 @@ async def test_exact_retry_after_the_run_was_canceled(store: Store) -> None:
 
 
 async def test_running_run_keeps_writing_after_a_cancellation_request(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     await store.record_run_cancellation(intent(run))
     assert (await store.append_run_record(ordinary(run, "wrap-up"))).inserted is True
 
 
 async def test_intent_key_used_by_another_record_is_event_conflict(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.append_run_record(ordinary(run, "cancel"))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.EVENT_CONFLICT, store.record_run_cancellation(intent(run, key="cancel")))
     assert await snapshot(store, runs=[run.run_id], sessions=[session_id]) == before
 
 
-async def _close(store: Store, run: RunStart, how: str) -> None:
-    if how == "suspended":
-        await store.record_run_suspension(*suspension(run))
-    elif how == "completed":
-        await store.record_run_terminal(terminal(run, RunStatus.COMPLETED))
-    elif how == "failed":
-        await store.record_run_terminal(terminal(run, RunStatus.FAILED))
-    else:
-        await store.record_run_terminal(
-            terminal(run, RunStatus.CANCELED, reason=CancellationReason.ENGINE_CANCELED)
-        )
-
-
-@pytest.mark.parametrize("how", ["suspended", "completed", "failed", "canceled"])
+@pytest.mark.parametrize("how", CLOSINGS)
 async def test_first_cancellation_on_a_closed_run_is_run_not_active(store: Store, how: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
-    await _close(store, run, how)
+    session_id, run = await session_with_root(store)
+    await close_run(store, run, how)
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.RUN_NOT_ACTIVE, store.record_run_cancellation(intent(run)))
     assert await snapshot(store, runs=[run.run_id], sessions=[session_id]) == before

@@ -19,11 +19,13 @@ from quipu.contracts.store import (
 )
 from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
+    CLOSINGS,
     ChildStart,
     all_run_records,
     all_session_records,
     changed,
     child_start,
+    close_run,
     keys,
     link_record,
     ms,
@@ -35,10 +37,10 @@ from tests.conformance.builders import (
     running_one_shot,
     running_root,
     same_record,
+    session_with_root,
     snapshot,
     started_record,
     stopped_record,
-    suspension,
     terminal,
     uid,
 )
@@ -46,28 +48,15 @@ from tests.conformance.builders import (
 
 async def _close(store: Store, run: RunStart, how: str) -> None:
     """Move a running run to a closed status."""
-    if how == "suspended":
-        await store.record_run_suspension(*suspension(run))
-    elif how == "completed":
-        await store.record_run_terminal(terminal(run, RunStatus.COMPLETED))
-    elif how == "failed":
-        await store.record_run_terminal(terminal(run, RunStatus.FAILED))
-    else:
-        await store.record_run_terminal(
-            terminal(run, RunStatus.CANCELED, reason=CancellationReason.ENGINE_CANCELED)
-        )
+    await close_run(store, run, how)
     assert (await store.load_run(run.run_id)).status.value == how
-
-
-CLOSINGS = ["suspended", "completed", "failed", "canceled"]
 
 
 # --- session children -----------------------------------------------------------------------------
 
 
 async def test_child_start_links_on_the_parent_then_starts_the_child(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent, tool_name="search", tool_call_id="toolu_01")
     result = await store.start_child_run(*command)
 
@@ -103,8 +92,7 @@ async def test_child_start_links_on_the_parent_then_starts_the_child(store: Stor
 
 
 async def test_child_start_in_an_ended_session_links_and_stops(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     await store.end_session(session_id, parent.started_at)
     command = child_start(session_id, parent)
     result = await store.start_child_run(*command)
@@ -129,8 +117,7 @@ async def test_child_start_in_an_ended_session_links_and_stops(store: Store) -> 
 
 
 async def test_several_children_and_grandchildren_link_in_order(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     first = await running_child(store, session_id, parent, tool_call_id="call-1")
     second = await running_child(store, session_id, parent, tool_call_id="call-2")
     grandchild = await running_child(store, session_id, first, agent_id="agent-c")
@@ -148,8 +135,7 @@ async def test_several_children_and_grandchildren_link_in_order(store: Store) ->
 
 @pytest.mark.parametrize("how", CLOSINGS)
 async def test_new_child_of_a_closed_parent_is_run_not_active(store: Store, how: str) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     await _close(store, parent, how)
     command = child_start(session_id, parent)
     before = await snapshot(store, runs=[parent.run_id, command.run.run_id], sessions=[session_id])
@@ -160,8 +146,7 @@ async def test_new_child_of_a_closed_parent_is_run_not_active(store: Store, how:
 
 @pytest.mark.parametrize("how", CLOSINGS)
 async def test_exact_child_retry_after_the_parent_closed_succeeds(store: Store, how: str) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent)
     first = await store.start_child_run(*command)
     await complete_child_then_close_parent(store, command.run, parent, how)
@@ -188,8 +173,7 @@ async def complete_child_then_close_parent(store: Store, child: RunStart, parent
 
 
 async def test_modified_child_retry_after_the_parent_closed_is_refused(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent, tool_call_id="call-1")
     await store.start_child_run(*command)
     await complete_child_then_close_parent(store, command.run, parent, "completed")
@@ -240,8 +224,7 @@ async def test_session_child_of_a_sessionless_parent_is_run_session_mismatch(
 
 
 async def test_link_agent_other_than_the_parents_is_record_owner_mismatch(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent, link_agent_id="agent-impostor")
     await refused(ErrorCode.RECORD_OWNER_MISMATCH, store.start_child_run(*command))
     assert len(await all_run_records(store, parent.run_id)) == 1
@@ -262,8 +245,7 @@ LINK_OWNERS: dict[str, Callable[[ChildStart], ChildStart]] = {
 async def test_child_start_records_owned_elsewhere_are_record_owner_mismatch(
     store: Store, variant: str
 ) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = LINK_OWNERS[variant](child_start(session_id, parent))
     await refused(ErrorCode.RECORD_OWNER_MISMATCH, store.start_child_run(*command))
     assert len(await all_run_records(store, parent.run_id)) == 1
@@ -313,8 +295,7 @@ INVALID_CHILDREN: dict[str, Callable[[ChildStart], ChildStart]] = {
 
 @pytest.mark.parametrize("variant", list(INVALID_CHILDREN), ids=list(INVALID_CHILDREN))
 async def test_invalid_child_start_is_invalid_argument(store: Store, variant: str) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = INVALID_CHILDREN[variant](child_start(session_id, parent))
     before = await snapshot(store, runs=[parent.run_id, command.run.run_id], sessions=[session_id])
     await refused(ErrorCode.INVALID_ARGUMENT, store.start_child_run(*command))
@@ -323,8 +304,7 @@ async def test_invalid_child_start_is_invalid_argument(store: Store, variant: st
 
 
 async def test_child_start_without_a_parent_is_invalid(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent)
     run = changed(command.run, parent_run_id="")
     orphan = ChildStart(run, command.parent_link, changed(command.started, payload=b"{}"), command.stopped)
@@ -333,8 +313,7 @@ async def test_child_start_without_a_parent_is_invalid(store: Store) -> None:
 
 
 async def test_link_key_taken_on_the_parent_is_event_conflict(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     await store.append_run_record(ordinary(parent, "tool-call-1"))
     command = child_start(session_id, parent, link_key="tool-call-1")
     before = await snapshot(store, runs=[parent.run_id, command.run.run_id], sessions=[session_id])
@@ -372,8 +351,7 @@ async def test_one_shot_child_of_a_missing_parent_is_run_not_found(store: Store)
 
 
 async def test_one_shot_child_of_a_session_parent_is_run_session_mismatch(store: Store) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    _, parent = await session_with_root(store)
     command = one_shot_child(parent)
     await refused(ErrorCode.RUN_SESSION_MISMATCH, store.start_one_shot_child_run(*command))
     assert len(await all_run_records(store, parent.run_id)) == 1
@@ -429,8 +407,7 @@ async def test_child_start_in_an_ended_session_with_a_closed_parent_is_run_not_a
 ) -> None:
     # §6.3 order: the parent checks (step 5) come before the decision (step 6), so an ended
     # session does not turn a refused new child into a `stop` start.
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     await _close(store, parent, "completed")
     await store.end_session(session_id, parent.started_at)
     await refused(ErrorCode.RUN_NOT_ACTIVE, store.start_child_run(*child_start(session_id, parent)))

@@ -29,6 +29,7 @@ from tests.conformance.builders import (
     running_child,
     running_one_shot,
     running_root,
+    session_with_root,
     snapshot,
     suspend,
     terminal,
@@ -110,8 +111,7 @@ async def test_continuation_of_a_sessionless_run_is_run_session_mismatch(store: 
 async def test_continuation_of_a_run_not_suspended_is_run_suspension_not_found(
     store: Store, status: str
 ) -> None:
-    session_id = await open_session(store)
-    predecessor = await running_root(store, session_id)
+    _, predecessor = await session_with_root(store)
     if status == "completed":
         await complete(store, predecessor)
     elif status == "failed":

@@ -34,6 +34,7 @@ from tests.conformance.builders import (
     refused,
     running_one_shot,
     running_root,
+    session_with_root,
     snapshot,
     sub_ms,
     suspension,
@@ -97,8 +98,7 @@ ENVELOPE_VIOLATIONS: dict[str, Callable[[Record], Record]] = {
 async def test_invalid_envelope_is_invalid_argument_and_writes_nothing(
     store: Store, operation: str, violation: str
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = ENVELOPE_VIOLATIONS[violation](_valid_record(operation, run))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.INVALID_ARGUMENT, _write(operation)(store, record))
@@ -119,8 +119,7 @@ OWNER_MISMATCHES: dict[str, Callable[[Record], Record]] = {
 async def test_record_owned_by_another_run_is_record_owner_mismatch(
     store: Store, operation: str, mismatch: str
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = OWNER_MISMATCHES[mismatch](_valid_record(operation, run))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.RECORD_OWNER_MISMATCH, _write(operation)(store, record))
@@ -162,8 +161,7 @@ def _lifecycle_payload(record_type: LifecycleType, run: RunStart) -> bytes:
 
 @pytest.mark.parametrize("record_type", list(LifecycleType), ids=[t.value for t in LifecycleType])
 async def test_append_run_record_refuses_lifecycle_types(store: Store, record_type: LifecycleType) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = ordinary(
         run, "sneaky", record_type=record_type.value, payload=_lifecycle_payload(record_type, run)
     )
@@ -186,8 +184,7 @@ async def test_append_run_record_refuses_lifecycle_types(store: Store, record_ty
 async def test_lifecycle_operation_with_another_type_is_invalid_argument(
     store: Store, operation: str, wrong_type: str
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = changed(_valid_record(operation, run), type=str(wrong_type))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.INVALID_ARGUMENT, _write(operation)(store, record))
@@ -206,8 +203,7 @@ EQUALITY_FIELDS: dict[str, Callable[[Record], Record]] = {
 
 @pytest.mark.parametrize("field", list(EQUALITY_FIELDS), ids=list(EQUALITY_FIELDS))
 async def test_every_field_of_record_equality_counts(store: Store, field: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     original = ordinary(run, "step-1", turn_id="turn-1", timestamp=ms(1))
     first = await store.append_run_record(original)
     assert (await store.append_run_record(original)).record_id == first.record_id
@@ -216,8 +212,7 @@ async def test_every_field_of_record_equality_counts(store: Store, field: str) -
 
 
 async def test_records_are_stored_as_received(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     # Ordinary payloads are not parsed: a duplicate key and odd spacing survive byte for byte.
     payload = '{ "a":1,"a" :2, "é":"\u00e9" }\n'.encode()
     record = ordinary(run, "raw", payload=payload, turn_id="turn-7", timestamp=ms(123))
@@ -231,8 +226,7 @@ async def test_records_are_stored_as_received(store: Store) -> None:
 
 
 async def test_record_ids_are_a_decimal_per_run_sequence(store: Store) -> None:
-    session_id = await open_session(store)
-    first = await running_root(store, session_id)
+    session_id, first = await session_with_root(store)
     second = await running_root(store, session_id)
     ids = [(await store.append_run_record(ordinary(first))).record_id for _ in range(3)]
     assert ids == ["2", "3", "4"]
@@ -241,8 +235,7 @@ async def test_record_ids_are_a_decimal_per_run_sequence(store: Store) -> None:
 
 
 async def test_the_same_event_key_may_be_used_by_different_runs(store: Store) -> None:
-    session_id = await open_session(store)
-    first = await running_root(store, session_id)
+    session_id, first = await session_with_root(store)
     second = await running_root(store, session_id)
     assert (await store.append_run_record(ordinary(first, "shared"))).inserted is True
     assert (await store.append_run_record(ordinary(second, "shared"))).inserted is True

@@ -17,6 +17,7 @@ from tests.conformance.builders import (
     ordinary,
     refused,
     running_root,
+    session_with_root,
     uid,
 )
 
@@ -55,7 +56,6 @@ async def test_run_ids_are_case_sensitive_and_never_normalised(store: Store) -> 
 
 
 async def test_event_keys_are_case_sensitive(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     assert (await store.append_run_record(ordinary(run, "Step"))).inserted is True
     assert (await store.append_run_record(ordinary(run, "step"))).inserted is True

@@ -26,6 +26,7 @@ from tests.conformance.builders import (
     root_start,
     running_one_shot,
     running_root,
+    session_with_root,
     suspend,
     terminal,
     uid,
@@ -47,8 +48,7 @@ def _list_session(store: Store, session_id: str, cursor: str, limit: int) -> Awa
 
 async def _run_with_records(store: Store, count: int) -> tuple[str, RunStart]:
     """A session whose only run has `count` records (run_started included)."""
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     for index in range(count - 1):
         await store.append_run_record(ordinary(run, f"event-{index:04d}"))
     return session_id, run
@@ -84,8 +84,7 @@ async def test_limit_below_one_is_invalid_argument(store: Store, which: str, lim
 
 
 async def test_limit_above_500_is_capped(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await _append_many(store, run, 502)  # 503 records with run_started
     for lister, scope in ((_list_run, run.run_id), (_list_session, session_id)):
         for limit in (501, 10_000):

@@ -17,10 +17,9 @@ from tests.conformance.builders import (
     ended_session,
     intent,
     ms,
-    open_session,
     refused,
     root_start,
-    running_root,
+    session_with_root,
     snapshot,
     suspension,
     terminal,
@@ -42,8 +41,7 @@ def _of_type(records: list[Record], record_type: LifecycleType) -> list[Record]:
 async def test_explicit_cancellation_then_canceled_with_the_same_reason(
     store: Store, reason: CancellationReason
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     await store.record_run_cancellation(intent(run, reason))
     result = await store.record_run_terminal(terminal(run, RunStatus.CANCELED, reason=reason))
     assert result.inserted is True
@@ -72,8 +70,7 @@ async def test_start_under_an_ended_session(store: Store) -> None:
 
 
 async def test_engine_cancels_without_a_recorded_request(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     await store.record_run_terminal(terminal(run, RunStatus.CANCELED, reason=ENGINE))
     meta = await store.load_run(run.run_id)
     assert meta.status is RunStatus.CANCELED
@@ -138,8 +135,7 @@ CONFLICT_ROWS: dict[str, tuple[Attempt, ErrorCode]] = {
 
 @pytest.mark.parametrize("row", list(CONFLICT_ROWS), ids=list(CONFLICT_ROWS))
 async def test_conflict_rows_after_a_user_requested_cancellation(store: Store, row: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.record_run_cancellation(intent(run, USER, "cancel"))
     attempt, code = CONFLICT_ROWS[row]
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
@@ -148,8 +144,7 @@ async def test_conflict_rows_after_a_user_requested_cancellation(store: Store, r
 
 
 async def test_identical_intent_succeeds_with_the_original_id(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     first = await store.record_run_cancellation(intent(run, USER, "cancel"))
     again = await store.record_run_cancellation(intent(run, USER, "cancel"))
     assert again.record_id == first.record_id
@@ -160,8 +155,7 @@ async def test_identical_intent_succeeds_with_the_original_id(store: Store) -> N
 async def test_canceled_terminal_without_a_stored_reason_requires_engine_canceled(
     store: Store, reason: CancellationReason
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(
         ErrorCode.RUN_CANCELLATION_CONFLICT,
@@ -171,8 +165,7 @@ async def test_canceled_terminal_without_a_stored_reason_requires_engine_cancele
 
 
 async def test_first_cancellation_on_a_closed_run_with_another_stored_reason(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     await store.record_run_cancellation(intent(run, USER, "cancel"))
     await store.record_run_terminal(terminal(run, RunStatus.CANCELED, reason=USER))
     # Another reason: the stored one wins the argument (RUN_CANCELLATION_CONFLICT)...
@@ -188,8 +181,7 @@ async def test_first_cancellation_on_a_closed_run_with_another_stored_reason(sto
 
 
 async def test_stored_reason_is_write_once(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     await store.record_run_cancellation(intent(run, USER, "cancel"))
     for reason in (ENGINE, SESSION):
         await refused(

@@ -26,6 +26,7 @@ from tests.conformance.builders import (
     running_child,
     running_one_shot,
     running_root,
+    session_with_root,
     snapshot,
     suspend,
     suspension,
@@ -42,8 +43,7 @@ async def test_purge_of_a_missing_session_is_session_not_found(store: Store) -> 
 
 
 async def test_purge_of_an_active_session_is_session_active(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await complete(store, run)
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.SESSION_ACTIVE, store.purge_session(session_id))
@@ -52,8 +52,7 @@ async def test_purge_of_an_active_session_is_session_active(store: Store) -> Non
 
 @pytest.mark.parametrize("which", ["root", "child"])
 async def test_purge_with_a_running_run_is_session_has_active_runs(store: Store, which: str) -> None:
-    session_id = await open_session(store)
-    root = await running_root(store, session_id)
+    session_id, root = await session_with_root(store)
     child = await running_child(store, session_id, root)
     if which == "child":
         await complete(store, root)
@@ -68,8 +67,7 @@ async def test_purge_with_a_running_run_is_session_has_active_runs(store: Store,
 
 async def _session_with_every_kind_of_run(store: Store) -> tuple[str, list[RunStart]]:
     """An ended session holding suspended, final, stop, child and successor runs, none running."""
-    session_id = await open_session(store)
-    completed = await running_root(store, session_id)
+    session_id, completed = await session_with_root(store)
     child = await running_child(store, session_id, completed)
     await store.append_run_record(ordinary(child, "child-step"))
     await complete(store, child)
@@ -129,8 +127,7 @@ async def test_purge_is_idempotent(store: Store) -> None:
 async def test_late_writes_to_purged_runs_are_session_purged_and_recreate_nothing(
     store: Store,
 ) -> None:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     child_command = child_start(session_id, parent)
     await store.start_child_run(*child_command)
     child = child_command.run
@@ -189,8 +186,7 @@ async def test_record_naming_a_purged_session_is_session_purged(store: Store) ->
     # §6.4 record checks: the tombstone of the record's session is checked before its run.
     purged = await ended_session(store)
     await store.purge_session(purged)
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     stray = changed(ordinary(run, "stray"), session_id=purged)
     await refused(ErrorCode.SESSION_PURGED, store.append_run_record(stray))
     assert len(await all_run_records(store, run.run_id)) == 1

@@ -22,7 +22,7 @@ from tests.conformance.builders import (
     ordinary,
     root_start,
     running_one_shot,
-    running_root,
+    session_with_root,
     snapshot,
     suspension,
     terminal,
@@ -70,8 +70,7 @@ async def _root_stop(store: Store) -> Any:
 
 
 async def _child(store: Store) -> Any:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent)
     runs = [parent.run_id, command.run.run_id]
     return (lambda: store.start_child_run(*command)), runs, [session_id]
@@ -90,29 +89,25 @@ async def _one_shot_child(store: Store) -> Any:
 
 
 async def _append(store: Store) -> Any:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = ordinary(run, "step")
     return (lambda: store.append_run_record(record)), [run.run_id], [session_id]
 
 
 async def _cancellation(store: Store) -> Any:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = intent(run, CancellationReason.USER_REQUESTED)
     return (lambda: store.record_run_cancellation(record)), [run.run_id], [session_id]
 
 
 async def _suspension(store: Store) -> Any:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     checkpoint, record = suspension(run)
     return (lambda: store.record_run_suspension(checkpoint, record)), [run.run_id], [session_id]
 
 
 async def _terminal(store: Store) -> Any:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     record = terminal(run, RunStatus.FAILED)
     return (lambda: store.record_run_terminal(record)), [run.run_id], [session_id]
 

@@ -12,7 +12,7 @@ from tests.conformance.builders import (
     open_session,
     ordinary,
     refused,
-    running_root,
+    session_with_root,
     sub_ms,
     uid,
 )
@@ -115,8 +115,7 @@ async def test_session_ids_are_compared_byte_for_byte(store: Store) -> None:
 
 
 async def test_ending_a_session_lets_running_runs_write_and_reports_ended(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     before = await store.append_run_record(ordinary(run, "before-end"))
     assert before.session_status == SessionStatus.ACTIVE.value
     await store.end_session(session_id, ms(10))

@@ -34,8 +34,8 @@ from tests.conformance.builders import (
     root_start,
     run_start,
     running_one_shot,
-    running_root,
     same_record,
+    session_with_root,
     snapshot,
     started_record,
     stopped_record,
@@ -311,8 +311,7 @@ async def test_start_conflicts_persist_after_the_run_closed(store: Store) -> Non
 
 
 async def test_run_id_reused_by_another_kind_of_start_is_run_conflict(store: Store) -> None:
-    session_id = await open_session(store)
-    root = await running_root(store, session_id)
+    session_id, root = await session_with_root(store)
     await refused(
         ErrorCode.RUN_CONFLICT,
         store.start_one_shot_run(*one_shot(run_id=root.run_id, agent_id=root.agent_id)),
@@ -426,8 +425,7 @@ async def test_root_start_without_session_is_invalid(store: Store) -> None:
     "field", ["session_id", "predecessor_run_id", "parent_run_id"], ids=lambda f: f"with_{f}"
 )
 async def test_one_shot_start_with_session_predecessor_or_parent_is_invalid(store: Store, field: str) -> None:
-    session_id = await open_session(store)
-    predecessor = await running_root(store, session_id)
+    session_id, predecessor = await session_with_root(store)
     run = {
         "session_id": run_start(session_id=session_id),
         "predecessor_run_id": run_start(predecessor_run_id=predecessor.run_id),

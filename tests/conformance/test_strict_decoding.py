@@ -26,6 +26,7 @@ from tests.conformance.builders import (
     root_start,
     run_start,
     running_root,
+    session_with_root,
     snapshot,
     started_record,
     stopped_record,
@@ -69,8 +70,7 @@ async def _stopped(store: Store) -> Case:
 
 
 async def _child_run_linked(store: Store) -> Case:
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     command = child_start(session_id, parent, labels=LABELS)
 
     def send(payload: bytes) -> Awaitable[object]:
@@ -85,8 +85,7 @@ async def _child_run_linked(store: Store) -> Case:
 
 
 async def _cancellation_intent(store: Store) -> Case:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     record = intent(run, CancellationReason.USER_REQUESTED)
 
     def send(payload: bytes) -> Awaitable[object]:
@@ -96,8 +95,7 @@ async def _cancellation_intent(store: Store) -> Case:
 
 
 async def _run_suspended(store: Store) -> Case:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     checkpoint, record = suspension(run, required_tools=["approve", "sign"], pending_count=2)
 
     def send(payload: bytes) -> Awaitable[object]:
@@ -107,8 +105,7 @@ async def _run_suspended(store: Store) -> Case:
 
 
 async def _run_completed(store: Store) -> Case:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     record = terminal(run, RunStatus.FAILED, failure=FAILURE)
 
     def send(payload: bytes) -> Awaitable[object]:

@@ -11,7 +11,6 @@ import pytest
 from quipu.contracts.errors import ErrorCode
 from quipu.contracts.lifecycle import encode_run_suspended
 from quipu.contracts.store import (
-    CancellationReason,
     Checkpoint,
     Record,
     RunStart,
@@ -24,6 +23,7 @@ from tests.conformance.builders import (
     STATE_CHANGE_GAP,
     all_run_records,
     changed,
+    close_run,
     ended_session,
     ms,
     open_session,
@@ -33,6 +33,7 @@ from tests.conformance.builders import (
     running_one_shot,
     running_root,
     same_record,
+    session_with_root,
     snapshot,
     suspension,
     terminal,
@@ -43,8 +44,7 @@ EVERY_BYTE = bytes(range(256)) * 64  # 16 KiB, every byte value, not UTF-8
 
 
 async def test_suspension_stores_checkpoint_status_and_record(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     started = await store.load_run(run.run_id)
     await asyncio.sleep(STATE_CHANGE_GAP)
 
@@ -79,8 +79,7 @@ async def test_checkpoint_bytes_come_back_byte_for_byte(store: Store, data: byte
 
 
 async def test_exact_retry_returns_the_original_id_and_keeps_updated_at(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     checkpoint, record = suspension(run)
     first = await store.record_run_suspension(checkpoint, record)
     meta = await store.load_run(run.run_id)
@@ -125,8 +124,7 @@ RETRY_CONFLICTS: dict[str, tuple[Callable[[RunStart], tuple[Checkpoint, Record]]
 
 @pytest.mark.parametrize("variant", list(RETRY_CONFLICTS), ids=list(RETRY_CONFLICTS))
 async def test_suspension_of_a_suspended_run_differing_from_the_first(store: Store, variant: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.record_run_suspension(*suspension(run))
     build, code = RETRY_CONFLICTS[variant]
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
@@ -136,16 +134,8 @@ async def test_suspension_of_a_suspended_run_differing_from_the_first(store: Sto
 
 @pytest.mark.parametrize("status", ["completed", "failed", "canceled"])
 async def test_suspension_of_a_final_run_is_run_terminal_conflict(store: Store, status: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
-    if status == "completed":
-        await store.record_run_terminal(terminal(run, RunStatus.COMPLETED))
-    elif status == "failed":
-        await store.record_run_terminal(terminal(run, RunStatus.FAILED))
-    else:
-        await store.record_run_terminal(
-            terminal(run, RunStatus.CANCELED, reason=CancellationReason.ENGINE_CANCELED)
-        )
+    session_id, run = await session_with_root(store)
+    await close_run(store, run, status)
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.RUN_TERMINAL_CONFLICT, store.record_run_suspension(*suspension(run)))
     assert await snapshot(store, runs=[run.run_id], sessions=[session_id]) == before
@@ -160,8 +150,7 @@ async def test_suspension_of_a_stop_run_is_run_terminal_conflict(store: Store) -
 
 
 async def test_suspension_key_used_by_another_record_is_event_conflict(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.append_run_record(ordinary(run, "suspended"))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.EVENT_CONFLICT, store.record_run_suspension(*suspension(run)))
@@ -190,8 +179,7 @@ INVALID_SUSPENSIONS: dict[str, Callable[[RunStart], tuple[Checkpoint, Record]]] 
 
 @pytest.mark.parametrize("variant", list(INVALID_SUSPENSIONS), ids=list(INVALID_SUSPENSIONS))
 async def test_invalid_suspension_is_invalid_argument(store: Store, variant: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.INVALID_ARGUMENT, store.record_run_suspension(*INVALID_SUSPENSIONS[variant](run)))
     assert await snapshot(store, runs=[run.run_id], sessions=[session_id]) == before
@@ -214,8 +202,7 @@ async def test_load_run_suspension_errors(store: Store) -> None:
 
 
 async def test_suspended_run_refuses_new_records_but_keeps_its_checkpoint(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     checkpoint, record = suspension(run)
     await store.record_run_suspension(checkpoint, record)
     await refused(ErrorCode.RUN_NOT_ACTIVE, store.append_run_record(ordinary(run, "late")))

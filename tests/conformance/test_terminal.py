@@ -16,13 +16,13 @@ from tests.conformance.builders import (
     all_run_records,
     ended_session,
     ms,
-    open_session,
     ordinary,
     refused,
     root_start,
     running_one_shot,
     running_root,
     same_record,
+    session_with_root,
     snapshot,
     suspension,
     terminal,
@@ -43,8 +43,7 @@ LABELS = {"team": "a", "env": "prod"}
 async def test_terminal_closes_the_run_with_its_record(
     store: Store, status: RunStatus, reason: CancellationReason | None
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    _, run = await session_with_root(store, labels=LABELS)
     started = await store.load_run(run.run_id)
     await asyncio.sleep(STATE_CHANGE_GAP)
 
@@ -80,8 +79,7 @@ async def test_failure_with_every_optional_field(store: Store) -> None:
 
 
 async def test_exact_retry_returns_the_original_id_and_keeps_updated_at(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     record = terminal(run, RunStatus.COMPLETED)
     first = await store.record_run_terminal(record)
     meta = await store.load_run(run.run_id)
@@ -123,8 +121,7 @@ CLOSED_CONFLICTS: dict[str, tuple[Callable[[RunStart], Record], ErrorCode]] = {
 
 @pytest.mark.parametrize("variant", list(CLOSED_CONFLICTS), ids=list(CLOSED_CONFLICTS))
 async def test_terminal_on_a_completed_run_differing_from_the_first(store: Store, variant: str) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     await store.record_run_terminal(terminal(run, RunStatus.COMPLETED))
     build, code = CLOSED_CONFLICTS[variant]
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
@@ -135,8 +132,7 @@ async def test_terminal_on_a_completed_run_differing_from_the_first(store: Store
 @pytest.mark.parametrize("key", ["suspended", "terminal"], ids=["suspension_key", "other_key"])
 async def test_terminal_on_a_suspended_run_is_run_terminal_conflict(store: Store, key: str) -> None:
     # §6.7: a suspended run is closed; `suspended` counts as another status.
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.record_run_suspension(*suspension(run, key="suspended"))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(
@@ -172,8 +168,7 @@ async def test_stop_start_terminal_is_its_stopped_record(store: Store) -> None:
     ids=["missing_label", "extra_label", "other_value", "none"],
 )
 async def test_terminal_labels_must_equal_the_runs(store: Store, labels: dict[str, str]) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(
         ErrorCode.INVALID_ARGUMENT,
@@ -184,8 +179,7 @@ async def test_terminal_labels_must_equal_the_runs(store: Store, labels: dict[st
 
 async def test_terminal_labels_compare_as_maps(store: Store) -> None:
     # §2: labels compare as maps; absent equals {}. Order of keys does not matter.
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    session_id, run = await session_with_root(store, labels=LABELS)
     payload = b'{"status":"success","phase":"completed","labels":{"team":"a","env":"prod"}}'
     assert (await store.record_run_terminal(terminal(run, payload=payload))).inserted is True
     unlabelled = await running_root(store, session_id)
@@ -194,8 +188,7 @@ async def test_terminal_labels_compare_as_maps(store: Store) -> None:
 
 
 async def test_terminal_key_used_by_another_record_is_event_conflict(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.append_run_record(ordinary(run, "terminal"))
     before = await snapshot(store, runs=[run.run_id], sessions=[session_id])
     await refused(ErrorCode.EVENT_CONFLICT, store.record_run_terminal(terminal(run)))
@@ -203,8 +196,7 @@ async def test_terminal_key_used_by_another_record_is_event_conflict(store: Stor
 
 
 async def test_run_of_an_ended_session_may_still_close(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     await store.end_session(session_id, ms(5))
     result = await store.record_run_terminal(terminal(run, RunStatus.FAILED))
     assert result.inserted is True
@@ -212,8 +204,7 @@ async def test_run_of_an_ended_session_may_still_close(store: Store) -> None:
 
 
 async def test_terminal_payload_is_kept_as_received(store: Store) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels=LABELS)
+    _, run = await session_with_root(store, labels=LABELS)
     canonical = encode_run_completed(RunStatus.COMPLETED, LABELS)
     padded = b"\n" + canonical
     await store.record_run_terminal(terminal(run, payload=padded))

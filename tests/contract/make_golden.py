@@ -21,7 +21,7 @@ from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import encode_child_run_linked, encode_run_completed, encode_run_started
 from quipu.contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
 from quipu.contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations
-from quipu.contracts.store import CancellationReason, Checkpoint, Record, RunStart, RunStatus
+from quipu.contracts.store import CancellationReason, Checkpoint, RunStart, RunStatus
 
 GOLDEN = Path(__file__).parent / "golden"
 AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
@@ -31,17 +31,6 @@ META = {"event_id": "e-1", "occurred_at": AT, "tenant_id": "t-1", "correlation_i
 def _samples() -> dict[str, str]:
     child = RunStart(run_id="r-2", agent_id="math", session_id="s-1", parent_run_id="r-1", started_at=AT)
 
-    def record(run: RunStart, key: str, type_: str, payload: bytes) -> Record:
-        return Record(
-            event_key=key,
-            run_id=run.run_id,
-            agent_id=run.agent_id,
-            session_id=run.session_id,
-            type=type_,
-            payload=payload,
-            timestamp=AT,
-        )
-
     parent = RunStart(run_id="r-1", agent_id="assistant", session_id="s-1", started_at=AT)
     stopped = encode_run_completed(
         RunStatus.CANCELED, cancellation_reason=CancellationReason.SESSION_ENDED.value
@@ -50,23 +39,21 @@ def _samples() -> dict[str, str]:
         "create_session.v1.json": CreateSession(session_id="s-1", created_at=AT, **META).model_dump_json(),
         "start_child_run.v1.json": StartChildRun(
             run=child,
-            parent_link=record(
-                parent,
+            parent_link=parent.record(
                 "child/call-1",
                 "child_run_linked",
                 encode_child_run_linked("math", "call-1", "r-2", "math"),
             ),
-            started=record(child, "started", "run_started", encode_run_started(child)),
-            stopped=record(child, "stopped", "run_completed", stopped),
+            started=child.record("started", "run_started", encode_run_started(child)),
+            stopped=child.record("stopped", "run_completed", stopped),
             **META,
         ).model_dump_json(),
         "append_run_record.v1.json": AppendRunRecord(
-            record=record(parent, "step/1", "note", b'{"x":1}'), **META
+            record=parent.record("step/1", "note", b'{"x":1}'), **META
         ).model_dump_json(),
         "record_run_suspension.v1.json": RecordRunSuspension(
             checkpoint=Checkpoint(suspension_id="q-1", data=b"\x00\xff"),
-            record=record(
-                parent,
+            record=parent.record(
                 "suspend",
                 "run_suspended",
                 b'{"suspension_id":"q-1","version":"1","pending_count":1,"required_tools":["ask_user"]}',

@@ -46,6 +46,7 @@ from tests.conformance.builders import (
     root_start,
     running_one_shot,
     running_root,
+    session_with_root,
     suspend,
     suspension,
     terminal,
@@ -111,8 +112,7 @@ async def test_an_explicit_cursor_secret_is_used_as_given(stack: EmbeddedStack, 
 
 
 async def test_payload_and_checkpoint_bytes_are_kept_exactly(store: MongoStore) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels={"a.b": "1", "$x": "2", "": "empty", "nul\x00": "3"})
+    _, run = await session_with_root(store, labels={"a.b": "1", "$x": "2", "": "empty", "nul\x00": "3"})
     # Not canonical JSON on purpose: whitespace, escapes, raw non-ASCII, NFD vs NFC.
     payload = b'{ "text" :"caf\xc3\xa9 / cafe\xcc\x81",\n"esc":"\\u00e9\\ud83d\\ude00", "n": 1.50 }'
     record = ordinary(run, "exact", payload=payload)
@@ -175,8 +175,7 @@ async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, d
         store = await MongoStore.open(client, database)
         # Every read and write path of the rules: sessions, starts of each kind, records,
         # listings (both windows and the open range), continuation, purge.
-        session_id = await open_session(store)
-        parent = await running_root(store, session_id)
+        session_id, parent = await session_with_root(store)
         child = await proceed(store, child_start(session_id, parent))
         await store.append_run_record(ordinary(child, "x"))
         await store.append_run_record(ordinary(child, "x"))
@@ -247,8 +246,7 @@ async def test_transient_transaction_errors_are_retried_inside_the_store(
     faulty: tuple[MongoStore, Client],
 ) -> None:
     store, client = faulty
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     before = store.transactions.attempts
     await _fail_point(
         client,
@@ -273,8 +271,7 @@ async def test_unknown_commit_result_is_unavailable_and_the_resent_command_retur
     faulty: tuple[MongoStore, Client],
 ) -> None:
     store, client = faulty
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     record = ordinary(run, "maybe-written")
     # The commit is applied, then its reply carries a write concern error: the outcome is unknown.
     await _fail_point(
@@ -297,8 +294,7 @@ async def test_a_closed_client_is_unavailable_and_a_new_store_answers_the_resent
     stack: EmbeddedStack, database: str
 ) -> None:
     store = await MongoStore.connect(stack.mongo_uri, database)
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     await store.close()
     record = ordinary(run, "after-close")
     await refused(ErrorCode.UNAVAILABLE, store.append_run_record(record))
@@ -331,8 +327,7 @@ async def test_no_server_is_unavailable_within_the_selection_timeout() -> None:
 async def test_a_document_over_the_bson_limit_is_invalid_argument_and_writes_nothing(
     store: MongoStore,
 ) -> None:
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    _, run = await session_with_root(store)
     huge = b'"' + b"a" * (17 * 1024 * 1024) + b'"'
     await refused(ErrorCode.INVALID_ARGUMENT, store.append_run_record(ordinary(run, "huge", payload=huge)))
     assert len(await all_run_records(store, run.run_id)) == 1
@@ -485,8 +480,7 @@ async def test_acknowledged_writes_survive_sigkill_of_a_sync_on_commit_server(st
     try:
         await _answering(uri)
         store = await MongoStore.connect(uri, "durable")
-        session_id = await open_session(store)
-        run = await running_root(store, session_id)
+        _, run = await session_with_root(store)
         acknowledged = [(await store.append_run_record(ordinary(run, f"e{n}"))).record_id for n in range(30)]
         checkpoint, record = suspension(run)
         await store.record_run_suspension(checkpoint, record)

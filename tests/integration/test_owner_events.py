@@ -43,6 +43,7 @@ from tests.conformance.builders import (
     root_start,
     running_one_shot,
     running_root,
+    session_with_root,
     start,
     suspension,
     terminal,
@@ -115,8 +116,7 @@ async def test_a_terminal_publishes_workflow_then_run_stream_end_after_its_commi
     stack: EmbeddedStack, events: Events
 ) -> None:
     store = events.store
-    session_id = await open_session(store)
-    run = await running_root(store, session_id, labels={"team": "blue"})
+    session_id, run = await session_with_root(store, labels={"team": "blue"})
     await store.append_run_record(ordinary(run, "step-1", record_type="tool_start"))
     closing = terminal(run, key="the-end", timestamp=ms(50))
 
@@ -155,8 +155,7 @@ async def test_a_terminal_publishes_workflow_then_run_stream_end_after_its_commi
 
 async def test_failed_and_canceled_terminals_and_a_suspension_say_how_the_run_closed(events: Events) -> None:
     store = events.store
-    session_id = await open_session(store)
-    failing = await running_root(store, session_id)
+    session_id, failing = await session_with_root(store)
     canceled = await running_root(store, session_id)
     suspending = await running_root(store, session_id)
     failure = Failure(message="the tool exploded", kind="tool_error", retryable=True, code="E42")
@@ -189,8 +188,7 @@ async def test_failed_and_canceled_terminals_and_a_suspension_say_how_the_run_cl
 
 async def test_refused_commands_publish_nothing(events: Events) -> None:
     store = events.store
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     closing = terminal(run, key="done")
     await store.record_run_terminal(closing)
     await events.wait(run.run_id, 2)
@@ -240,8 +238,7 @@ async def test_a_start_under_an_ended_session_publishes_the_canceled_workflow(ev
 
 async def test_a_child_start_publishes_child_run_linked_on_the_parent(events: Events) -> None:
     store = events.store
-    session_id = await open_session(store)
-    parent = await running_root(store, session_id)
+    session_id, parent = await session_with_root(store)
     child = child_start(session_id, parent, tool_name="research", tool_call_id="toolu_01", link_key="link-1")
     await start(store, child)
 
@@ -277,8 +274,7 @@ async def test_appends_publish_non_terminal_phases_assistant_turns_and_their_usa
     events: Events,
 ) -> None:
     store = events.store
-    session_id = await open_session(store)
-    run = await running_root(store, session_id)
+    session_id, run = await session_with_root(store)
     messages = (
         b'[{"role":"user","parts":[{"kind":"text","text":"hi"}]},'
         b'{"role":"assistant","parts":[{"kind":"text","text":"hello"}],'

@@ -39,6 +39,7 @@ from tests.conformance.builders import (
     ordinary,
     run_start,
     running_root,
+    session_with_root,
     uid,
 )
 from tests.conformance.memory_builders import new
@@ -482,8 +483,7 @@ async def test_a_command_resent_after_unavailable_returns_the_original_result(
             ReplyReader(stack.bootstrap, settings.topic_prefix + Topic.STORAGE_REPLIES.value) as replies,
         ):
             await wait_until_serving(store, owner)
-            session_id = await open_session(store)
-            run = await running_root(store, session_id)
+            _, run = await session_with_root(store)
             await owner.stop()
             assert not owner.running
 

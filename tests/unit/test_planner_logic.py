@@ -17,6 +17,7 @@ from quipu.contracts.transcript import (
     ToolUsePart,
     encode_messages,
 )
+from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentSpec, default_agents
 from quipu.services.domain.memory.context import ContextBlocks
 from quipu.services.domain.models.port import ToolSpec
@@ -24,7 +25,7 @@ from quipu.services.planner.logic.actions import Append, CallModel, Closed, Disp
 from quipu.services.planner.logic.context import history_window, seed_messages
 from quipu.services.planner.logic.decide import decide
 from quipu.services.planner.logic.dispatch import ToolInfo, task_text
-from quipu.services.planner.logic.keys import CONTEXT_TYPE, TOOL_RESULT_TYPE, to_millisecond
+from quipu.services.planner.logic.keys import CONTEXT_TYPE, TOOL_RESULT_TYPE
 from quipu.services.planner.logic.model_call import model_request
 from quipu.services.planner.logic.payloads import PendingInput, RunContext, SuspensionCheckpoint, ToolResult
 from quipu.services.planner.logic.run_end import closed_outputs

@@ -22,8 +22,6 @@ Record keys (per run; the store makes `(run_id, event_key)` unique):
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from quipu.contracts.envelope import derive_id
 from quipu.contracts.events import RunPhase
 from quipu.contracts.tools import TOOL_RESULT_RECORD
@@ -101,8 +99,3 @@ def link_key(tool_call_id: str, child_run_id: str, continuation: bool) -> str:
 def child_run_id(parent_run_id: str, tool_use_id: str) -> str:
     """The run id of the child that answers an agent-tool use: the same on every redelivery."""
     return derive_id(parent_run_id, f"child/{tool_use_id}")
-
-
-def to_millisecond(value: datetime) -> datetime:
-    """The store refuses sub-millisecond timestamps; a message's time is truncated, deterministically."""
-    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)

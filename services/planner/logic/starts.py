@@ -10,8 +10,9 @@ from quipu.contracts.lifecycle import encode_child_run_linked, encode_run_comple
 from quipu.contracts.runs import ParentToolCall, RunKind, RunRequested
 from quipu.contracts.store import CancellationReason, LifecycleType, Record, RunStart, RunStatus
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, TranscriptError, bounded_tool_result
+from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentSpec
-from quipu.services.planner.logic.keys import STARTED_KEY, STOPPED_KEY, to_millisecond
+from quipu.services.planner.logic.keys import STARTED_KEY, STOPPED_KEY
 from quipu.services.planner.logic.payloads import PendingInput, RunContext
 from quipu.services.planner.logic.tool_results import result_part
 from quipu.services.planner.logic.view import RunView
@@ -27,23 +28,10 @@ class StartPlan:
     parent_link: Record | None = None
 
 
-def _start_record(run: RunStart, key: str, type_: str, payload: bytes) -> Record:
-    return Record(
-        event_key=key,
-        run_id=run.run_id,
-        agent_id=run.agent_id,
-        session_id=run.session_id,
-        type=type_,
-        payload=payload,
-        timestamp=run.started_at,
-    )
-
-
 def start_plan(run: RunStart, link: tuple[ParentToolCall, str] | None = None) -> StartPlan:
     """The canonical `started`/`stopped` records of `run`, and its parent link (with its key)."""
-    started = _start_record(run, STARTED_KEY, LifecycleType.RUN_STARTED.value, encode_run_started(run))
-    stopped = _start_record(
-        run,
+    started = run.record(STARTED_KEY, LifecycleType.RUN_STARTED.value, encode_run_started(run))
+    stopped = run.record(
         STOPPED_KEY,
         LifecycleType.RUN_COMPLETED.value,
         encode_run_completed(

@@ -22,12 +22,12 @@ from quipu.contracts.transcript import (
     ToolUsePart,
     decode_messages,
 )
+from quipu.contracts.wire import to_millisecond
 from quipu.services.planner.logic.keys import (
     CONTEXT_TYPE,
     HISTORY_COMPACTED_TYPE,
     INPUT_KEY,
     TOOL_RESULT_TYPE,
-    to_millisecond,
 )
 from quipu.services.planner.logic.payloads import Compaction, RunContext, ToolResult
 
