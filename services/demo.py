@@ -36,9 +36,9 @@ from quipu.services.cli.client import (
 from quipu.services.cli.launch import quipu_command
 from quipu.services.cli.render import EventPrinter, count_by_status
 from quipu.services.cli.settings import CliSettings
+from quipu.services.domain.run_requests import Turn, resume_request, turn_request
 from quipu.services.enricher.app import create_app as create_enricher
 from quipu.services.fact_extractor.app import create_app as create_fact_extractor
-from quipu.services.gateway.logic import RunRequest, resume_request, turn_request
 from quipu.services.kit.logging import configure_logging
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.run_events import RunEventReader, StartAt
@@ -109,7 +109,7 @@ async def _second_session(kafka: KafkaSettings, store: KafkaStore, publish: Any)
     text = "what is my favourite colour?"
     console.print(Text(f"\n> user, in a new session {session_id}: {text}", style="bold"))
     request = turn_request(
-        RunRequest(agent_id="assistant", text=text, session_id=session_id), principal_id=PRINCIPAL
+        Turn(agent_id="assistant", text=text, session_id=session_id), principal_id=PRINCIPAL
     )
     return await _turn(kafka, store, publish, request, None)
 
@@ -144,7 +144,7 @@ async def run_demo() -> bool:
                 for text, answer in TURNS:
                     console.print(Text(f"\n> user: {text}", style="bold"))
                     request = turn_request(
-                        RunRequest(agent_id="assistant", text=text, session_id=session_id),
+                        Turn(agent_id="assistant", text=text, session_id=session_id),
                         principal_id="demo-user",
                     )
                     results.append(await _turn(kafka, store, publisher.publish, request, answer))

@@ -31,8 +31,8 @@ from quipu.services.cli.output import EXIT_FAILED, EXIT_WAITING, CliError, conso
 from quipu.services.cli.render import EventPrinter, prompt_of
 from quipu.services.cli.settings import CliSettings
 from quipu.services.cli.state import CLIENT_ID
-from quipu.services.gateway.adapters import KafkaRunPublisher
-from quipu.services.gateway.logic import GatewayError, require_open, resume_request
+from quipu.services.domain.run_publisher import KafkaRunPublisher
+from quipu.services.domain.run_requests import RequestRefusedError, require_open, resume_request
 from quipu.services.kit.run_events import EventStreamError, RunEventReader, StartAt
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -81,7 +81,7 @@ def run_command(work: Work, kafka: KafkaSettings, settings: CliSettings) -> Any:
         )
         seen = asyncio.run(owner_diagnosis(kafka, settings)())
         fail(f"{error.code.value}: {error.message}: {waited}; {seen}")
-    except GatewayError as error:
+    except RequestRefusedError as error:
         fail(f"{error.code}: {error.message}")
     except (CliError, EventStreamError) as error:
         fail(str(error))

@@ -1,7 +1,7 @@
 """The work of each client command (`run`, `answer`, `cancel`, `runs`, `sessions`, `memory`, `status`).
 
 `quipu.services.cli` declares the commands and imports this module only when one of them runs, so that
-`quipu --help` or a mistyped command does not load Kafka, pydantic models and the gateway.
+`quipu --help` or a mistyped command does not load Kafka and pydantic models.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from quipu.services.cli.render import (
 from quipu.services.cli.settings import CliSettings
 from quipu.services.cli.state import client_settings, client_target
 from quipu.services.domain.memory.reindex import Principal, principals_from_changes, reindex
-from quipu.services.gateway.logic import RunRequest, cancel_request, resume_request, turn_request
+from quipu.services.domain.run_requests import Turn, cancel_request, resume_request, turn_request
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.store_client import KafkaStore
 
@@ -63,7 +63,7 @@ def run(
     kafka = client_settings()
     session_id = session or f"cli-{os.urandom(6).hex()}"
     try:
-        body = RunRequest(agent_id=agent, text=text, session_id=session_id)
+        body = Turn(agent_id=agent, text=text, session_id=session_id)
     except ValidationError as error:
         raise typer.BadParameter(
             f"{one_line_error(error)} (the message has {len(text):,} characters)", param_hint="MESSAGE"

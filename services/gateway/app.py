@@ -21,8 +21,10 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quipu.contracts.errors import StoreError
+from quipu.services.domain.run_publisher import KafkaRunPublisher
+from quipu.services.domain.run_requests import RequestRefusedError
 from quipu.services.gateway import logic, memory_routes
-from quipu.services.gateway.adapters import EventStreams, KafkaRunPublisher
+from quipu.services.gateway.adapters import EventStreams
 from quipu.services.gateway.auth import Authenticator, authenticate
 from quipu.services.gateway.body_limit import BodyLimit
 from quipu.services.gateway.handlers import GatewayDeps, health_router, router
@@ -55,6 +57,12 @@ async def _gateway_error(_: Request, error: Exception) -> JSONResponse:
 async def _store_error(_: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StoreError)
     refusal = logic.error_of(error)
+    return _error(refusal.status, refusal.code, refusal.message)
+
+
+async def _refused_request(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestRefusedError)
+    refusal = logic.refusal_of(error)
     return _error(refusal.status, refusal.code, refusal.message)
 
 
@@ -137,6 +145,7 @@ def create_app(
     app.include_router(health_router)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StoreError, _store_error)
+    app.add_exception_handler(RequestRefusedError, _refused_request)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

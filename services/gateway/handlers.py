@@ -16,6 +16,7 @@ from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import Page, RunMeta, Session
 from quipu.contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
 from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain import run_requests
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.transcript import build_messages_from_run_log
 from quipu.services.gateway import access, logic
@@ -122,7 +123,7 @@ async def create_session(
     Optional: `POST /v1/runs` creates its session on first use. Who owns it is the credential's
     principal, never a body field.
     """
-    session_id = (body.session_id if body else None) or logic.new_id()
+    session_id = (body.session_id if body else None) or run_requests.new_id()
     session = await deps.store.create_session(session_id, utc_now_ms(), caller.owner)
     if session.owner != caller.owner:
         raise GatewayError(409, logic.SESSION_ID_TAKEN, f"session id {session_id!r} is taken; choose another")
@@ -225,7 +226,7 @@ async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAc
     if body.session_id:
         await deps.turn_session(caller, body.session_id)
     stamped = body.model_copy(update={"labels": labels})
-    message = logic.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
+    message = run_requests.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
     await deps.publisher.publish(message)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
@@ -260,7 +261,7 @@ async def cancel_run(
 ) -> RunAccepted:
     """Ask for a run to be canceled; the first accepted reason is permanent."""
     meta = await deps.run(caller, run_id)
-    message = logic.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=caller.tenant_id)
+    message = run_requests.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=caller.tenant_id)
     await deps.publisher.publish(message)
     return logic.accepted(message)
 
@@ -271,7 +272,7 @@ async def answer_run(deps: Deps, caller: RunsWriter, run_id: str, body: AnswerRe
     meta = await deps.run(caller, run_id)
     if meta.session_id:
         await deps.own_session(caller, meta.session_id)
-    message = logic.resume_request(
+    message = run_requests.resume_request(
         meta, body.answer, principal_id=caller.principal_id, run_id=body.run_id, tenant_id=caller.tenant_id
     )
     await deps.publisher.publish(message)

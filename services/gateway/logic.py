@@ -6,15 +6,13 @@ functions build through the publisher port.
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quipu.contracts.envelope import derive_id
 from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
-from quipu.contracts.runs import CancelRun, RunKind, RunRequested
+from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.store import (
     CancellationReason,
     Page,
@@ -22,9 +20,9 @@ from quipu.contracts.store import (
     RunStatus,
     Session,
     SessionOwner,
-    SessionStatus,
 )
 from quipu.contracts.transcript import Message
+from quipu.services.domain.run_requests import RequestRefusedError, Turn
 
 # --- ports --------------------------------------------------------------------------------------
 
@@ -95,8 +93,6 @@ class GatewayError(QuipuError):
 
 INVALID_REQUEST = "INVALID_ARGUMENT"
 """Code of a request the gateway itself refuses as malformed (same code as the store's)."""
-RUN_NOT_SUSPENDED = "RUN_NOT_SUSPENDED"
-"""Code of an answer to a run that is not waiting for one."""
 ROUTE_NOT_FOUND = "NOT_FOUND"
 """Code of a path the gateway does not serve."""
 SESSION_ID_TAKEN = "SESSION_ID_TAKEN"
@@ -132,6 +128,11 @@ def error_of(error: StoreError) -> GatewayError:
     return GatewayError(http_status(error.code), error.code.value, error.message)
 
 
+def refusal_of(error: RequestRefusedError) -> GatewayError:
+    """The HTTP answer to a request that cannot apply to the run as stored: 400 malformed, else 409."""
+    return GatewayError(400 if error.invalid else 409, error.code, error.message)
+
+
 # --- request and response bodies ----------------------------------------------------------------
 
 
@@ -147,24 +148,8 @@ class CreateSessionRequest(_Body):
     )
 
 
-class RunRequest(_Body):
-    """A user turn for an agent, in a session or as a one-shot run."""
-
-    agent_id: str = Field(min_length=1, max_length=256, description="Agent that runs the turn.")
-    text: str = Field(min_length=1, max_length=200_000, description="What the user said.")
-    session_id: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="Session of the turn, created on first use; omitted: a one-shot run.",
-    )
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels recorded on the run.")
-    run_id: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="Run id; a uuid4 when omitted. Resending with the same id asks for the same run.",
-    )
+class RunRequest(Turn):
+    """A user turn for an agent, in a session or as a one-shot run (the body of POST /v1/runs)."""
 
 
 class CancelRequest(_Body):
@@ -222,104 +207,6 @@ class Health(BaseModel):
 
 
 # --- what requests become -----------------------------------------------------------------------
-
-
-def new_id() -> str:
-    """A fresh identifier for a session or run."""
-    return str(uuid.uuid4())
-
-
-def request_event_id(run_id: str) -> str:
-    """The event id of a run's request: derived from the run, so a resent request repeats it."""
-    return derive_id(run_id, "run_requested")
-
-
-def require_open(session: Session) -> None:
-    """A new turn needs an active session: an ended one could only cancel it at once."""
-    if session.status is not SessionStatus.ACTIVE:
-        raise GatewayError(
-            409, ErrorCode.SESSION_ENDED.value, f"session {session.session_id!r} has ended; start a new one"
-        )
-
-
-def turn_request(body: RunRequest, *, tenant_id: str = "", principal_id: str = "") -> RunRequested:
-    """The RunRequested (kind turn) a POST /v1/runs publishes, for the credential's tenant and principal."""
-    run_id = body.run_id or new_id()
-    return RunRequested(
-        event_id=request_event_id(run_id),
-        tenant_id=tenant_id,
-        correlation_id=run_id,
-        kind=RunKind.TURN,
-        run_id=run_id,
-        session_id=body.session_id or "",
-        agent_id=body.agent_id,
-        principal_id=principal_id,
-        text=body.text,
-        labels=body.labels,
-    )
-
-
-def resume_request(
-    meta: RunMeta,
-    answer: Any,
-    *,
-    principal_id: str = "",
-    run_id: str | None = None,
-    tenant_id: str = "",
-) -> RunRequested:
-    """The RunRequested (kind resume) that answers the suspended run `meta`.
-
-    Refused with 409 when the run is not suspended, was answered already, or has no session
-    (one-shot runs have no continuations, STORE_CONTRACT §6.3).
-    """
-    if meta.status is not RunStatus.SUSPENDED:
-        raise GatewayError(
-            409, RUN_NOT_SUSPENDED, f"run {meta.run_id!r} is {meta.status.value}, not waiting for an answer"
-        )
-    if meta.successor_run_id:
-        raise GatewayError(
-            409,
-            ErrorCode.RUN_CONFLICT.value,
-            f"run {meta.run_id!r} was answered already; its continuation is {meta.successor_run_id!r}",
-        )
-    if not meta.session_id:
-        raise GatewayError(409, RUN_NOT_SUSPENDED, f"one-shot run {meta.run_id!r} cannot be continued")
-    successor = run_id or new_id()
-    return RunRequested(
-        event_id=request_event_id(successor),
-        tenant_id=tenant_id,
-        correlation_id=successor,
-        causation_id=meta.run_id,
-        kind=RunKind.RESUME,
-        run_id=successor,
-        session_id=meta.session_id,
-        agent_id=meta.agent_id,
-        principal_id=principal_id,
-        predecessor_run_id=meta.run_id,
-        answer=answer,
-        labels=meta.labels,
-    )
-
-
-def cancel_request(meta: RunMeta, reason: CancellationReason, *, tenant_id: str = "") -> CancelRun:
-    """The CancelRun for the run `meta`; 409 when it already ended, 400 for the store's own reason."""
-    if reason is CancellationReason.SESSION_ENDED:
-        raise GatewayError(
-            400, INVALID_REQUEST, "session_ended is recorded by the store when a session ends, not requested"
-        )
-    if meta.status.closed:
-        # A suspended run is closed too (STORE_CONTRACT §9): it is answered, never canceled.
-        raise GatewayError(
-            409, ErrorCode.RUN_NOT_ACTIVE.value, f"run {meta.run_id!r} is {meta.status.value}, not running"
-        )
-    return CancelRun(
-        event_id=derive_id(meta.run_id, f"cancel/{reason.value}"),
-        tenant_id=tenant_id,
-        correlation_id=meta.run_id,
-        run_id=meta.run_id,
-        session_id=meta.session_id,
-        reason=reason,
-    )
 
 
 def accepted(message: RunRequested | CancelRun) -> RunAccepted:

@@ -36,8 +36,8 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.cli import SERVICES
 from quipu.services.cli.state import STATE_FILE_ENV
 from quipu.services.cli.status import CONSUMERS
-from quipu.services.gateway.adapters import KafkaRunPublisher
-from quipu.services.gateway.logic import RunRequest, turn_request
+from quipu.services.domain.run_publisher import KafkaRunPublisher
+from quipu.services.domain.run_requests import Turn, turn_request
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 from tests.timing import eventually, scaled
@@ -157,7 +157,7 @@ class Clients:
             session = f"sup-{uuid.uuid4().hex[:10]}"
             await self.store.create_session(session, utc_now_ms())
             request = turn_request(
-                RunRequest(agent_id="assistant", text=f"calculate {index}*{index}", session_id=session)
+                Turn(agent_id="assistant", text=f"calculate {index}*{index}", session_id=session)
             )
             await self.publisher.publish(request)
             run_ids.append(request.run_id)

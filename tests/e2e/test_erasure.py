@@ -29,8 +29,8 @@ from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import RunStatus
 from quipu.contracts.transcript import TranscriptErasedError
 from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.run_publisher import KafkaRunPublisher
 from quipu.services.domain.transcript import build_messages_from_run_log
-from quipu.services.gateway.adapters import KafkaRunPublisher
 from quipu.services.kit.delivery import MessageErasedError, PermanentError
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore

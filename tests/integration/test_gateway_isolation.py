@@ -27,9 +27,10 @@ from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.store import RunStart
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.run_publisher import KafkaRunPublisher
 from quipu.services.gateway import memory_routes
 from quipu.services.gateway.access import OWNER_LABELS
-from quipu.services.gateway.adapters import EventStreams, KafkaRunPublisher
+from quipu.services.gateway.adapters import EventStreams
 from quipu.services.gateway.app import EmbeddedServer, create_app
 from quipu.services.gateway.handlers import GatewayDeps
 from quipu.services.kit.memory_client import KafkaMemoryStore
