@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -206,8 +207,10 @@ class MessageSeals:
             return message.model_dump_json().encode()
         key = await self.keys.key(whose, create=True)
         assert key is not None  # created when missing
-        encoded = message.model_dump(mode="json")
-        return sealing.seal_message(key, {**encoded, SEALED_FOR_FIELD: whose.model_dump()}, fields)
+        # Each part serialized by pydantic once; only the small clear part is handled as a dict.
+        clear = json.loads(message.model_dump_json(exclude=set(fields)))
+        clear[SEALED_FOR_FIELD] = whose.model_dump()
+        return sealing.seal_message(key, clear, message.model_dump_json(include=set(fields)).encode())
 
     async def open(self, body: bytes) -> bytes:
         """The plaintext JSON of a consumed message (a plaintext one is returned as it is).
