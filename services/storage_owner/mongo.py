@@ -199,6 +199,48 @@ def client_options(uri: str, server_selection_timeout_ms: int) -> dict[str, Any]
     return options
 
 
+async def prepare_database(
+    client: AsyncMongoClient[Document],
+    name: str,
+    policy: TransactionPolicy,
+    indexes: Mapping[str, list[IndexModel]],
+    secrets: Mapping[str, bytes | None],
+) -> tuple[AsyncDatabase[Document], dict[str, bytes]]:
+    """Database `name` under the policy's write concern, with its indexes, and each secret of `secrets`:
+    the one given, else the one generated once and kept in `meta`. A driver error is UNAVAILABLE."""
+    database = client.get_database(name, write_concern=policy.write_concern)
+    try:
+        await ensure_indexes(database, indexes)
+        found = {
+            secret_id: given or await load_generated_secret(database, policy.write_concern, secret_id)
+            for secret_id, given in secrets.items()
+        }
+    except PyMongoError as error:
+        raise unavailable(error) from error
+    return database, found
+
+
+class MongoBacked:
+    """What a store kept in one MongoDB database holds of it: the client, the database, and whether
+    the store owns the client (it does when `connect` opened it; then `close` closes it)."""
+
+    def __init__(
+        self, client: AsyncMongoClient[Document], database: AsyncDatabase[Document], *, owns_client: bool
+    ) -> None:
+        self.client = client
+        self.database = database
+        self._owns_client = owns_client
+
+    async def drop_database(self) -> None:
+        """Delete the store's whole database (tests)."""
+        await self.client.drop_database(self.database.name)
+
+    async def close(self) -> None:
+        """Close the client if this store opened it."""
+        if self._owns_client:
+            await self.client.close()
+
+
 async def with_own_client(
     uri: str,
     server_selection_timeout_ms: int,

@@ -18,17 +18,15 @@ from typing import Any
 
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import PyMongoError
 
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
 from quipu.services.storage_owner.mongo import (
+    MongoBacked,
     TransactionPolicy,
-    ensure_indexes,
-    load_generated_secret,
-    unavailable,
+    prepare_database,
     with_own_client,
 )
 from quipu.services.storage_owner.mongo_memory_transaction import (
@@ -67,7 +65,7 @@ INDEXES: Mapping[str, list[IndexModel]] = {
 # --- the store ----------------------------------------------------------------------------------
 
 
-class MongoMemoryStore(MemoryRules):
+class MongoMemoryStore(MemoryRules, MongoBacked):
     """The `MemoryStore` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
 
     def __init__(
@@ -81,10 +79,8 @@ class MongoMemoryStore(MemoryRules):
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> None:
         self.transactions = MongoMemoryTransactions(client, database, Keyring(master_key), policy)
-        super().__init__(self.transactions, clock)
-        self.client = client
-        self.database = database
-        self._owns_client = owns_client
+        MemoryRules.__init__(self, self.transactions, clock)
+        MongoBacked.__init__(self, client, database, owns_client=owns_client)
 
     @classmethod
     async def open(
@@ -99,13 +95,8 @@ class MongoMemoryStore(MemoryRules):
     ) -> MongoMemoryStore:
         """A store on `database` through an existing (tz-aware) client; creates indexes and the key."""
         policy = policy or TransactionPolicy()
-        db = client.get_database(database, write_concern=policy.write_concern)
-        try:
-            await ensure_indexes(db, INDEXES)
-            key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
-        except PyMongoError as error:
-            raise unavailable(error) from error
-        return cls(client, db, key, policy=policy, owns_client=owns_client, clock=clock)
+        db, found = await prepare_database(client, database, policy, INDEXES, {MASTER_KEY_ID: master_key})
+        return cls(client, db, found[MASTER_KEY_ID], policy=policy, owns_client=owns_client, clock=clock)
 
     @classmethod
     async def connect(
@@ -143,12 +134,3 @@ class MongoMemoryStore(MemoryRules):
         """Delete every memory collection (tests that share a database with the runtime store)."""
         for name in COLLECTIONS:
             await self.database.drop_collection(name)
-
-    async def drop_database(self) -> None:
-        """Delete the whole database (tests)."""
-        await self.client.drop_database(self.database.name)
-
-    async def close(self) -> None:
-        """Close the client if this store opened it."""
-        if self._owns_client:
-            await self.client.close()

@@ -18,17 +18,15 @@ from datetime import datetime
 
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import PyMongoError
 
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.store.rules import RuleStore
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
 from quipu.services.storage_owner.mongo import (
     Document,
+    MongoBacked,
     TransactionPolicy,
-    ensure_indexes,
-    load_generated_secret,
-    unavailable,
+    prepare_database,
     with_own_client,
 )
 from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS, MongoTransactions
@@ -46,7 +44,7 @@ INDEXES: Mapping[str, list[IndexModel]] = {
 """Secondary indexes by collection; `sessions` and `meta` are only read by `_id`."""
 
 
-class MongoStore(RuleStore):
+class MongoStore(RuleStore, MongoBacked):
     """The `Store` on MongoDB; build it with `connect` (owns its client) or `open` (shares one)."""
 
     def __init__(
@@ -61,10 +59,8 @@ class MongoStore(RuleStore):
         clock: Callable[[], datetime] = utc_now_ms,
     ) -> None:
         self.transactions = MongoTransactions(client, database, Keyring(master_key), policy)
-        super().__init__(self.transactions, cursor_secret, clock)
-        self.client = client
-        self.database = database
-        self._owns_client = owns_client
+        RuleStore.__init__(self, self.transactions, cursor_secret, clock)
+        MongoBacked.__init__(self, client, database, owns_client=owns_client)
 
     @classmethod
     async def open(
@@ -85,13 +81,10 @@ class MongoStore(RuleStore):
         SecantusDB needs retryable writes off.
         """
         policy = policy or TransactionPolicy()
-        db = client.get_database(database, write_concern=policy.write_concern)
-        try:
-            await ensure_indexes(db, INDEXES)
-            secret = cursor_secret or await load_generated_secret(db, policy.write_concern, CURSOR_SECRET_ID)
-            key = master_key or await load_generated_secret(db, policy.write_concern, MASTER_KEY_ID)
-        except PyMongoError as error:
-            raise unavailable(error) from error
+        db, found = await prepare_database(
+            client, database, policy, INDEXES, {CURSOR_SECRET_ID: cursor_secret, MASTER_KEY_ID: master_key}
+        )
+        secret, key = found[CURSOR_SECRET_ID], found[MASTER_KEY_ID]
         return cls(client, db, secret, key, policy=policy, owns_client=owns_client, clock=clock)
 
     @classmethod
@@ -120,12 +113,3 @@ class MongoStore(RuleStore):
                 clock=clock,
             ),
         )
-
-    async def drop_database(self) -> None:
-        """Delete every collection of this store (tests)."""
-        await self.client.drop_database(self.database.name)
-
-    async def close(self) -> None:
-        """Close the client if this store opened it."""
-        if self._owns_client:
-            await self.client.close()
