@@ -99,3 +99,25 @@ def test_model_settings_are_read_when_the_service_settings_are(monkeypatch: pyte
     monkeypatch.setenv("QUIPU_MODEL_NAME", "claude-test")
     for service in (PlannerSettings, TranscriptRecorderSettings, FactExtractorSettings):
         assert service().model.name == "claude-test"
+
+
+def test_an_unrelated_api_key_variable_is_not_taken_for_the_anthropic_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # API_KEY is a common name for some other service's secret: sending it to Anthropic would leak
+    # it, and would switch the offline scripted model off.
+    monkeypatch.setenv("API_KEY", "sk-someone-elses")
+    settings = ModelSettings()
+    assert settings.api_key is None
+    assert not settings.uses_anthropic
+
+
+@pytest.mark.parametrize("variable", ["ANTHROPIC_API_KEY", "QUIPU_MODEL_API_KEY"])
+def test_the_anthropic_key_comes_from_its_two_variables_or_the_keyword(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    monkeypatch.setenv(variable, "sk-test")
+    given = ModelSettings().api_key
+    assert given is not None and given.get_secret_value() == "sk-test"
+    keyword = ModelSettings(api_key="sk-keyword").api_key
+    assert keyword is not None and keyword.get_secret_value() == "sk-keyword"

@@ -25,7 +25,11 @@ MIN_THINKING_BUDGET = 1024
 class ModelSettings(BaseSettings):
     """How services reach the language model (`QUIPU_MODEL_...`, plus `ANTHROPIC_API_KEY`)."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_MODEL_", frozen=True, extra="ignore")
+    # validate_by_name: `ModelSettings(api_key=...)` by the field's name, while the environment is
+    # read only under the two aliases (an alias "api_key" would read any API_KEY variable).
+    model_config = SettingsConfigDict(
+        env_prefix="QUIPU_MODEL_", frozen=True, extra="ignore", validate_by_name=True
+    )
 
     provider: ModelProvider = Field(
         default="auto",
@@ -36,7 +40,7 @@ class ModelSettings(BaseSettings):
     )
     api_key: SecretStr | None = Field(
         default=None,
-        validation_alias=AliasChoices("api_key", "QUIPU_MODEL_API_KEY", "ANTHROPIC_API_KEY"),
+        validation_alias=AliasChoices("QUIPU_MODEL_API_KEY", "ANTHROPIC_API_KEY"),
         description="Anthropic API key (QUIPU_MODEL_API_KEY or ANTHROPIC_API_KEY); never logged.",
     )
     name: str = Field(
