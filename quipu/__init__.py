@@ -18,7 +18,17 @@ if TYPE_CHECKING:
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
     from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
     from quipu.contracts.topics import TOPICS, Topic, TopicSpec
-    from quipu.tools import AwaitInput, AwaitKind, Cancellation, Tool, ToolContext, ToolError, Toolset, tool
+    from quipu.tools import (
+        AwaitInput,
+        AwaitKind,
+        Cancellation,
+        Tool,
+        ToolArguments,
+        ToolContext,
+        ToolError,
+        Toolset,
+        tool,
+    )
 
 __version__ = "0.1.0"
 
@@ -35,6 +45,7 @@ _PUBLIC: dict[str, str] = {
     "tool": "quipu.tools",
     "Tool": "quipu.tools",
     "Toolset": "quipu.tools",
+    "ToolArguments": "quipu.tools",
     "ToolContext": "quipu.tools",
     "ToolError": "quipu.tools",
     "Cancellation": "quipu.tools",
@@ -43,8 +54,8 @@ _PUBLIC: dict[str, str] = {
 }
 
 __all__ = ["TOPICS", "AwaitInput", "AwaitKind", "CancelRun", "Cancellation", "RunEvent", "RunPhase",
-           "RunRequested", "StreamEventType", "Tool", "ToolContext", "ToolError", "Toolset", "Topic",
-           "TopicSpec", "TurnCompleted", "__version__", "tool"]
+           "RunRequested", "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset",
+           "Topic", "TopicSpec", "TurnCompleted", "__version__", "tool"]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,10 @@ What the decorator reads:
   pydantic (any type pydantic validates: `Literal`, `Annotated[int, Field(ge=1)]`, models,
   `list[...]`, `X | None`), each parameter described by its entry in the docstring (Google,
   NumPy, reST or Epydoc style) unless its `Field` says otherwise. Unknown arguments are refused;
-- a parameter annotated `ToolContext` is not an argument: the executor passes the call's context.
+- a parameter annotated `ToolContext` is not an argument: the executor passes the call's context;
+- a function whose one argument is a `ToolArguments` model takes that model as its whole schema,
+  and is called with the validated model: the way to state a rule across fields (a model
+  validator). A parameter of any other model type is one nested argument.
 
 How a call runs (in the tool executor): the model's arguments are validated first, and a schema
 error goes back to the model as an error result naming each bad argument (never its value); the
@@ -71,16 +74,19 @@ from quipu.services.domain.tool_catalog import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_TIMEOUT_S,
     TOOL_NAME_PATTERN,
+    ArgumentError,
     ToolArguments,
     ToolCatalog,
     ToolDefinition,
 )
 
 __all__ = [
+    "ArgumentError",
     "AwaitInput",
     "AwaitKind",
     "Cancellation",
     "Tool",
+    "ToolArguments",
     "ToolContext",
     "ToolError",
     "ToolImplementation",
@@ -193,10 +199,17 @@ class Tool(Generic[P, R]):
     Calling the tool calls the function unchanged, so a test can call it directly.
     """
 
-    def __init__(self, function: Callable[P, R], definition: ToolDefinition, context_parameter: str) -> None:
+    def __init__(
+        self,
+        function: Callable[P, R],
+        definition: ToolDefinition,
+        context_parameter: str = "",
+        model_parameter: str = "",
+    ) -> None:
         self.function = function
         self.definition = definition
         self._context_parameter = context_parameter
+        self._model_parameter = model_parameter
         self._is_async = inspect.iscoroutinefunction(function)
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", definition.name)
@@ -222,7 +235,10 @@ class Tool(Generic[P, R]):
 
         Returns the result as JSON content (a model or dataclass dumped), or an `AwaitInput`.
         """
-        values = {name: getattr(arguments, name) for name in type(arguments).model_fields}
+        if self._model_parameter:
+            values: dict[str, Any] = {self._model_parameter: arguments}
+        else:
+            values = {name: getattr(arguments, name) for name in type(arguments).model_fields}
         if self._context_parameter:
             values[self._context_parameter] = context
         function: Callable[..., Any] = self.function
@@ -304,7 +320,7 @@ def _make_tool(
 ) -> Tool[P, R]:
     tool_name = str(name or getattr(function, "__name__", ""))
     docstring = docstring_parser.parse(inspect.getdoc(function) or "")
-    arguments, context_parameter = _arguments_model(function, tool_name, docstring)
+    arguments, context_parameter, model_parameter = _arguments_model(function, tool_name, docstring)
     definition = ToolDefinition(
         name=tool_name,
         description=description if description is not None else _description(docstring),
@@ -313,7 +329,7 @@ def _make_tool(
         max_concurrency=max_concurrency,
         awaits_input=awaits_input,
     )
-    return Tool(function, definition, context_parameter)
+    return Tool(function, definition, context_parameter, model_parameter)
 
 
 def _description(docstring: docstring_parser.Docstring) -> str:
@@ -341,8 +357,9 @@ def _unwrapped(paragraph: str) -> str:
 
 def _arguments_model(
     function: Callable[..., Any], tool_name: str, docstring: docstring_parser.Docstring
-) -> tuple[type[BaseModel], str]:
-    """The pydantic model of the function's parameters, and the name of its ToolContext one."""
+) -> tuple[type[BaseModel], str, str]:
+    """The pydantic model of the function's arguments, and the names of its ToolContext parameter
+    and of its `ToolArguments` one (when that one parameter is the whole schema)."""
     try:
         hints = get_type_hints(function, include_extras=True)
     except NameError as error:
@@ -364,6 +381,10 @@ def _arguments_model(
         if parameter.name.startswith("_"):
             raise TypeError(f"tool {tool_name!r}: argument {parameter.name!r} must not start with '_'")
         fields[parameter.name] = (annotation, _field(parameter, described.get(parameter.name)))
+    if len(fields) == 1:
+        [(only, (whole, _))] = fields.items()
+        if isinstance(whole, type) and issubclass(whole, ToolArguments):
+            return whole, context_parameter, only
     model: type[BaseModel] = create_model(
         _model_name(tool_name),
         __base__=ToolArguments,
@@ -371,7 +392,7 @@ def _arguments_model(
         __doc__=f"Arguments of `{tool_name}`.",
         **fields,
     )
-    return model, context_parameter
+    return model, context_parameter, ""
 
 
 def _field(parameter: inspect.Parameter, description: str | None) -> FieldInfo:

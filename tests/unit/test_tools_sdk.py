@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 import quipu
 from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
-from quipu.services.domain.shipped_tools import ask_user, calculator, default_catalog
+from quipu.services.domain.shipped_tools import NotesArguments, ask_user, calculator, default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.tool_executor.adapters import RememberedResults
 from quipu.services.tool_executor.logic import ToolRunner
@@ -420,3 +420,47 @@ def test_the_public_surface_is_importable_from_quipu() -> None:
         assert name in quipu.__all__
         assert getattr(quipu, name) is not None
     assert quipu.tool is tool and quipu.ToolError is ToolError
+
+
+# --- every shipped tool is expressible with @tool ------------------------------------------------------
+
+
+@tool(name="current_time", timeout_s=2.0, max_concurrency=32)
+async def current_time_as_a_function(
+    timezone: Annotated[str | None, Field(min_length=1, max_length=64)] = None,
+) -> dict[str, str]:
+    """The current date and time, in UTC or in the given IANA time zone. Use it whenever the
+    answer depends on today's date or the time of day.
+
+    Args:
+        timezone: IANA time zone name such as 'Europe/Madrid' or 'America/New_York'; UTC if omitted.
+    """
+    return {"timezone": timezone or "UTC"}
+
+
+@tool(name="notes", timeout_s=5.0, max_concurrency=8)
+async def notes_as_a_function(arguments: NotesArguments, context: ToolContext) -> dict[str, Any]:
+    """A small notebook for the person you work for: 'set' saves a text under a key, 'get'
+    reads it back, 'list' lists the keys. Notes outlive the conversation turn."""
+    return {"action": arguments.action, "key": arguments.key, "for": context.principal_id}
+
+
+def test_the_shipped_current_time_and_notes_are_expressible_as_functions() -> None:
+    for made in (current_time_as_a_function, notes_as_a_function):
+        shipped = default_catalog().get(made.name)
+        assert made.spec() == shipped.spec()
+        assert (made.definition.timeout_s, made.definition.max_concurrency) == (
+            shipped.timeout_s,
+            shipped.max_concurrency,
+        )
+
+
+async def test_a_single_tool_arguments_parameter_is_the_whole_schema_and_keeps_its_validator() -> None:
+    assert notes_as_a_function.definition.arguments is NotesArguments
+    runner = _runner(notes_as_a_function)
+    result = await _answer(runner, _call("notes", {"action": "get", "key": "city"}))
+    assert result.content == {"action": "get", "key": "city", "for": "ana"}
+    refused = await _answer(runner, _call("notes", {"action": "set", "key": "city"}, tool_use_id="toolu_2"))
+    assert refused.is_error and "action 'set' needs a value" in refused.content
+    # A parameter of another model type stays one nested argument.
+    assert list(_schema(ship)["properties"]) == ["item", "quantity", "speed", "address"]
