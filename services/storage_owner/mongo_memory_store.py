@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
 
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
@@ -24,6 +23,7 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
 from quipu.services.storage_owner.mongo import (
+    Document,
     MongoBacked,
     TransactionPolicy,
     prepare_database,
@@ -41,8 +41,6 @@ from quipu.services.storage_owner.mongo_memory_transaction import (
     SUMMARIES,
     MongoMemoryTransactions,
 )
-
-Document = dict[str, Any]
 
 _PRINCIPAL = [("tenant_id", ASCENDING), ("principal_id", ASCENDING)]
 INDEXES: Mapping[str, list[IndexModel]] = {

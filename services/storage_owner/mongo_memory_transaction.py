@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import TypeAdapter
 from pymongo import ASCENDING, AsyncMongoClient
@@ -51,11 +51,10 @@ from quipu.contracts.memory import (
 )
 from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
 from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, digest, unwrap, wrap
-from quipu.services.storage_owner.mongo import TransactionLoop, TransactionPolicy, WriteRaceError
+from quipu.services.storage_owner.mongo import Document, TransactionLoop, TransactionPolicy, WriteRaceError
 
 T = TypeVar("T")
 
-Document = dict[str, Any]
 
 SESSIONS = "memory_sessions"
 HISTORY = "memory_history"
