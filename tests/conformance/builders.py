@@ -29,6 +29,7 @@ from quipu.contracts.store import (
     CancellationReason,
     Checkpoint,
     LifecycleType,
+    Page,
     Record,
     RunMeta,
     RunStart,
@@ -553,28 +554,26 @@ async def close_run(store: Store, run: RunStart, how: str) -> None:
         )
 
 
-async def all_run_records(store: Store, run_id: str, limit: int = 500) -> list[Record]:
-    """Every record of a run, paging to the end."""
+async def _every_page(read_page: Callable[[str], Awaitable[Page]]) -> list[Record]:
+    """The records of every page `read_page(cursor)` returns, from the first to the last."""
     records: list[Record] = []
     cursor = ""
     while True:
-        page = await store.list_run_records(run_id, cursor, limit)
+        page = await read_page(cursor)
         records.extend(page.records)
         if not page.next_cursor:
             return records
         cursor = page.next_cursor
+
+
+async def all_run_records(store: Store, run_id: str, limit: int = 500) -> list[Record]:
+    """Every record of a run, paging to the end."""
+    return await _every_page(lambda cursor: store.list_run_records(run_id, cursor, limit))
 
 
 async def all_session_records(store: Store, session_id: str, limit: int = 500) -> list[Record]:
     """Every record of a session in commit order, paging to the end."""
-    records: list[Record] = []
-    cursor = ""
-    while True:
-        page = await store.list_session_run_records(session_id, cursor, limit)
-        records.extend(page.records)
-        if not page.next_cursor:
-            return records
-        cursor = page.next_cursor
+    return await _every_page(lambda cursor: store.list_session_run_records(session_id, cursor, limit))
 
 
 def keys(records: Iterable[Record]) -> list[tuple[str, str]]:
