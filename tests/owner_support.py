@@ -9,6 +9,8 @@ beginning), so what they see is what any consumer would see on the wire.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import socket
@@ -576,12 +578,34 @@ async def _at_the_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartitio
 
 
 def readable_anywhere(records: dict[str, list[ConsumerRecord[bytes, bytes]]], phrase: str) -> list[str]:
-    """Where `phrase` is readable in any key, value or header of `records` (`topic@offset`)."""
+    """Where `phrase` is readable in any key, value or header of `records` (`topic@offset`), also
+    inside the base64 strings of a JSON value (record payloads and checkpoints travel that way)."""
     needle = phrase.encode()
     places = []
     for name, found in records.items():
         for record in found:
             headers = b"".join(key.encode() + value for key, value in record.headers)
-            if any(needle in part for part in (record.key or b"", record.value or b"", headers)):
+            parts = [record.key or b"", headers, *_readable_forms(record.value or b"")]
+            if any(needle in part for part in parts):
                 places.append(f"{name}@{record.partition}/{record.offset}")
     return places
+
+
+def _readable_forms(value: bytes) -> list[bytes]:
+    """`value`, and what every base64 string in it decodes to (a JSON value's strings)."""
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        return [value]
+    forms = [value]
+    pending: list[Any] = [parsed]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+        elif isinstance(item, str) and len(item) % 4 == 0:
+            with contextlib.suppress(binascii.Error, ValueError):
+                forms.append(base64.b64decode(item, validate=True))
+    return forms

@@ -20,7 +20,13 @@ from typing import Any
 
 from faststream.kafka import KafkaBroker
 
-from quipu.contracts.commands import STRICT_COMMAND, StoreOperation, StoreReply
+from quipu.contracts.commands import (
+    STRICT_COMMAND,
+    ListRunRecords,
+    LoadRunSuspension,
+    StoreOperation,
+    StoreReply,
+)
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
 from quipu.contracts.memory_commands import ForgetPrincipal
 from quipu.contracts.sealed import SealedFor
@@ -36,6 +42,7 @@ from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
 from quipu.services.storage_owner.logic import apply_command, correlation_of, reply_partition
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
+from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.settings import OwnerSettings
 
 _RECOUNT_AFTER_S = 5.0
@@ -53,6 +60,15 @@ class OwnerDeps:
         if not isinstance(self.memory, MongoMemoryStore):
             raise KeyUnavailableError("this owner keeps no data keys (its memory store is not MongoDB's)")
         return await self.memory.data_key(whose, create=create)
+
+    async def for_its_owner(self, command: StoreOperation) -> StoreOperation:
+        """A read of a run's records that names no one, sealed for the run's own person: whoever
+        asks (a cancel, a plain client), the words it reads back never travel in plaintext."""
+        if command.sealed_for is not None or not isinstance(command, ListRunRecords | LoadRunSuspension):
+            return command
+        if not isinstance(self.store, MongoStore):
+            return command
+        return command.model_copy(update={"sealed_for": await self.store.run_owner(command.run_id)})
 
     def opened_store(self) -> Store:
         """The store, once the lifespan has opened it."""
@@ -123,6 +139,8 @@ def register(
                 # The refusal itself goes to the replies topic, on whichever partition.
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
+            if seals.sealing:
+                command = await deps.for_its_owner(command)
             reply, announcements = await apply_command(deps.opened_store(), command, deps.memory)
             if isinstance(command, ForgetPrincipal) and seals.keys is not None:
                 # This owner just shredded the key: its own cache lets go of it at once.

@@ -19,8 +19,10 @@ from datetime import datetime
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.store.rules import RuleStore
+from quipu.services.domain.store.state import RunState, StoreTransaction
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
 from quipu.services.storage_owner.mongo import (
     Document,
@@ -29,7 +31,7 @@ from quipu.services.storage_owner.mongo import (
     prepare_database,
     with_own_client,
 )
-from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS, MongoTransactions
+from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS, MongoTransactions, run_owner
 
 CURSOR_SECRET_ID = "cursor_secret"
 
@@ -113,3 +115,15 @@ class MongoStore(RuleStore, MongoBacked):
                 clock=clock,
             ),
         )
+
+    async def run_owner(self, run_id: str) -> SealedFor | None:
+        """Whose data key seals the run's texts (None: no such run)."""
+
+        async def read(transaction: StoreTransaction) -> RunState | None:
+            return await transaction.load_run(run_id)
+
+        state = await self.transactions.run(read)
+        if state is None:
+            return None
+        tenant_id, principal_id = run_owner(state)
+        return SealedFor(tenant_id=tenant_id, principal_id=principal_id)

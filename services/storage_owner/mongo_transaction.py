@@ -90,7 +90,7 @@ def _run_state(document: Document, checkpoint: Checkpoint | None) -> RunState:
     return RunState.model_validate({**fields, "checkpoint": checkpoint})
 
 
-def _owner(run: RunState) -> tuple[str, str]:
+def run_owner(run: RunState) -> tuple[str, str]:
     """(tenant, principal) whose data key seals the run's texts."""
     return run.tenant_id, run_sealing_principal(run.principal_id, run.session_id, run.run_id)
 
@@ -229,7 +229,7 @@ class MongoTransaction:
     async def _run_document(self, state: RunState) -> Document:
         checkpoint = None
         if state.checkpoint is not None:
-            key = await self._keys.writing_key(*_owner(state), fence=False)
+            key = await self._keys.writing_key(*run_owner(state), fence=False)
             data = seal(key, state.checkpoint.data, _checkpoint_context(state.run_id))
             checkpoint = {"suspension_id": state.checkpoint.suspension_id, "data": data}
         return _run_document(state, checkpoint)
@@ -250,7 +250,7 @@ class MongoTransaction:
         return _run_state(document, checkpoint)
 
     async def _record_document(self, run: RunState, record: Record, session_sequence: int) -> Document:
-        tenant_id, principal_id = _owner(run)
+        tenant_id, principal_id = run_owner(run)
         key = await self._keys.writing_key(tenant_id, principal_id, fence=False)
         document = record.model_dump(mode="python", exclude={"id"})
         document["payload"] = seal(key, record.payload, _record_context(record.run_id, record.event_key))

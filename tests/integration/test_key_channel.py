@@ -7,6 +7,8 @@ loopback; a store client fetches keys over HTTP like any service.
 from __future__ import annotations
 
 import contextlib
+import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,9 +23,11 @@ from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.delivery import MessageErasedError
 from quipu.services.kit.keys import HttpKeySource, KeySettings, KeyUnavailableError, message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.settings import OwnerSettings
+from tests.conformance.builders import ms, ordinary, root_start
 from tests.integration.test_gateway_support import unique_name
 from tests.owner_support import every_record_on_topics, free_port, readable_anywhere
 from tests.timing import scaled
@@ -42,6 +46,7 @@ BYSTANDER = "collects stamps from the Faroe Islands"
 class Sealed:
     prefix: str
     keys: KeySettings
+    store: KafkaStore
     memory: KafkaMemoryStore
 
 
@@ -58,7 +63,7 @@ async def sealed_deployment(stack: EmbeddedStack) -> AsyncIterator[Sealed]:
     await owner.start()
     await store.start()
     try:
-        yield Sealed(prefix, keys, KafkaMemoryStore(store))
+        yield Sealed(prefix, keys, store, KafkaMemoryStore(store))
     finally:
         await store.stop()
         await owner.stop()
@@ -119,3 +124,23 @@ async def test_memory_words_travel_sealed_both_ways_and_are_erased_on_every_topi
                 opened.append(await anyone.open(record.value or b""))
         await anyone.close()
         assert len(opened) == 1 and BYSTANDER.encode() in opened[0]
+
+
+async def test_a_read_of_a_runs_records_that_names_no_one_is_answered_sealed_for_the_runs_person(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        store = deployment.store
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        await store.create_session(session_id, ms())
+        start = root_start(session_id)
+        run = start.run.model_copy(update={"tenant_id": ANA.tenant_id, "principal_id": ANA.principal_id})
+        with sealing_for(ANA.tenant_id, ANA.principal_id):  # as the planner writes a run
+            await store.start_root_run(run, start.started, start.stopped)
+            await store.append_run_record(ordinary(run, payload=json.dumps({"text": WORDS}).encode()))
+        # A reader that says nothing of whose run it reads (a cancel, a plain client).
+        page = await store.list_run_records(run.run_id, "", 10)
+        assert any(WORDS.encode() in record.payload for record in page.records)
+
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        assert readable_anywhere(wire, WORDS) == []
