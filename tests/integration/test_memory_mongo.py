@@ -44,7 +44,15 @@ from tests.conformance.memory_builders import (
     uid,
     update,
 )
-from tests.owner_support import CommandLog, Served, TopicReader, client_on, resting_bytes
+from tests.owner_support import (
+    CommandLog,
+    Served,
+    TopicReader,
+    as_finds,
+    client_on,
+    plan_stages,
+    resting_bytes,
+)
 
 Document = dict[str, Any]
 Client = AsyncMongoClient[Document]
@@ -187,36 +195,6 @@ async def test_a_write_racing_forget_never_survives_without_its_key(store: Mongo
 # --- indexes ------------------------------------------------------------------------------------
 
 
-def _stages(plan: Any) -> list[str]:
-    if isinstance(plan, dict):
-        found = [plan["stage"]] if "stage" in plan else []
-        for value in plan.values():
-            found += _stages(value)
-        return found
-    if isinstance(plan, list):
-        return [stage for item in plan for stage in _stages(item)]
-    return []
-
-
-def _as_find(name: str, command: Document) -> list[Document]:
-    """The reads a command makes, as finds to explain (SecantusDB explains writes as COLLSCAN)."""
-    finds: list[Document]
-    if name == "find":
-        finds = [{key: command[key] for key in ("find", "filter", "sort", "limit") if key in command}]
-    elif name == "delete":
-        finds = [{"find": command["delete"], "filter": item["q"]} for item in command["deletes"]]
-    elif name == "update":
-        finds = [{"find": command["update"], "filter": item["q"]} for item in command["updates"]]
-    elif name == "findAndModify":
-        finds = [{"find": command["findAndModify"], "filter": command["query"]}]
-    else:
-        return []
-    for find in finds:
-        if isinstance(find.get("filter", {}).get("_id"), str):
-            find["filter"] = {"_id": find["filter"]["_id"]}
-    return finds
-
-
 async def test_every_query_the_memory_store_sends_uses_an_index(stack: EmbeddedStack, database: str) -> None:
     log = CommandLog()
     client = client_on(stack.mongo_uri, event_listeners=[log])
@@ -240,11 +218,11 @@ async def test_every_query_the_memory_store_sends_uses_an_index(stack: EmbeddedS
 
         explained = 0
         for name, command in list(log.commands):
-            for find in _as_find(name, command):
+            for find in as_finds(name, command):
                 if not str(find["find"]).startswith("memory_"):
                     continue
                 plan = await client[database].command({"explain": find, "verbosity": "queryPlanner"})
-                stages = _stages(plan["queryPlanner"]["winningPlan"])
+                stages = plan_stages(plan["queryPlanner"]["winningPlan"])
                 assert "COLLSCAN" not in stages, (find, stages)
                 explained += 1
         assert explained > 40

@@ -51,7 +51,7 @@ from tests.conformance.builders import (
     suspension,
     terminal,
 )
-from tests.owner_support import CommandLog, client_on
+from tests.owner_support import CommandLog, as_finds, client_on, plan_stages
 from tests.timing import scaled
 
 Client = AsyncMongoClient[dict[str, Any]]
@@ -134,40 +134,6 @@ async def test_payload_and_checkpoint_bytes_are_kept_exactly(store: MongoStore) 
 # --- indexes ------------------------------------------------------------------------------------
 
 
-def _stages(plan: Any) -> list[str]:
-    """Every stage name in an explain plan tree."""
-    if isinstance(plan, dict):
-        found = [plan["stage"]] if "stage" in plan else []
-        for value in plan.values():
-            found += _stages(value)
-        return found
-    if isinstance(plan, list):
-        return [stage for item in plan for stage in _stages(item)]
-    return []
-
-
-def _as_find(name: str, command: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reads a command makes, as find commands to explain.
-
-    SecantusDB explains every write as COLLSCAN, and a find on `_id` plus another field too,
-    although both take the same time at 100 and 3,000 documents (they use `_id`): writes are
-    explained as finds, and an `_id` equality as the `_id` lookup it is.
-    """
-    finds: list[dict[str, Any]]
-    if name == "find":
-        finds = [{key: command[key] for key in ("find", "filter", "sort", "limit") if key in command}]
-    elif name == "delete":
-        finds = [{"find": command["delete"], "filter": item["q"]} for item in command["deletes"]]
-    elif name == "update":
-        finds = [{"find": command["update"], "filter": item["q"]} for item in command["updates"]]
-    else:
-        return []
-    for find in finds:
-        if isinstance(find.get("filter", {}).get("_id"), str):
-            find["filter"] = {"_id": find["filter"]["_id"]}
-    return finds
-
-
 async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, database: str) -> None:
     log = CommandLog()
     client = client_on(stack.mongo_uri, event_listeners=[log])
@@ -195,11 +161,11 @@ async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, d
 
         explained = 0
         for name, command in list(log.commands):
-            for find in _as_find(name, command):
+            for find in as_finds(name, command):
                 if find["find"] not in (SESSIONS, RUNS, RECORDS):
                     continue
                 plan = await client[database].command({"explain": find, "verbosity": "queryPlanner"})
-                stages = _stages(plan["queryPlanner"]["winningPlan"])
+                stages = plan_stages(plan["queryPlanner"]["winningPlan"])
                 assert "COLLSCAN" not in stages, (find, stages)
                 explained += 1
         assert explained > 50
