@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.reindex import IndexMaintenance
 from quipu.services.enricher import handlers
 from quipu.services.enricher.adapters import Enricher
 from quipu.services.enricher.settings import EnricherSettings
-from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
 
@@ -48,38 +49,32 @@ def create_app(
     """The enricher application; `deps` replaces the store (tests use the in-memory one)."""
     settings = settings or EnricherSettings()
     check_timeouts(kafka, settings)
-    broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
-
-    # One try at the delivery level: the enricher bounds its own tries and turns the last failure
-    # into a dead letter, where the shared default would rewind and retry the change forever.
-    seals = message_seals(KeySettings())  # fact changes are sealed under their principal's key
-    delivery = broker_delivery(broker, kafka, attempts=1, opener=seals)
-    holder = handlers.EnricherHolder()
-    consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or EnricherDeps()
-    opened: list[KafkaMemoryStore] = []
+    seals = message_seals(KeySettings())  # fact changes are sealed under their principal's key
 
-    async def build() -> None:
-        # Hooks, not a lifespan: `app.start()` (in-process use, tests) runs hooks only.
-        store = given.store
-        if store is None:
-            client = KafkaMemoryStore.connect(
-                kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=1
-            )
-            await client.start()
-            opened.append(client)
-            store = client
-        holder.enricher = Enricher(store, settings, clock=given.clock)
+    async def open_enricher(_: KafkaBroker, opened: Opened) -> Enricher:
+        opened.on_close(seals.close)  # closed last, after the client that reaches the owner
+        store = given.store or await opened.start(
+            KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=1)
+        )
+        return Enricher(store, settings, clock=given.clock)
 
-    async def drain() -> None:
-        # Before the broker stops: messages in flight can still reach the owner and commit.
-        await consumer.drain(settings.drain_grace_s)
+    return service_app(
+        kafka,
+        settings,
+        name=SERVICE,
+        client_id=f"{SERVICE}-{os.getpid()}",
+        # One try at the delivery level: the enricher bounds its own tries and turns the last
+        # failure into a dead letter, where the shared default would rewind and retry forever.
+        attempts=1,
+        opener=seals,
+        open=open_enricher,
+        subscribe=lambda broker, delivery, enricher: [
+            handlers.register(broker, kafka, enricher, delivery, settings)
+        ],
+    )
 
-    async def close() -> None:
-        for client in opened:
-            await client.stop()
-        opened.clear()
-        await seals.close()
-        holder.enricher = None
 
-    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])
+DEFINITION = ServiceDefinition(
+    SERVICE, EnricherSettings, lambda connections, settings: create_app(connections.kafka, settings)
+)

@@ -17,28 +17,16 @@ from quipu.services.enricher.adapters import Enricher
 from quipu.services.enricher.settings import EnricherSettings
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.settings import KafkaSettings
 
 FACT_CHANGED = TypeAdapter(FactChanged)
 
 
-class EnricherHolder:
-    """The enricher, once the app's startup hook has built it."""
-
-    def __init__(self) -> None:
-        self.enricher: Enricher | None = None
-
-    def get(self) -> Enricher:
-        """The running enricher."""
-        if self.enricher is None:
-            raise RuntimeError("the enricher is not started")
-        return self.enricher
-
-
 def register(
     broker: KafkaBroker,
     kafka: KafkaSettings,
-    holder: EnricherHolder,
+    enricher: Running[Enricher],
     delivery: Delivery,
     settings: EnricherSettings,
 ) -> ConcurrentConsumer:
@@ -47,7 +35,7 @@ def register(
         broker,
         kafka,
         Topic.MEMORY_CHANGES,
-        lambda message: delivery.handle(message, FACT_CHANGED, holder.get().on_fact_changed),
+        lambda message: delivery.handle(message, FACT_CHANGED, enricher.get().on_fact_changed),
         group=settings.group,
         settings=settings,
     )

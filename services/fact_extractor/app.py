@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.agents import AgentSpec, default_agents
 from quipu.services.domain.memory.protocol import MemoryStore
@@ -14,8 +15,7 @@ from quipu.services.domain.models.port import ModelClient
 from quipu.services.fact_extractor import handlers
 from quipu.services.fact_extractor.adapters import FactExtractor, open_memory_store, open_model
 from quipu.services.fact_extractor.settings import FactExtractorSettings
-from quipu.services.kit.broker import broker_delivery, make_broker
-from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings
 
 SERVICE = "fact-extractor"
@@ -51,38 +51,31 @@ def create_app(
     """The extractor application; `deps` replaces the memory store, the model or the agent registry."""
     settings = settings or FactExtractorSettings()
     check_timeouts(kafka, settings)
-    # The pid in the client id tells the copies apart in the broker's view of the group.
-    broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
-
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts)
-    holder = handlers.ExtractorHolder()
-    consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or FactExtractorDeps()
-    opened: list[KafkaMemoryStore] = []
 
-    async def build() -> None:
-        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
-        memory = given.memory
-        if memory is None:
-            client = open_memory_store(kafka, settings)
-            await client.start()
-            opened.append(client)
-            memory = client
-        holder.extractor = FactExtractor(
+    async def open_extractor(_: KafkaBroker, opened: Opened) -> FactExtractor:
+        memory = given.memory or await opened.start(open_memory_store(kafka, settings))
+        return FactExtractor(
             memory,
             given.model or open_model(kafka, settings),
             settings,
             agents=given.agents if given.agents is not None else default_agents(),
         )
 
-    async def drain() -> None:
-        # Before the broker stops: messages in flight can still reach the owner and commit.
-        await consumer.drain(settings.drain_grace_s)
+    return service_app(
+        kafka,
+        settings,
+        name=SERVICE,
+        # The pid in the client id tells the copies apart in the broker's view of the group.
+        client_id=f"{SERVICE}-{os.getpid()}",
+        attempts=settings.retry_attempts,
+        open=open_extractor,
+        subscribe=lambda broker, delivery, extractor: [
+            handlers.register(broker, kafka, extractor, delivery, settings)
+        ],
+    )
 
-    async def close() -> None:
-        for client in opened:
-            await client.stop()
-        opened.clear()
-        holder.extractor = None
 
-    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])
+DEFINITION = ServiceDefinition(
+    SERVICE, FactExtractorSettings, lambda connections, settings: create_app(connections.kafka, settings)
+)

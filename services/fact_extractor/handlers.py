@@ -22,22 +22,10 @@ from quipu.services.fact_extractor.adapters import FactExtractor
 from quipu.services.fact_extractor.settings import FactExtractorSettings
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key, consume_concurrently
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.settings import KafkaSettings
 
 HISTORY_RECORDED = TypeAdapter(HistoryRecorded)
-
-
-class ExtractorHolder:
-    """The extractor, once the app's startup hook has built it."""
-
-    def __init__(self) -> None:
-        self.extractor: FactExtractor | None = None
-
-    def get(self) -> FactExtractor:
-        """The running extractor."""
-        if self.extractor is None:
-            raise RuntimeError("the fact extractor is not started")
-        return self.extractor
 
 
 def by_principal(message: KafkaMessage) -> bytes | None:
@@ -53,7 +41,7 @@ def by_principal(message: KafkaMessage) -> bytes | None:
 def register(
     broker: KafkaBroker,
     kafka: KafkaSettings,
-    holder: ExtractorHolder,
+    extractor: Running[FactExtractor],
     delivery: Delivery,
     settings: FactExtractorSettings,
 ) -> ConcurrentConsumer:
@@ -62,7 +50,7 @@ def register(
         broker,
         kafka,
         Topic.HISTORY_RECORDED,
-        lambda message: delivery.handle(message, HISTORY_RECORDED, holder.get().on_history_recorded),
+        lambda message: delivery.handle(message, HISTORY_RECORDED, extractor.get().on_history_recorded),
         group=settings.group,
         settings=settings,
         order=by_principal,

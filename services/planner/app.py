@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.agents import default_agents
 from quipu.services.domain.memory.context import ContextSource, MemoryContextSource
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.shipped_tools import default_catalog
-from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
@@ -67,24 +66,13 @@ def create_app(
     """
     settings = settings or PlannerSettings()
     check_timeouts(kafka, settings)
-    broker = make_broker(kafka, client_id=SERVICE)
-
     # Runs carry their principal's words: what the planner reads and writes is sealed under their key.
     seals = message_seals(KeySettings())
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts, opener=seals)
-    holder = handlers.PlannerHolder()
-    consumers = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or PlannerDeps()
-    opened: list[KafkaStore] = []
 
-    async def build() -> None:
-        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
-        store = given.store
-        if store is None:
-            client = KafkaStore.for_service(kafka, settings, seals=seals)
-            await client.start()
-            opened.append(client)
-            store = client
+    async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:
+        opened.on_close(seals.close)  # closed last, after the clients that use it
+        store = given.store or await opened.start(KafkaStore.for_service(kafka, settings, seals=seals))
         publisher = PublishedTurns(
             broker_publisher(broker, kafka, seals), turns_per_session=max(1, settings.history_messages // 2)
         )
@@ -110,17 +98,21 @@ def create_app(
             context=context,
             owners=SessionOwners(memory, store) if memory is not None else None,
         )
-        holder.planner = Planner(ready, publisher, settings)
+        return Planner(ready, publisher, settings)
 
-    async def drain() -> None:
-        # Before the broker stops: messages in flight can still reach the store and commit.
-        await asyncio.gather(*(consumer.drain(settings.drain_grace_s) for consumer in consumers))
+    return service_app(
+        kafka,
+        settings,
+        name=SERVICE,
+        attempts=settings.retry_attempts,
+        opener=seals,
+        open=open_planner,
+        subscribe=lambda broker, delivery, planner: handlers.register(
+            broker, kafka, planner, delivery, settings
+        ),
+    )
 
-    async def close() -> None:
-        for client in opened:
-            await client.stop()
-        opened.clear()
-        await seals.close()
-        holder.planner = None
 
-    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])
+DEFINITION = ServiceDefinition(
+    SERVICE, PlannerSettings, lambda connections, settings: create_app(connections.kafka, settings)
+)

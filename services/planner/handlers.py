@@ -20,6 +20,7 @@ from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.adapters import ignoring_erased_runs
@@ -33,23 +34,10 @@ CANCEL_RUN = TypeAdapter(CancelRun)
 TOOL_CALL_COMPLETED = TypeAdapter(ToolCallCompleted)
 
 
-class PlannerHolder:
-    """The planner, once the app's startup hook has built it."""
-
-    def __init__(self) -> None:
-        self.planner: Planner | None = None
-
-    def get(self) -> Planner:
-        """The running planner."""
-        if self.planner is None:
-            raise RuntimeError("the planner is not started")
-        return self.planner
-
-
 def register(
     broker: KafkaBroker,
     kafka: KafkaSettings,
-    holder: PlannerHolder,
+    planner: Running[Planner],
     delivery: Delivery,
     settings: PlannerSettings,
 ) -> list[ConcurrentConsumer]:
@@ -58,19 +46,19 @@ def register(
     async def run_requested(request: RunRequested) -> None:
         principal = run_sealing_principal(request.principal_id, request.session_id, request.run_id)
         with ignoring_erased_runs(request.run_id), sealing_for(request.tenant_id, principal):
-            await holder.get().on_run_requested(request)
+            await planner.get().on_run_requested(request)
 
     async def cancel(request: CancelRun) -> None:
         with ignoring_erased_runs(request.run_id):
-            await holder.get().on_cancel(request)
+            await planner.get().on_cancel(request)
 
     async def tool_result(completed: ToolCallCompleted) -> None:
         # Sealed for the run's principal (the call was): Delivery runs this under their key.
         with ignoring_erased_runs(completed.run_id):
-            await holder.get().on_tool_result(completed)
+            await planner.get().on_tool_result(completed)
 
     async def invalid_request(body: bytes, reason: str) -> None:
-        await holder.get().on_invalid_request(body, reason)
+        await planner.get().on_invalid_request(body, reason)
 
     def subscribe(
         source: Topic,

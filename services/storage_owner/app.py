@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
-from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.keys import KeyClient, KeySettings, MessageSeals
+from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from quipu.services.storage_owner import handlers
 from quipu.services.storage_owner.key_endpoint import KeyEndpoint
@@ -24,14 +25,16 @@ def _master_key(owner: OwnerSettings) -> bytes | None:
     return parse_master_key(owner.master_key.get_secret_value()) if owner.master_key else None
 
 
-async def _open_mongo_store(mongo: MongoSettings, owner: OwnerSettings) -> Store:
+async def _open_mongo_store(mongo: MongoSettings, owner: OwnerSettings) -> MongoStore:
     secret = owner.cursor_secret.get_secret_value().encode() if owner.cursor_secret else None
     return await MongoStore.connect(
         mongo.uri.get_secret_value(), mongo.database, cursor_secret=secret, master_key=_master_key(owner)
     )
 
 
-async def _open_mongo_memory(mongo: MongoSettings, owner: OwnerSettings, store: Store | None) -> MemoryStore:
+async def _open_mongo_memory(
+    mongo: MongoSettings, owner: OwnerSettings, store: Store | None
+) -> MongoMemoryStore:
     """The memory store on the runtime store's client when it has one, else on a client of its own."""
     master_key = _master_key(owner)
     if isinstance(store, MongoStore):
@@ -55,48 +58,55 @@ def create_app(
     """
     owner = owner or OwnerSettings()
     keys = keys or KeySettings()
-    broker = make_broker(kafka, client_id=SERVICE)
+    stores: Running[handlers.OwnerStores] = Running("storage owner")
+    # The seals are built before the stores open: they reach the keyring through what is open.
+    keyring = handlers.OwnerKeyring(lambda: stores.get().memory)
+    seals = MessageSeals(KeyClient(keyring, ttl_s=keys.cache_ttl_s) if keys.token else None)
 
-    deps = handlers.OwnerDeps(store=store, memory=memory)
-    seals = MessageSeals(KeyClient(deps, ttl_s=keys.cache_ttl_s) if keys.token else None)
-    delivery = broker_delivery(broker, kafka, attempts=owner.retry_attempts, opener=seals)
-    consumer = handlers.register(broker, kafka, deps, delivery, owner, seals)
-    endpoint: list[KeyEndpoint] = []
-
-    opened: list[object] = []
-
-    async def open_store() -> None:
-        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
-        if deps.store is None:
+    async def open_stores(_: KafkaBroker, opened: Opened) -> handlers.OwnerStores:
+        runtime = store
+        if runtime is None:
             if mongo is None:
                 raise ValueError("the storage owner needs MongoSettings or a store")
-            deps.store = await _open_mongo_store(mongo, owner)
-            opened.append(deps.store)
-        if deps.memory is None:
-            if mongo is None:
-                deps.memory = InMemoryMemoryStore()
-            else:
-                deps.memory = await _open_mongo_memory(mongo, owner, deps.store)
-                opened.insert(0, deps.memory)  # closed before the client it may share
+            runtime = await _open_mongo_store(mongo, owner)
+            opened.on_close(runtime.close)
+        if memory is not None:
+            serving = handlers.OwnerStores(runtime, memory)
+        elif mongo is None:
+            serving = handlers.OwnerStores(runtime, InMemoryMemoryStore())
+        else:
+            # Opened after the runtime store, so closed before the client it may share.
+            mongo_memory = await _open_mongo_memory(mongo, owner, runtime)
+            opened.on_close(mongo_memory.close)
+            serving = handlers.OwnerStores(runtime, mongo_memory)
         if keys.token is not None and owner.keys_port is not None:
-            served = KeyEndpoint(deps, keys.token.get_secret_value(), owner.keys_host, owner.keys_port)
-            await served.start()
-            endpoint.append(served)
+            # Opened last, so closed first: it never serves from a closed store.
+            endpoint = KeyEndpoint(
+                handlers.OwnerKeyring(lambda: serving.memory),
+                keys.token.get_secret_value(),
+                owner.keys_host,
+                owner.keys_port,
+            )
+            await opened.start(endpoint)
+        return serving
 
-    async def drain() -> None:
-        # Before the broker stops: commands in flight can still reply and commit.
-        await consumer.drain(owner.drain_grace_s)
+    return service_app(
+        kafka,
+        owner,
+        name=SERVICE,
+        attempts=owner.retry_attempts,
+        opener=seals,
+        running=stores,
+        open=open_stores,
+        subscribe=lambda broker, delivery, running: [
+            handlers.register(broker, kafka, running, delivery, owner, seals)
+        ],
+    )
 
-    async def close_store() -> None:
-        for served in endpoint:
-            await served.stop()
-        endpoint.clear()
-        for store_opened in opened:
-            close = getattr(store_opened, "close", None)
-            if close is not None:
-                await close()
-        opened.clear()
-        deps.store = store
-        deps.memory = memory
 
-    return FastStream(broker, on_startup=[open_store], on_shutdown=[drain], after_shutdown=[close_store])
+DEFINITION = ServiceDefinition(
+    SERVICE,
+    OwnerSettings,
+    lambda connections, owner: create_app(connections.kafka, connections.mongo, owner),
+    reaches_mongo=True,
+)

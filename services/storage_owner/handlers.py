@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, PermanentError
 from quipu.services.kit.keys import KeyUnavailableError, MessageSeals
+from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
@@ -48,18 +49,12 @@ from quipu.services.storage_owner.settings import OwnerSettings
 _RECOUNT_AFTER_S = 5.0
 
 
-@dataclass
-class OwnerDeps:
-    """What the handler needs; the stores are opened in the app's lifespan."""
+@dataclass(frozen=True)
+class OwnerStores:
+    """The stores the owner serves, opened when it starts."""
 
-    store: Store | None = None
-    memory: MemoryStore | None = None
-
-    async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
-        """The owner's own key source (no channel in between): its memory store's keyring."""
-        if not isinstance(self.memory, MongoMemoryStore):
-            raise KeyUnavailableError("this owner keeps no data keys (its memory store is not MongoDB's)")
-        return await self.memory.data_key(whose, create=create)
+    store: Store
+    memory: MemoryStore
 
     async def for_its_owner(self, command: StoreOperation) -> StoreOperation:
         """A read of a run's records that names no one, sealed for the run's own person: whoever
@@ -70,11 +65,19 @@ class OwnerDeps:
             return command
         return command.model_copy(update={"sealed_for": await self.store.run_owner(command.run_id)})
 
-    def opened_store(self) -> Store:
-        """The store, once the lifespan has opened it."""
-        if self.store is None:
-            raise RuntimeError("the storage owner's store is not open")
-        return self.store
+
+class OwnerKeyring:
+    """The owner's own key source (no channel in between): the keyring of its memory store."""
+
+    def __init__(self, memory: Callable[[], MemoryStore]) -> None:
+        self._memory = memory
+
+    async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
+        """The principal's data key (MongoDB's memory store keeps the keys)."""
+        memory = self._memory()
+        if not isinstance(memory, MongoMemoryStore):
+            raise KeyUnavailableError("this owner keeps no data keys (its memory store is not MongoDB's)")
+        return await memory.data_key(whose, create=create)
 
 
 class RepliesTopic:
@@ -116,7 +119,7 @@ def refusal(correlation_id: str, error: StoreError, op: str = "") -> StoreReply:
 def register(
     broker: KafkaBroker,
     settings: KafkaSettings,
-    deps: OwnerDeps,
+    stores: Running[OwnerStores],
     delivery: Delivery,
     owner: OwnerSettings,
     seals: MessageSeals,
@@ -139,9 +142,10 @@ def register(
                 # The refusal itself goes to the replies topic, on whichever partition.
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
+            serving = stores.get()
             if seals.sealing:
-                command = await deps.for_its_owner(command)
-            reply, announcements = await apply_command(deps.opened_store(), command, deps.memory)
+                command = await serving.for_its_owner(command)
+            reply, announcements = await apply_command(serving.store, command, serving.memory)
             if isinstance(command, ForgetPrincipal) and seals.keys is not None:
                 # This owner just shredded the key: its own cache lets go of it at once.
                 seals.keys.drop(

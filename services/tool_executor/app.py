@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
-from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
 from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
@@ -48,24 +49,35 @@ def create_app(
     settings = settings or ToolExecutorSettings()
     if settings.max_timeout_s * 1000 >= kafka.max_poll_interval_ms:
         raise ValueError("max_timeout_s must be shorter than the consumer's max_poll_interval_ms")
-    deps = deps or ToolExecutorDeps()
-    runner = ToolRunner(
-        deps.catalog,
-        deps.implementations,
-        deps.completed_calls or RememberedResults(settings.remembered_results),
-        max_timeout_s=settings.max_timeout_s,
-        canceled_runs_capacity=settings.remembered_cancels,
-    )
-    # The pid in the client id tells the copies apart in the broker's view of the group.
-    broker = make_broker(kafka, client_id=f"{SERVICE}-{os.getpid()}")
-
+    given = deps or ToolExecutorDeps()
     # A call's input and its result are the run's principal's words: sealed under their key.
     seals = message_seals(KeySettings())
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts, opener=seals)
-    calls = handlers.register(broker, kafka, settings, runner, delivery, seals)
 
-    async def drain() -> None:
-        # Before the broker stops: calls in flight can still publish and commit.
-        await calls.drain(settings.drain_grace_s)
+    async def open_runner(_: KafkaBroker, opened: Opened) -> ToolRunner:
+        opened.on_close(seals.close)
+        return ToolRunner(
+            given.catalog,
+            given.implementations,
+            given.completed_calls or RememberedResults(settings.remembered_results),
+            max_timeout_s=settings.max_timeout_s,
+            canceled_runs_capacity=settings.remembered_cancels,
+        )
 
-    return FastStream(broker, on_shutdown=[drain], after_shutdown=[seals.close])
+    return service_app(
+        kafka,
+        settings,
+        name=SERVICE,
+        # The pid in the client id tells the copies apart in the broker's view of the group.
+        client_id=f"{SERVICE}-{os.getpid()}",
+        attempts=settings.retry_attempts,
+        opener=seals,
+        open=open_runner,
+        subscribe=lambda broker, delivery, runner: [
+            handlers.register(broker, kafka, settings, runner, delivery, seals)
+        ],
+    )
+
+
+DEFINITION = ServiceDefinition(
+    SERVICE, ToolExecutorSettings, lambda connections, settings: create_app(connections.kafka, settings)
+)

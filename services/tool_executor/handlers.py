@@ -32,6 +32,7 @@ from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery, PermanentError
 from quipu.services.kit.keys import MessageSeals
+from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.logging import bound_ids, get_logger
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
@@ -50,7 +51,7 @@ logger = get_logger(__name__)
 class CallAnswerer:
     """Answers one call: runs it (once per tool use) and publishes its one result."""
 
-    def __init__(self, runner: ToolRunner, publish: PublishResult) -> None:
+    def __init__(self, runner: Running[ToolRunner], publish: PublishResult) -> None:
         self._runner = runner
         self._publish = publish
 
@@ -66,7 +67,7 @@ class CallAnswerer:
             tool_use_id=request.tool_use_id,
             tool_name=request.tool_name,
         ):
-            result = await self._runner.run(request)
+            result = await self._runner.get().run(request)
             if result is None:
                 logger.info("tool call canceled with its run")
                 return
@@ -80,7 +81,7 @@ class CallAnswerer:
 
     def cancel_run(self, cancel: CancelRun) -> None:
         """Cancel the run's calls in flight; its later calls are not run."""
-        canceled = self._runner.cancel_run(cancel.run_id)
+        canceled = self._runner.get().cancel_run(cancel.run_id)
         if canceled:
             logger.info("run canceled", run_id=cancel.run_id, calls_canceled=canceled)
 
@@ -89,7 +90,7 @@ def register(
     broker: KafkaBroker,
     kafka: KafkaSettings,
     settings: ToolExecutorSettings,
-    runner: ToolRunner,
+    runner: Running[ToolRunner],
     delivery: Delivery,
     seals: MessageSeals | None = None,
 ) -> ConcurrentConsumer:

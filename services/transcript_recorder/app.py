@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import ModelClient
-from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.keys import KeySettings, message_seals
-from quipu.services.kit.memory_client import KafkaMemoryStore
+from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.transcript_recorder import adapters, handlers
 from quipu.services.transcript_recorder.logic import TranscriptRecorder
@@ -36,24 +36,13 @@ def create_app(
     settings = settings or TranscriptRecorderSettings()
     if settings.model_timeout_s * 1000 >= kafka.max_poll_interval_ms:
         raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
-    broker = make_broker(kafka, client_id=SERVICE)
-
     seals = message_seals(KeySettings())  # the turns on history.turns are sealed for their principal
-    delivery = broker_delivery(broker, kafka, attempts=settings.retry_attempts, opener=seals)
-    holder = handlers.RecorderHolder()
-    consumer = handlers.register(broker, kafka, holder, delivery, settings)
     given = deps or RecorderDeps()
-    opened: list[KafkaMemoryStore] = []
 
-    async def build() -> None:
-        # Hooks, not a lifespan: `app.start()` (in-process use) runs hooks, only `app.run()` lifespans.
-        memory = given.memory
-        if memory is None:
-            client = adapters.memory_client(kafka, settings)
-            await client.start()
-            opened.append(client)
-            memory = client
-        holder.recorder = TranscriptRecorder(
+    async def open_recorder(_: KafkaBroker, opened: Opened) -> TranscriptRecorder:
+        opened.on_close(seals.close)  # closed last, after the client that reaches the owner
+        memory = given.memory or await opened.start(adapters.memory_client(kafka, settings))
+        return TranscriptRecorder(
             memory,
             adapters.summarizer(kafka, settings, given.model),
             window_messages=settings.window_messages,
@@ -62,15 +51,19 @@ def create_app(
             model_timeout_s=settings.model_timeout_s,
         )
 
-    async def drain() -> None:
-        # Before the broker stops: messages in flight can still reach the owner and commit.
-        await consumer.drain(settings.drain_grace_s)
+    return service_app(
+        kafka,
+        settings,
+        name=SERVICE,
+        attempts=settings.retry_attempts,
+        opener=seals,
+        open=open_recorder,
+        subscribe=lambda broker, delivery, recorder: [
+            handlers.register(broker, kafka, recorder, delivery, settings)
+        ],
+    )
 
-    async def close() -> None:
-        for client in opened:
-            await client.stop()
-        opened.clear()
-        await seals.close()
-        holder.recorder = None
 
-    return FastStream(broker, on_startup=[build], on_shutdown=[drain], after_shutdown=[close])
+DEFINITION = ServiceDefinition(
+    SERVICE, TranscriptRecorderSettings, lambda connections, settings: create_app(connections.kafka, settings)
+)

@@ -15,6 +15,7 @@ from quipu.contracts.runs import TurnCompleted
 from quipu.contracts.topics import Topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.transcript_recorder.logic import TranscriptRecorder
 from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
@@ -22,30 +23,17 @@ from quipu.services.transcript_recorder.settings import TranscriptRecorderSettin
 TURN_COMPLETED = TypeAdapter(TurnCompleted)
 
 
-class RecorderHolder:
-    """The recorder, once the app's startup hook has built it."""
-
-    def __init__(self) -> None:
-        self.recorder: TranscriptRecorder | None = None
-
-    def get(self) -> TranscriptRecorder:
-        """The running recorder."""
-        if self.recorder is None:
-            raise RuntimeError("the transcript recorder is not started")
-        return self.recorder
-
-
 def register(
     broker: KafkaBroker,
     kafka: KafkaSettings,
-    holder: RecorderHolder,
+    recorder: Running[TranscriptRecorder],
     delivery: Delivery,
     settings: TranscriptRecorderSettings,
 ) -> ConcurrentConsumer:
     """Subscribe the recorder to `history.turns` in its consumer group."""
 
     async def record(turn: TurnCompleted) -> None:
-        await holder.get().record(turn)
+        await recorder.get().record(turn)
 
     return consume_concurrently(
         broker,
