@@ -1,6 +1,6 @@
 """`make demo`: a short conversation with an agent, live, on the embedded stack.
 
-Starts the embedded broker and database and the storage owner, planner and tool executor in this
+Starts the embedded broker and database and every consuming service of the catalog in this
 process (the offline scripted model unless ANTHROPIC_API_KEY is set), then talks to the assistant
 in one session: a tool call, an agent called as a tool (a child run), parallel tools, a question
 back to the user that suspends the run and is answered by a continuation run, and a later turn
@@ -26,6 +26,7 @@ from rich.text import Text
 from quipu.contracts.memory import MemoryScope
 from quipu.contracts.runs import RunRequested
 from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services import catalog
 from quipu.services.cli.client import (
     RunFollower,
     connected,
@@ -37,17 +38,12 @@ from quipu.services.cli.launch import quipu_command
 from quipu.services.cli.render import EventPrinter, count_by_status
 from quipu.services.cli.settings import CliSettings
 from quipu.services.domain.run_requests import Turn, resume_request, turn_request
-from quipu.services.enricher.app import create_app as create_enricher
-from quipu.services.fact_extractor.app import create_app as create_fact_extractor
+from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.logging import configure_logging
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.run_events import RunEventReader, StartAt
 from quipu.services.kit.settings import KafkaSettings, MongoSettings, ServiceSettings
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.planner.app import create_app as create_planner
-from quipu.services.storage_owner.app import create_app as create_owner
-from quipu.services.tool_executor.app import create_app as create_tool_executor
-from quipu.services.transcript_recorder.app import create_app as create_recorder
 
 console = Console()
 
@@ -123,19 +119,12 @@ async def run_demo() -> bool:
         await create_topics(stack.bootstrap, prefix)
         kafka = stack.kafka_settings(topic_prefix=prefix)
         mongo = MongoSettings(uri=stack.mongo_uri, database=f"demo_{uuid.uuid4().hex[:6]}")
-        services = [
-            create_owner(kafka, mongo),
-            create_planner(kafka),
-            create_tool_executor(kafka),
-            create_recorder(kafka),
-            create_fact_extractor(kafka),
-            create_enricher(kafka),
-        ]
+        connections = Connections(kafka, mongo)
+        services = [service.definition().app(connections) for service in catalog.CONSUMING]
         for service in services:
             await service.start()
-        console.print(
-            f"stack up (kafka {stack.bootstrap}); storage owner, planner, tool executor; {model} model"
-        )
+        names = ", ".join(service.name for service in catalog.CONSUMING)
+        console.print(f"stack up (kafka {stack.bootstrap}); {names}; {model} model")
         try:
             async with connected(kafka) as (store, publisher):
                 session_id = f"demo-{uuid.uuid4().hex[:6]}"

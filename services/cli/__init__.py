@@ -54,17 +54,6 @@ from quipu.services.cli.keys import keys_app  # noqa: E402 - declared in its own
 
 app.add_typer(keys_app, name="keys")
 
-SERVICES = (
-    "storage_owner",
-    "planner",
-    "tool_executor",
-    "transcript_recorder",
-    "fact_extractor",
-    "enricher",
-)
-"""FastStream services in start order (the owner first: every other one calls the store)."""
-GATEWAY = "gateway"
-
 CANCELLATION_REASONS = ("user_requested", "engine_canceled")
 """What `quipu cancel --reason` accepts (`CancellationReason` without the store's own)."""
 
@@ -342,16 +331,16 @@ def serve(
     service: Annotated[str, typer.Argument(help="storage-owner, planner, tool-executor, gateway, …")],
 ) -> None:
     """Run one service alone against QUIPU_KAFKA_* (and QUIPU_MONGO_* for the owner)."""
-    name = service.replace("-", "_")
-    if name not in (*SERVICES, GATEWAY):
-        raise typer.BadParameter(
-            f"unknown service {service!r}; one of: {', '.join((*SERVICES, GATEWAY))}", param_hint="SERVICE"
-        )
-    from quipu.services.cli import launch  # noqa: PLC0415
-    from quipu.services.cli.output import fail  # noqa: PLC0415
+    from quipu.services import catalog  # noqa: PLC0415 - not for --help
 
-    if not launch.installed(name):
-        fail(f"service {service!r} is not part of this installation yet")
+    try:
+        name = catalog.named(service).name
+    except KeyError:
+        raise typer.BadParameter(
+            f"unknown service {service!r}; one of: {', '.join(catalog.NAMES)}", param_hint="SERVICE"
+        ) from None
+    from quipu.services.cli import launch  # noqa: PLC0415
+
     launch.serve(name)
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import importlib
-import importlib.util
 import io
 import os
 import shutil
@@ -29,20 +27,16 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
-from quipu.services.cli import GATEWAY, SERVICES
+from quipu.services import catalog
 from quipu.services.cli.keys import local_gateway_access
 from quipu.services.cli.output import CliError, console, warn
 from quipu.services.cli.state import read_state, remove_state, shown_path, state_file, write_state
+from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
 
 GATEWAY_HOST = "127.0.0.1"
 
 _PREFIX_STYLES = ("cyan", "magenta", "blue", "green", "yellow", "bright_cyan", "bright_magenta")
-
-
-def installed(name: str) -> bool:
-    """Whether the service package exists (services are built in parallel; some may not yet)."""
-    return importlib.util.find_spec(f"services.{name}") is not None
 
 
 def quipu_command() -> str:
@@ -94,36 +88,19 @@ class Started:
     stop: Callable[[], Any]
 
 
-def _load_service(name: str) -> Any | None:
-    """The service's `create_app`, or None (with a warning) when the package is not there yet."""
-    if not installed(name):
-        warn(f"{name}: not part of this installation yet; skipped")
-        return None
-    try:
-        module = importlib.import_module(f"services.{name}.app")
-    except Exception as error:
-        warn(f"{name}: cannot be imported ({error!r}); skipped")
-        return None
-    return getattr(module, "create_app", None)
-
-
 async def _start_in_process(
     kafka: KafkaSettings, mongo: MongoSettings, gateway_port: int, started: list[Started], keys_file: Path
 ) -> str:
-    for name in SERVICES:
-        create_app = _load_service(name)
-        if create_app is None:
-            continue
+    connections = Connections(kafka, mongo)
+    for service in catalog.CONSUMING:
         try:
-            service = create_app(kafka, mongo) if name == "storage_owner" else create_app(kafka)
-            await service.start()
+            app = service.definition().app(connections)
+            await app.start()
         except Exception as error:
-            warn(f"{name}: did not start ({error!r}); skipped")
+            warn(f"{service.name}: did not start ({error!r}); skipped")
             continue
-        started.append(Started(name, service.stop))
-        console.print(Text(f"  ✓ {name}", style="green"))
-    if _load_service(GATEWAY) is None:
-        return ""
+        started.append(Started(service.name, app.stop))
+        console.print(Text(f"  ✓ {service.name}", style="green"))
     from quipu.services.gateway.app import EmbeddedServer  # noqa: PLC0415 - lazily, like every service
     from quipu.services.gateway.app import create_app as create_gateway  # noqa: PLC0415
     from quipu.services.gateway.settings import GatewaySettings  # noqa: PLC0415
@@ -134,7 +111,7 @@ async def _start_in_process(
         await server.start()
     except (Exception, SystemExit) as error:  # uvicorn exits when it cannot bind
         raise CliError(f"the gateway did not start on port {gateway_port}: {error!r}") from error
-    started.append(Started(GATEWAY, server.stop))
+    started.append(Started("gateway", server.stop))
     console.print(Text(f"  ✓ gateway on {server.url} (API docs at {server.url}/docs)", style="green"))
     return server.url
 
@@ -195,11 +172,11 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
         supervisor: Supervisor | None = None
         try:
             if processes:
-                names = [n for n in (*SERVICES, GATEWAY) if installed(n)]
+                names = catalog.NAMES
                 styles = {n: _PREFIX_STYLES[i % len(_PREFIX_STYLES)] for i, n in enumerate(names)}
                 width = max(map(len, names))
                 supervisor = Supervisor(
-                    [(name, f"services.{name}") for name in names],
+                    [(service.name, service.module) for service in catalog.SERVICES],
                     child_environment({**environment, "QUIPU_GATEWAY_PORT": str(port)}, verbose),
                     on_output=_show_line(styles, width),
                     on_notice=_show_notice(styles, width),
@@ -275,7 +252,7 @@ def up(gateway_port: int, processes: bool, verbose: bool) -> None:
 
 
 def serve(service: str) -> None:
-    """Run one service alone, as `python -m services.<name>` would."""
+    """Run one service of the catalog alone, as `python -m quipu.services.<name>` would."""
     import runpy  # noqa: PLC0415
 
-    runpy.run_module(f"services.{service}", run_name="__main__", alter_sys=True)
+    runpy.run_module(catalog.named(service).module, run_name="__main__", alter_sys=True)

@@ -28,28 +28,13 @@ from rich.table import Table
 from rich.text import Text
 
 from quipu.contracts.topics import Topic
+from quipu.services import catalog
+from quipu.services.catalog import Consumer
 from quipu.services.cli.state import CLIENT_ID, alive
 from quipu.services.kit.settings import KafkaSettings
 
-
-@dataclass(frozen=True)
-class Consumer:
-    """One consumer group of a service, on the topic it consumes (the default group ids)."""
-
-    service: str
-    group: str
-    topic: Topic
-
-
-CONSUMERS: tuple[Consumer, ...] = (
-    Consumer("storage_owner", "storage-owner", Topic.STORAGE_COMMANDS),
-    Consumer("planner", "planner-requests", Topic.RUNS_REQUESTED),
-    Consumer("planner", "planner-control", Topic.RUNS_CONTROL),
-    Consumer("planner", "planner-results", Topic.TOOLS_RESULTS),
-    Consumer("tool_executor", "tool-executor", Topic.TOOLS_CALLS),
-    Consumer("transcript_recorder", "transcript-recorder", Topic.HISTORY_TURNS),
-    Consumer("fact_extractor", "fact-extractor", Topic.HISTORY_RECORDED),
-    Consumer("enricher", "enricher", Topic.MEMORY_CHANGES),
+CONSUMERS: tuple[Consumer, ...] = tuple(
+    consumer for service in catalog.SERVICES for consumer in service.consumers
 )
 """Every grouped subscriber of the services, as deployed (the KEDA scalers use the same pairs)."""
 

@@ -18,7 +18,7 @@ Every consuming service is one `service_app`: it declares how it opens what its 
 how it subscribes, and the kit builds the broker and its delivery, runs the steps in order
 (subscribe; on start open; on stop drain, then close what was opened) and holds what was opened
 for the handlers (`Running`). Its `ServiceDefinition` says how it runs alone
-(`python -m services.<name>`, `quipu serve`) or beside the others (`quipu up`, the demo).
+(`python -m quipu.services.<name>`, `quipu serve`) or beside the others (`quipu up`, the demo).
 
     def create_app(kafka, settings, deps=None) -> FastStream:
         async def open_planner(broker, opened) -> Planner:

@@ -33,7 +33,7 @@ import pytest
 from quipu.contracts.errors import StoreError
 from quipu.contracts.store import RunMeta, RunStatus
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.cli import SERVICES
+from quipu.services import catalog
 from quipu.services.cli.state import STATE_FILE_ENV
 from quipu.services.cli.status import CONSUMERS
 from quipu.services.domain.run_publisher import KafkaRunPublisher
@@ -48,7 +48,7 @@ RUNS = 12
 VERBOSE = ["--verbose"] if os.environ.get("SUPERVISION_VERBOSE") else []
 """Runs in flight at the kill: enough that the kill lands in the middle of some of them."""
 
-SUPERVISED = SERVICES
+SUPERVISED = tuple(service.name for service in catalog.CONSUMING)
 
 START_S = 180.0
 """From `quipu up --processes` to every service serving: seven interpreters start on a busy host."""

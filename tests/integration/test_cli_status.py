@@ -18,8 +18,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from typer.testing import CliRunner
 
 from quipu.contracts.topics import Topic
+from quipu.services.catalog import Consumer
 from quipu.services.cli import app
-from quipu.services.cli.status import CONSUMERS, Consumer, measure, observe_consumer
+from quipu.services.cli.status import CONSUMERS, measure, observe_consumer
 from quipu.services.kit.settings import KafkaSettings
 from tests.timing import eventually, scaled
 

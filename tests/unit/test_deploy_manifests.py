@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,20 +25,10 @@ from faststream import FastStream
 from faststream.kafka.subscriber.usecase import LogicSubscriber
 
 from quipu.contracts.topics import TOPICS, dead_letter_topic
-from quipu.services.enricher.app import create_app as create_enricher
-from quipu.services.enricher.settings import EnricherSettings
-from quipu.services.fact_extractor.app import create_app as create_fact_extractor
-from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services import catalog
 from quipu.services.gateway.handlers import health_router
+from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
-from quipu.services.planner.app import create_app as create_planner
-from quipu.services.planner.settings import PlannerSettings
-from quipu.services.storage_owner.app import create_app as create_storage_owner
-from quipu.services.storage_owner.settings import OwnerSettings
-from quipu.services.tool_executor.app import create_app as create_tool_executor
-from quipu.services.tool_executor.settings import ToolExecutorSettings
-from quipu.services.transcript_recorder.app import create_app as create_transcript_recorder
-from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +71,13 @@ def registry_topics() -> dict[str, int]:
 
 
 def service_modules() -> set[str]:
-    """Every service that runs alone: `python -m services.<name>` of a package with an `app.py`
-    (`services/cli` runs with `-m` too, but is the `quipu` command, not a service)."""
+    """Every service that runs alone (`python -m quipu.services.<name>`): the catalog's."""
+    return set(catalog.NAMES)
+
+
+def service_packages() -> set[str]:
+    """Every package with an `app.py` and a `__main__.py` (`services/cli` runs with `-m` too, but
+    is the `quipu` command, not a service)."""
     return {
         path.parent.name
         for path in (ROOT / "services").glob("*/__main__.py")
@@ -101,18 +95,10 @@ def model_services() -> set[str]:
 
 
 def _build_apps() -> dict[str, FastStream]:
-    kafka = KafkaSettings(bootstrap="kafka.invalid:9092")
-    builders: dict[str, Callable[[], FastStream]] = {
-        "storage_owner": lambda: create_storage_owner(
-            kafka, MongoSettings(uri="mongodb://mongo.invalid:27017"), OwnerSettings()
-        ),
-        "planner": lambda: create_planner(kafka, PlannerSettings()),
-        "tool_executor": lambda: create_tool_executor(kafka, ToolExecutorSettings()),
-        "transcript_recorder": lambda: create_transcript_recorder(kafka, TranscriptRecorderSettings()),
-        "fact_extractor": lambda: create_fact_extractor(kafka, FactExtractorSettings()),
-        "enricher": lambda: create_enricher(kafka, EnricherSettings()),
-    }
-    return {name: build() for name, build in builders.items()}
+    connections = Connections(
+        KafkaSettings(bootstrap="kafka.invalid:9092"), MongoSettings(uri="mongodb://mongo.invalid:27017")
+    )
+    return {service.name: service.definition().app(connections) for service in catalog.CONSUMING}
 
 
 @pytest.fixture
@@ -331,6 +317,17 @@ def test_compose_broker_creates_no_topic_by_itself() -> None:
 
 
 # -- services ------------------------------------------------------------------------------------
+
+
+def test_the_catalog_is_every_service_package_with_the_groups_it_subscribes_with(
+    consumer_groups: dict[str, set[tuple[str, str]]],
+) -> None:
+    assert service_packages() == service_modules()
+    declared = {
+        service.name: {(group, topic.value) for group, topic in service.consumes}
+        for service in catalog.CONSUMING
+    }
+    assert declared == consumer_groups
 
 
 def test_every_service_has_a_compose_service_and_a_deployment() -> None:
