@@ -1,7 +1,7 @@
 """Every consuming service as a process of its own on one topic prefix, and a client's view of it.
 
 `Fleet` starts the storage owner, planner, tool executor, transcript recorder, fact extractor and
-enricher (`python -m services.<name>`, scripted models), stops them with SIGTERM and starts them
+enricher (`python -m quipu.services.<name>`, scripted models), stops them with SIGTERM and starts them
 again. The test side reads topics outside any consumer group (`TopicReader`), publishes raw bytes
 of any size, asks each consumer group how far it committed, and drives a normal run through the
 whole chain: a tool call, the history, a fact and its index update.
@@ -28,13 +28,8 @@ from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.services import ServiceProcess
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.enricher.settings import EnricherSettings
-from quipu.services.fact_extractor.settings import FactExtractorSettings
+from quipu.services import catalog
 from quipu.services.kit.store_client import KafkaStore
-from quipu.services.planner.settings import PlannerSettings
-from quipu.services.storage_owner.settings import OwnerSettings
-from quipu.services.tool_executor.settings import ToolExecutorSettings
-from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.owner_support import TopicReader
 from tests.timing import scaled
 
@@ -46,25 +41,21 @@ _LARGEST_READ = 256 * 1024
 """Records bigger than this on a watched topic are hostile ones: never parsed."""
 
 SERVICES: dict[str, str] = {
-    "storage_owner": "OWNER",
-    "planner": "PLANNER",
-    "tool_executor": "TOOLS",
-    "transcript_recorder": "RECORDER",
-    "fact_extractor": "FACTS",
-    "enricher": "ENRICHER",
+    service.name: str(service.definition().settings.model_config["env_prefix"])
+    for service in catalog.CONSUMING
 }
-"""Service module -> its settings' environment prefix (QUIPU_<PREFIX>_...)."""
+"""Service name -> its settings' environment prefix (`QUIPU_OWNER_`, ...)."""
 
-GROUPS: dict[Topic, list[str]] = {
-    Topic.STORAGE_COMMANDS: [OwnerSettings().group],
-    Topic.RUNS_REQUESTED: [f"{PlannerSettings().group}-requests"],
-    Topic.RUNS_CONTROL: [f"{PlannerSettings().group}-control"],
-    Topic.TOOLS_RESULTS: [f"{PlannerSettings().group}-results"],
-    Topic.TOOLS_CALLS: [ToolExecutorSettings().group],
-    Topic.HISTORY_TURNS: [TranscriptRecorderSettings().group],
-    Topic.HISTORY_RECORDED: [FactExtractorSettings().group],
-    Topic.MEMORY_CHANGES: [EnricherSettings().group],
-}
+
+def _groups_by_topic() -> dict[Topic, list[str]]:
+    groups: dict[Topic, list[str]] = {}
+    for service in catalog.CONSUMING:
+        for group, consumed in service.consumes:
+            groups.setdefault(consumed, []).append(group)
+    return groups
+
+
+GROUPS = _groups_by_topic()
 """The consumer groups that must commit every consumed topic to its end."""
 
 
@@ -100,7 +91,7 @@ class Fleet:
 
     def environment(self) -> dict[str, str]:
         """What every service process gets: the stack, the prefix, scripted models, short graces."""
-        graces = {f"QUIPU_{prefix}_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S) for prefix in SERVICES.values()}
+        graces = {f"{prefix}SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S) for prefix in SERVICES.values()}
         return {
             **self.stack.environment(),
             "QUIPU_KAFKA_TOPIC_PREFIX": self.prefix,
@@ -149,9 +140,9 @@ class Fleet:
     def start_all(self) -> None:
         """Start every service (again): a new process each, logging to a file of its own."""
         self._starts += 1
-        for module in SERVICES:
-            log = self.log_dir / f"{self._starts:02d}-{module}.log"
-            self.processes[module] = ServiceProcess(f"services.{module}", self.environment(), log).start()
+        for service in catalog.CONSUMING:
+            log = self.log_dir / f"{self._starts:02d}-{service.name}.log"
+            self.processes[service.name] = ServiceProcess(service.module, self.environment(), log).start()
 
     async def stop_all(self) -> dict[str, tuple[float, int | None]]:
         """SIGTERM every service at once; per service the seconds to exit and its exit status.
