@@ -4,9 +4,9 @@ Everything installs under this one import root: the wire (`quipu.contracts`), th
 (`quipu.services.<name>`, each runnable as `quipu serve <name>`), the shared plumbing
 (`quipu.services.kit`) and domain (`quipu.services.domain`), and the embedded local stack
 (`quipu.deploy.local`). The names below are the stable surface: what a program that publishes run
-requests and reads run events needs, and what your own tools are written with (`tool`, `Toolset`,
-`ToolContext`, `ToolError`; see `quipu.tools`). They load on first use, so `import quipu` stays
-cheap. `quipu.testing` holds the offline models for your own tests.
+requests and reads run events needs (`Client`, see `quipu.client`), and what your own tools are
+written with (`tool`, `Toolset`, `ToolContext`, `ToolError`; see `quipu.tools`). They load on
+first use, so `import quipu` stays cheap. `quipu.testing` holds the offline models for your own tests.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from quipu.client import Client, RunEvents, RunResult
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
     from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
     from quipu.contracts.topics import TOPICS, Topic, TopicSpec
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, str] = {
+    "Client": "quipu.client",
+    "RunEvents": "quipu.client",
+    "RunResult": "quipu.client",
     "RunRequested": "quipu.contracts.runs",
     "CancelRun": "quipu.contracts.runs",
     "TurnCompleted": "quipu.contracts.runs",
@@ -53,9 +57,10 @@ _PUBLIC: dict[str, str] = {
     "AwaitKind": "quipu.tools",
 }
 
-__all__ = ["TOPICS", "AwaitInput", "AwaitKind", "CancelRun", "Cancellation", "RunEvent", "RunPhase",
-           "RunRequested", "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset",
-           "Topic", "TopicSpec", "TurnCompleted", "__version__", "tool"]
+__all__ = ["TOPICS", "AwaitInput", "AwaitKind", "CancelRun", "Cancellation", "Client", "RunEvent",
+           "RunEvents", "RunPhase", "RunRequested", "RunResult", "StreamEventType", "Tool", "ToolArguments",
+           "ToolContext", "ToolError", "Toolset", "Topic", "TopicSpec", "TurnCompleted", "__version__",
+           "tool"]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,8 @@ reports a store that does not answer.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import structlog
 from aiokafka import AIOKafkaProducer
 
@@ -27,6 +29,14 @@ from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
 
 logger = structlog.get_logger(__name__)
+
+
+class RunRequestSender(Protocol):
+    """Publishes run requests to `runs.requested` and cancellations to `runs.control`."""
+
+    async def publish(self, message: RunRequested | CancelRun) -> None:
+        """Send one message, keyed by its session (its run when sessionless); return once acknowledged."""
+        ...
 
 
 def request_principal(message: RunRequested | CancelRun) -> str:
