@@ -25,12 +25,13 @@ from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from quipu.contracts.sealed import SEALED_FOR_FIELD, SealedFor
 from quipu.services.kit import sealing
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError
 from quipu.services.kit.sealing import current_sealing_for
+from quipu.services.kit.settings import QuipuSettings
 
 KEYS_PATH = "/v1/keys"
 """The owner's key endpoint."""
@@ -44,10 +45,10 @@ class UnsealableMessageError(PermanentError):
     """Raised when a sealed message can never open here: altered, or no key channel configured."""
 
 
-class KeySettings(BaseSettings):
+class KeySettings(QuipuSettings):
     """Where a service asks for data keys (`QUIPU_KEYS_...`); no URL: messages are not sealed."""
 
-    model_config = SettingsConfigDict(env_prefix="QUIPU_KEYS_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUIPU_KEYS_")
 
     url: str = Field(
         default="",
