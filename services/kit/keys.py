@@ -67,6 +67,11 @@ class KeySettings(QuipuSettings):
     )
     timeout_s: float = Field(default=5.0, gt=0, description="Longest wait for one key request.")
 
+    @property
+    def token_value(self) -> str:
+        """The service token, or "" when none is set (an empty one is none: sealing is off)."""
+        return self.token.get_secret_value() if self.token is not None else ""
+
 
 class KeyRequest(BaseModel):
     """A request to the key endpoint: whose data key, and whether to make one when there is none."""
@@ -257,6 +262,6 @@ def _whose(clear: dict[str, Any]) -> SealedFor:
 
 def message_seals(settings: KeySettings) -> MessageSeals:
     """The seals of a service configured by `settings`: over HTTP when a URL is set, else none."""
-    if not settings.url:
+    if not settings.url or not settings.token_value:
         return MessageSeals(None)
     return MessageSeals(KeyClient(HttpKeySource(settings), ttl_s=settings.cache_ttl_s))

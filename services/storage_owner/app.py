@@ -61,7 +61,7 @@ def create_app(
     stores: Running[handlers.OwnerStores] = Running("storage owner")
     # The seals are built before the stores open: they reach the keyring through what is open.
     keyring = handlers.OwnerKeyring(lambda: stores.get().memory)
-    seals = MessageSeals(KeyClient(keyring, ttl_s=keys.cache_ttl_s) if keys.token else None)
+    seals = MessageSeals(KeyClient(keyring, ttl_s=keys.cache_ttl_s) if keys.token_value else None)
 
     async def open_stores(_: KafkaBroker, opened: Opened) -> handlers.OwnerStores:
         runtime = store
@@ -79,11 +79,11 @@ def create_app(
             mongo_memory = await _open_mongo_memory(mongo, owner, runtime)
             opened.on_close(mongo_memory.close)
             serving = handlers.OwnerStores(runtime, mongo_memory)
-        if keys.token is not None and owner.keys_port is not None:
+        if keys.token_value and owner.keys_port is not None:
             # Opened last, so closed first: it never serves from a closed store.
             endpoint = KeyEndpoint(
                 handlers.OwnerKeyring(lambda: serving.memory),
-                keys.token.get_secret_value(),
+                keys.token_value,
                 owner.keys_host,
                 owner.keys_port,
             )

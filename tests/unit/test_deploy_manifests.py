@@ -543,7 +543,7 @@ def test_the_gateway_listens_on_every_interface_and_is_ready_on_healthz() -> Non
     assert str(port["containerPort"]) == environment["QUIPU_GATEWAY_PORT"]
     probe = spec["readinessProbe"]["httpGet"]
     assert probe["path"] == "/healthz" and probe["port"] in {port["name"], port["containerPort"]}
-    (service,) = k8s("Service")
+    service = next(s for s in k8s("Service") if s["metadata"]["name"] == "gateway")
     assert service["spec"]["selector"].items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
     assert service["spec"]["type"] == "ClusterIP"  # no authentication yet
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= {port["name"], port["containerPort"]}
@@ -554,6 +554,27 @@ def test_the_gateway_listens_on_every_interface_and_is_ready_on_healthz() -> Non
     assert compose_env(in_compose)["QUIPU_GATEWAY_HOST"] == "0.0.0.0"
     assert "/healthz" in " ".join(in_compose["healthcheck"]["test"])
     assert all(str(mapping).startswith("127.0.0.1:") for mapping in in_compose["ports"])
+
+
+def test_every_service_can_reach_the_owners_key_endpoint_with_the_shared_token() -> None:
+    owner = deployments()["storage_owner"]
+    spec = container(owner)
+    environment = {entry["name"]: entry.get("value") for entry in spec["env"]}
+    (keys_port,) = (port for port in spec["ports"] if port["name"] == "keys")
+    assert str(keys_port["containerPort"]) == environment["QUIPU_OWNER_KEYS_PORT"]
+    assert environment["QUIPU_OWNER_KEYS_HOST"] == "0.0.0.0"
+    service = next(s for s in k8s("Service") if s["metadata"]["name"] == "storage-owner-keys")
+    assert service["spec"]["selector"].items() <= owner["spec"]["template"]["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "keys"
+    assert config_map()["QUIPU_KEYS_URL"] == f"http://storage-owner-keys.quipu.svc:{port['port']}"
+    for name, deployment in deployments().items():
+        (token,) = (entry for entry in container(deployment)["env"] if entry["name"] == "QUIPU_KEYS_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"]["name"] == "quipu-keys", name
+    for service_in_compose in quipu_compose_services().values():
+        compose_environment = compose_env(service_in_compose)
+        assert compose_environment["QUIPU_KEYS_URL"] == "http://storage-owner:8711"
+        assert compose_environment["QUIPU_KEYS_TOKEN"] == "${QUIPU_KEYS_TOKEN:-}"
 
 
 def test_no_tabs_in_the_manifests() -> None:
