@@ -23,12 +23,13 @@ from faststream.kafka import KafkaBroker
 from quipu.contracts.commands import (
     STRICT_COMMAND,
     ListRunRecords,
+    ListSessionRunRecords,
     LoadRunSuspension,
     StoreOperation,
     StoreReply,
 )
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
-from quipu.contracts.memory_commands import ForgetPrincipal
+from quipu.contracts.memory_commands import ForgetPrincipal, HistoryTail, ListHistory, LoadSummary
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.protocol import MemoryStore
@@ -57,13 +58,32 @@ class OwnerStores:
     memory: MemoryStore
 
     async def for_its_owner(self, command: StoreOperation) -> StoreOperation:
-        """A read of a run's records that names no one, sealed for the run's own person: whoever
-        asks (a cancel, a plain client), the words it reads back never travel in plaintext."""
-        if command.sealed_for is not None or not isinstance(command, ListRunRecords | LoadRunSuspension):
+        """A read that names no one, sealed for the person whose words it reads back (a run's, a
+        session's owner, a history's): whoever asks (a cancel, a plain client), they never travel
+        in plaintext."""
+        if command.sealed_for is not None:
             return command
-        if not isinstance(self.store, MongoStore):
-            return command
-        return command.model_copy(update={"sealed_for": await self.store.run_owner(command.run_id)})
+        whose = await self._owner_of(command)
+        return command if whose is None else command.model_copy(update={"sealed_for": whose})
+
+    async def _owner_of(self, command: StoreOperation) -> SealedFor | None:
+        if isinstance(command, ListRunRecords | LoadRunSuspension) and isinstance(self.store, MongoStore):
+            return await self.store.run_owner(command.run_id)
+        if isinstance(command, ListSessionRunRecords):
+            try:
+                owner = (await self.store.load_session_status(command.session_id)).owner
+            except StoreRefusedError:
+                return None  # the command itself answers the refusal
+            return (
+                None
+                if owner is None
+                else SealedFor(tenant_id=owner.tenant_id, principal_id=owner.principal_id)
+            )
+        if isinstance(command, ListHistory | HistoryTail | LoadSummary) and isinstance(
+            self.memory, MongoMemoryStore
+        ):
+            return await self.memory.history_owner(command.session_id)
+        return None
 
 
 class OwnerKeyring:

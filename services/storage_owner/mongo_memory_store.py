@@ -122,6 +122,13 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
             lambda tx: tx.data_key(whose.tenant_id, whose.principal_id, create=create)
         )
 
+    async def history_owner(self, session_id: str) -> SealedFor | None:
+        """Whose data key seals the session's history (None: no history recorded yet)."""
+        session = await self.transactions.run_mongo(lambda tx: tx.load_session(session_id))
+        if session is None or not session.scope.principal_id:
+            return None
+        return SealedFor(tenant_id=session.scope.tenant_id, principal_id=session.scope.principal_id)
+
     async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
         """Shred the principal's key in its own transaction, then erase their documents."""
         if principal_id:

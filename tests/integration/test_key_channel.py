@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import pytest
 from pydantic import SecretStr
 
-from quipu.contracts.memory import FactOperation, FactOperationKind, MemoryScope, Provenance
+from quipu.contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
 from quipu.contracts.sealed import SealedFor
+from quipu.contracts.store import SessionOwner
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.delivery import MessageErasedError
@@ -126,21 +127,37 @@ async def test_memory_words_travel_sealed_both_ways_and_are_erased_on_every_topi
         assert len(opened) == 1 and BYSTANDER.encode() in opened[0]
 
 
-async def test_a_read_of_a_runs_records_that_names_no_one_is_answered_sealed_for_the_runs_person(
+async def test_a_read_that_names_no_one_is_answered_sealed_for_the_person_whose_words_it_reads(
     stack: EmbeddedStack,
 ) -> None:
     async with sealed_deployment(stack) as deployment:
         store = deployment.store
         session_id = f"s-{uuid.uuid4().hex[:8]}"
-        await store.create_session(session_id, ms())
+        await store.create_session(
+            session_id, ms(), SessionOwner(tenant_id=ANA.tenant_id, principal_id="ana")
+        )
         start = root_start(session_id)
         run = start.run.model_copy(update={"tenant_id": ANA.tenant_id, "principal_id": ANA.principal_id})
         with sealing_for(ANA.tenant_id, ANA.principal_id):  # as the planner writes a run
             await store.start_root_run(run, start.started, start.stopped)
             await store.append_run_record(ordinary(run, payload=json.dumps({"text": WORDS}).encode()))
-        # A reader that says nothing of whose run it reads (a cancel, a plain client).
+        await deployment.memory.append_history_turn(
+            HistoryTurn(
+                session_id=session_id,
+                turn_id="t-1",
+                scope=ANA,
+                user_text=WORDS,
+                assistant_text="noted",
+                created_at=ms(5),
+            )
+        )
+        # Readers that say nothing of whose words they read (a cancel, a plain client).
         page = await store.list_run_records(run.run_id, "", 10)
         assert any(WORDS.encode() in record.payload for record in page.records)
+        session_page = await store.list_session_run_records(session_id, "", 10)
+        assert any(WORDS.encode() in record.payload for record in session_page.records)
+        history = await deployment.memory.list_history(session_id, 0, 10)
+        assert [row.text for row in history][:1] == [WORDS]
 
         wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
         assert readable_anywhere(wire, WORDS) == []
