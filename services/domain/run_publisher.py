@@ -23,10 +23,10 @@ from aiokafka import AIOKafkaProducer
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.services.domain.memory.context import run_sealing_principal
-from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals
+from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.sealing import sealing_for
-from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.settings import KafkaSettings, KeySettings
 
 logger = structlog.get_logger(__name__)
 

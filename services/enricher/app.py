@@ -15,7 +15,7 @@ from quipu.services.domain.memory.reindex import IndexMaintenance
 from quipu.services.enricher import handlers
 from quipu.services.enricher.adapters import Enricher
 from quipu.services.enricher.settings import EnricherSettings
-from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
@@ -50,7 +50,7 @@ def create_app(
     settings = settings or EnricherSettings()
     check_timeouts(kafka, settings)
     given = deps or EnricherDeps()
-    seals = message_seals(KeySettings())  # fact changes are sealed under their principal's key
+    seals = message_seals(settings.keys)  # fact changes are sealed under their principal's key
 
     async def open_enricher(_: KafkaBroker, opened: Opened) -> Enricher:
         opened.on_close(seals.close)  # closed last, after the client that reaches the owner

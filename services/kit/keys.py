@@ -24,14 +24,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
-from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import SettingsConfigDict
+from pydantic import BaseModel, Field
 
 from quipu.contracts.sealed import SEALED_FOR_FIELD, SealedFor
 from quipu.services.kit import sealing
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError
 from quipu.services.kit.sealing import current_sealing_for
-from quipu.services.kit.settings import QuipuSettings
+from quipu.services.kit.settings import KeySettings
 
 KEYS_PATH = "/v1/keys"
 """The owner's key endpoint."""
@@ -43,34 +42,6 @@ class KeyUnavailableError(RetryableError):
 
 class UnsealableMessageError(PermanentError):
     """Raised when a sealed message can never open here: altered, or no key channel configured."""
-
-
-class KeySettings(QuipuSettings):
-    """Where a service asks for data keys (`QUIPU_KEYS_...`); no URL: messages are not sealed."""
-
-    model_config = SettingsConfigDict(env_prefix="QUIPU_KEYS_")
-
-    url: str = Field(
-        default="",
-        description=(
-            "Base URL of the storage owner's key endpoint (http://owner:8711). Empty: this service "
-            "publishes its messages in plaintext and cannot open sealed ones."
-        ),
-    )
-    token: SecretStr | None = Field(
-        default=None, description="The service credential the key endpoint asks for (a Secret)."
-    )
-    cache_ttl_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="How long a fetched key is kept in memory: how late a forget elsewhere reaches here.",
-    )
-    timeout_s: float = Field(default=5.0, gt=0, description="Longest wait for one key request.")
-
-    @property
-    def token_value(self) -> str:
-        """The service token, or "" when none is set (an empty one is none: sealing is off)."""
-        return self.token.get_secret_value() if self.token is not None else ""
 
 
 class KeyRequest(BaseModel):

@@ -48,8 +48,8 @@ from quipu.contracts.errors import QuipuError
 from quipu.contracts.events import RunEvent
 from quipu.contracts.topics import Topic
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
-from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals
-from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.keys import MessageSeals, message_seals
+from quipu.services.kit.settings import KafkaSettings, KeySettings
 
 logger = structlog.get_logger(__name__)
 

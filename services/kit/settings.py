@@ -309,6 +309,34 @@ class ServiceSettings(QuipuSettings):
     )
 
 
+class KeySettings(QuipuSettings):
+    """Where a service asks for data keys (`QUIPU_KEYS_...`); no URL: messages are not sealed."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIPU_KEYS_")
+
+    url: str = Field(
+        default="",
+        description=(
+            "Base URL of the storage owner's key endpoint (http://owner:8711). Empty: this service "
+            "publishes its messages in plaintext and cannot open sealed ones."
+        ),
+    )
+    token: SecretStr | None = Field(
+        default=None, description="The service credential the key endpoint asks for (a Secret)."
+    )
+    cache_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a fetched key is kept in memory: how late a forget elsewhere reaches here.",
+    )
+    timeout_s: float = Field(default=5.0, gt=0, description="Longest wait for one key request.")
+
+    @property
+    def token_value(self) -> str:
+        """The service token, or "" when none is set (an empty one is none: sealing is off)."""
+        return self.token.get_secret_value() if self.token is not None else ""
+
+
 class ConsumerSettings(QuipuSettings):
     """How a service consumes its topics concurrently (`kit.concurrent_delivery`); each service's
     settings extend it under their own prefix (`QUIPU_PLANNER_MAX_IN_FLIGHT`, ...)."""
@@ -343,6 +371,11 @@ class ConsumerSettings(QuipuSettings):
             "When partitions move to another copy, how long their messages in flight may finish and "
             "commit first; one still running after it is handled again by the new owner (an exact retry)."
         ),
+    )
+
+    keys: KeySettings = Field(
+        default_factory=KeySettings,
+        description="Where the service asks for data keys (`QUIPU_KEYS_...`, the same for every service).",
     )
 
     @property

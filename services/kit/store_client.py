@@ -60,10 +60,10 @@ from quipu.contracts.store import (
 )
 from quipu.contracts.topics import Topic
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
-from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals
+from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.sealing import current_sealing_for
-from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
+from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
 
 logger = structlog.get_logger(__name__)
 

@@ -10,7 +10,7 @@ from quipu.services.domain.memory.context import ContextSource, MemoryContextSou
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.shipped_tools import default_catalog
-from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher
@@ -67,7 +67,7 @@ def create_app(
     settings = settings or PlannerSettings()
     check_timeouts(kafka, settings)
     # Runs carry their principal's words: what the planner reads and writes is sealed under their key.
-    seals = message_seals(KeySettings())
+    seals = message_seals(settings.keys)
     given = deps or PlannerDeps()
 
     async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:

@@ -8,9 +8,9 @@ from faststream.kafka import KafkaBroker
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
-from quipu.services.kit.keys import KeyClient, KeySettings, MessageSeals
+from quipu.services.kit.keys import KeyClient, MessageSeals
 from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, service_app
-from quipu.services.kit.settings import KafkaSettings, MongoSettings
+from quipu.services.kit.settings import KafkaSettings, KeySettings, MongoSettings
 from quipu.services.storage_owner import handlers
 from quipu.services.storage_owner.key_endpoint import KeyEndpoint
 from quipu.services.storage_owner.keys import parse_master_key
@@ -57,7 +57,7 @@ def create_app(
     `owner.keys_port`, serves the key endpoint; its own keys never leave its process otherwise.
     """
     owner = owner or OwnerSettings()
-    keys = keys or KeySettings()
+    keys = keys or owner.keys
     stores: Running[handlers.OwnerStores] = Running("storage owner")
     # The seals are built before the stores open: they reach the keyring through what is open.
     keyring = handlers.OwnerKeyring(lambda: stores.get().memory)

@@ -11,7 +11,7 @@ from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
-from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
@@ -51,7 +51,7 @@ def create_app(
         raise ValueError("max_timeout_s must be shorter than the consumer's max_poll_interval_ms")
     given = deps or ToolExecutorDeps()
     # A call's input and its result are the run's principal's words: sealed under their key.
-    seals = message_seals(KeySettings())
+    seals = message_seals(settings.keys)
 
     async def open_runner(_: KafkaBroker, opened: Opened) -> ToolRunner:
         opened.on_close(seals.close)

@@ -9,7 +9,7 @@ from faststream.kafka import KafkaBroker
 
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import ModelClient
-from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.transcript_recorder import adapters, handlers
@@ -36,7 +36,7 @@ def create_app(
     settings = settings or TranscriptRecorderSettings()
     if settings.model_timeout_s * 1000 >= kafka.max_poll_interval_ms:
         raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
-    seals = message_seals(KeySettings())  # the turns on history.turns are sealed for their principal
+    seals = message_seals(settings.keys)  # the turns on history.turns are sealed for their principal
     given = deps or RecorderDeps()
 
     async def open_recorder(_: KafkaBroker, opened: Opened) -> TranscriptRecorder:

@@ -120,7 +120,8 @@ from quipu.contracts.transcript import Message, ToolResultPart, ToolUsePart  # n
 from quipu.contracts.wire import utc_now_ms  # noqa: E402
 from quipu.deploy.local.services import ServiceProcess  # noqa: E402
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics  # noqa: E402
-from quipu.services.kit.keys import KeySettings, MessageSeals, message_seals  # noqa: E402
+from quipu.services.kit.keys import MessageSeals, message_seals  # noqa: E402
+from quipu.services.kit.settings import KeySettings  # noqa: E402
 from quipu.services.kit.store_client import KafkaStore  # noqa: E402
 from quipu.services.planner.adapters import load_records  # noqa: E402
 from tests.owner_support import Owner, RawPublisher, TopicReader, free_port, wait_until_serving  # noqa: E402

@@ -22,9 +22,10 @@ from quipu.contracts.store import SessionOwner
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.delivery import MessageErasedError
-from quipu.services.kit.keys import HttpKeySource, KeySettings, KeyUnavailableError, message_seals
+from quipu.services.kit.keys import HttpKeySource, KeyUnavailableError, message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.sealing import sealing_for
+from quipu.services.kit.settings import KeySettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.settings import OwnerSettings
