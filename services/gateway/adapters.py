@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import anyio
 import structlog
 
+from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.run_events import (
     EventPosition,
     EventStreamError,
@@ -46,8 +47,18 @@ class EventStreams:
     waiting for clients that never leave.
     """
 
-    def __init__(self, settings: KafkaSettings, *, keepalive_s: float = 15.0, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        keepalive_s: float = 15.0,
+        poll_s: float = 1.0,
+        seals: MessageSeals | None = None,
+    ) -> None:
+        """`seals` open sealed events for every stream (one key cache for all of them); without
+        them each reader builds its own from `KeySettings()`."""
         self._settings = settings
+        self._seals = seals
         self._keepalive_s = keepalive_s
         self._poll_s = min(poll_s, keepalive_s)
         self._open: set[RunEventReader] = set()
@@ -62,7 +73,9 @@ class EventStreams:
         self, session_id: str, *, after: EventPosition | None = None, start_at: StartAt = StartAt.BEGINNING
     ) -> RunEventReader:
         """A started reader of the session's events (raises InvalidPositionError, EventStreamError)."""
-        reader = RunEventReader(self._settings, session_id=session_id, client_id="gateway-events")
+        reader = RunEventReader(
+            self._settings, session_id=session_id, client_id="gateway-events", seals=self._seals
+        )
         await reader.start(after=after, start_at=start_at)
         self._open.add(reader)
         logger.info(

@@ -30,6 +30,7 @@ from quipu.services.gateway.body_limit import BodyLimit
 from quipu.services.gateway.handlers import GatewayDeps, health_router, router
 from quipu.services.gateway.logic import GatewayError
 from quipu.services.gateway.settings import GatewaySettings
+from quipu.services.kit.keys import KeySettings, message_seals
 from quipu.services.kit.logging import get_logger
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -108,9 +109,11 @@ def create_app(
                 deps.streams.close()
                 app.state.deps = app.state.memory = None
             return
-        store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id)
+        # One key cache for the store client and every event stream: a fetch per person per TTL.
+        seals = message_seals(KeySettings())
+        store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id, seals=seals)
         publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE)
-        streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s)
+        streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s, seals=seals)
         await store.start()
         try:
             await publisher.start()
@@ -124,6 +127,7 @@ def create_app(
                 await publisher.stop()
         finally:
             await store.stop()
+            await seals.close()
 
     # Swagger UI and ReDoc from the assets `fastapi-offline` ships: `/docs` renders with no network.
     app = FastAPIOffline(
