@@ -30,9 +30,9 @@ from quipu.services.gateway.body_limit import BodyLimit
 from quipu.services.gateway.handlers import GatewayDeps, health_router, router
 from quipu.services.gateway.logic import GatewayError
 from quipu.services.gateway.settings import GatewaySettings
-from quipu.services.kit.keys import KeySettings, message_seals
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.logging import get_logger
-from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.settings import KafkaSettings, KeySettings
 from quipu.services.kit.store_client import KafkaStore
 
 SERVICE = "gateway"
