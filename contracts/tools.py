@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.contracts.envelope import Envelope
+from quipu.contracts.wire import Timestamp
 
 TOOL_RESULT_RECORD = "tool_result"
 """Type of the ordinary run record (key `tool-result/<tool_use_id>`) holding one tool result as it
@@ -71,3 +72,44 @@ class ToolCallCompleted(Envelope):
     def partition_key(self) -> str:
         """Results go with their session, like everything else about it."""
         return self.session_id or self.run_id
+
+
+DEFAULT_TOOLSET = "default"
+"""The toolset of the deployment's general executor (the shipped tools and any served beside
+them): its calls stay on `tools.calls` itself. Every other toolset has `tools.calls.<toolset>`."""
+
+TOOLSET_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""Toolset names: they end a topic name, so letters, digits, `_` and `-` only (no `.`)."""
+
+
+class AnnouncedTool(BaseModel):
+    """One tool of an announced toolset, as the planner offers it to the model."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(min_length=1, max_length=64, description="The tool's name; the model calls it by this.")
+    description: str = Field(min_length=1, description="What the tool does; the model picks tools by it.")
+    input_schema: dict[str, Any] = Field(description="JSON schema of the tool's arguments.")
+    timeout_s: float = Field(gt=0, description="Bound on one call, in seconds (the executor enforces it).")
+    awaits_input: bool = Field(
+        default=False, description="True when the tool answers with a request for outside input (ask_user)."
+    )
+
+
+class ToolsetAnnounced(Envelope):
+    """An executor deployment serves a toolset: its tools and the topic its calls go to.
+
+    Published by every executor copy at start-up (the same content gives the same `event_id`);
+    `tools.registry` is compacted by toolset name, so its latest announcement is what remains.
+    """
+
+    toolset: str = Field(pattern=TOOLSET_NAME_PATTERN, description="The toolset's name (the key).")
+    version: str = Field(default="", description="The toolset's version, as its author gives it.")
+    calls_topic: str = Field(
+        description=(
+            "Where its calls go, without the deployment's prefix: `tools.calls` for the default "
+            "toolset, `tools.calls.<toolset>` for any other (a reader checks it against that rule)."
+        )
+    )
+    tools: list[AnnouncedTool] = Field(description="Every tool the toolset serves.")
+    announced_at: Timestamp = Field(description="When the executor announced it; a later one replaces it.")

@@ -23,7 +23,7 @@ from quipu.contracts.errors import QuipuError
 from quipu.contracts.events import RunEvent
 from quipu.contracts.memory import FactChanged, HistoryRecorded
 from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
-from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallCompleted, ToolCallRequested, ToolsetAnnounced
 
 
 class Topic(StrEnum):
@@ -33,6 +33,7 @@ class Topic(StrEnum):
     RUNS_CONTROL = "runs.control"
     TOOLS_CALLS = "tools.calls"
     TOOLS_RESULTS = "tools.results"
+    TOOLS_REGISTRY = "tools.registry"
     STORAGE_COMMANDS = "storage.commands"
     STORAGE_REPLIES = "storage.replies"
     RUNS_EVENTS = "runs.events"
@@ -108,6 +109,18 @@ def run_of(payload: ToolCallRequested) -> str:
     return payload.run_id
 
 
+def toolset_of(announcement: ToolsetAnnounced) -> str:
+    """A toolset's announcements share a key, so compaction keeps its latest one."""
+    return announcement.toolset
+
+
+def toolset_calls_topic(toolset: str) -> str:
+    """The calls topic of `toolset` (no prefix): `tools.calls` for the default one, else
+    `tools.calls.<toolset>`, so each toolset's executors consume and scale on their own."""
+    base = Topic.TOOLS_CALLS.value
+    return base if toolset == DEFAULT_TOOLSET else f"{base}.{toolset}"
+
+
 def session_of(payload: TurnCompleted | HistoryRecorded) -> str:
     """A session's turns stay in order."""
     return payload.session_id
@@ -138,6 +151,7 @@ TOPICS: tuple[TopicSpec[Any], ...] = (
     TopicSpec[ToolCallCompleted](
         Topic.TOOLS_RESULTS, ToolCallCompleted, _SESSION_ELSE_RUN, session_else_run, 8
     ),
+    TopicSpec[ToolsetAnnounced](Topic.TOOLS_REGISTRY, ToolsetAnnounced, "toolset name", toolset_of, 1),
     TopicSpec[StoreOperation](
         Topic.STORAGE_COMMANDS, StoreCommand, "session id, else run or principal id", command_key, 8
     ),
@@ -147,7 +161,10 @@ TOPICS: tuple[TopicSpec[Any], ...] = (
     TopicSpec[HistoryRecorded](Topic.HISTORY_RECORDED, HistoryRecorded, "session id", session_of, 8),
     TopicSpec[FactChanged](Topic.MEMORY_CHANGES, FactChanged, "principal id", principal_of, 8),
 )
-"""The registry: every topic with its payload, key and partition count."""
+"""The registry: every topic with its payload, key and partition count.
+
+`tools.registry` is compacted (cleanup.policy=compact): readers replay it from the beginning.
+A toolset's calls topic (`toolset_calls_topic`) carries `tools.calls`' payload and key."""
 
 
 def _models_of(payload: Any) -> Iterator[type[BaseModel]]:

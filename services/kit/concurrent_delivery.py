@@ -347,7 +347,7 @@ class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
 def consume_concurrently(
     broker: KafkaBroker,
     kafka: KafkaSettings,
-    source: Topic,
+    source: Topic | str,
     handle: Callable[[ConsumedMessage], Awaitable[None]],
     *,
     group: str,
@@ -360,7 +360,7 @@ def consume_concurrently(
     """
     consumer = ConcurrentConsumer(
         handle,
-        name=f"{group} {source.value}",
+        name=f"{group} {source}",
         max_in_flight=settings.max_in_flight,
         revoke_grace_s=settings.revoke_grace_s,
         order=order,

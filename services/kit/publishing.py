@@ -26,7 +26,7 @@ from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
 from quipu.contracts.errors import QuipuError
-from quipu.contracts.topics import spec_for
+from quipu.contracts.topics import UnroutablePayloadError, spec_for
 from quipu.services.kit.delivery import broker_may_take_again
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
@@ -66,15 +66,23 @@ class TopicPublisher:
         return self._prefix + spec_for(message).topic.value
 
     async def publish(
-        self, message: BaseModel, *, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        message: BaseModel,
+        *,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        within: str | None = None,
     ) -> None:
         """Send `message` to its topic with its key and wait for the broker's acknowledgement
         (PublishError when it did not take it).
 
-        `partition` and `headers` are routes from the caller's configuration, never from a message.
+        `partition`, `headers` and `within` are routes from the caller's configuration, never from
+        a message. `within` names one of the payload topic's own family instead of the topic
+        itself (`tools.calls.<toolset>` for a `tools.calls` payload, from the toolset registry);
+        a name outside that family is an UnroutablePayloadError.
         """
         spec = spec_for(message)
-        topic = self._prefix + spec.topic.value
+        topic = self._prefix + _family_member(spec.topic.value, within)
         body = await self._seals.encode(message)  # KeyUnavailableError: the key channel is away
         try:
             await self._send(
@@ -86,6 +94,14 @@ class TopicPublisher:
             )
         except KafkaError as error:
             raise PublishError(topic, error) from error
+
+
+def _family_member(topic: str, within: str | None) -> str:
+    if within is None or within == topic:
+        return topic
+    if not within.startswith(topic + ".") or within.endswith(".dlq"):
+        raise UnroutablePayloadError(f"{within!r} is not a topic of the {topic} family")
+    return within
 
 
 def broker_publisher(

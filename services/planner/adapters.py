@@ -15,6 +15,7 @@ from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
 from quipu.contracts.memory import MemoryScope
 from quipu.contracts.runs import TurnCompleted
 from quipu.contracts.store import Record, RunStatus, is_erased
+from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.transcript import TranscriptError
 from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
@@ -22,8 +23,10 @@ from quipu.services.domain.memory.context import ContextBlocks, SpokenTurn, hist
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.tool_catalog import ToolCatalog, agent_tool
+from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
 from quipu.services.kit.delivery import PermanentError
+from quipu.services.kit.publishing import TopicPublisher
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.context import history_window
 from quipu.services.planner.logic.dispatch import ToolInfo
@@ -130,6 +133,22 @@ class SessionHistoryContext:
         return ContextBlocks(history=history_window(list(reversed(turns)), self._max_messages))
 
 
+class CallRouter:
+    """Publishes each tool call to the topic of the toolset that announced its tool.
+
+    The route is the registry's (what the deployment's executors announced), looked up by the
+    tool's name; a tool no toolset announced (a catalog tool) goes to `tools.calls`.
+    """
+
+    def __init__(self, publisher: TopicPublisher, registry: ToolsetRegistry) -> None:
+        self._publisher = publisher
+        self._registry = registry
+
+    async def publish(self, call: ToolCallRequested) -> None:
+        """Publish `call` to its toolset's calls topic."""
+        await self._publisher.publish(call, within=self._registry.calls_topic(call.tool_name))
+
+
 class PublishedTurns:
     """A `Publisher` that remembers the turns it published: the `RecentTurns` of this planner.
 
@@ -142,14 +161,26 @@ class PublishedTurns:
     `sessions` sessions last served.
     """
 
-    def __init__(self, publisher: Publisher, *, turns_per_session: int = 6, sessions: int = 2048) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        calls: CallRouter | None = None,
+        turns_per_session: int = 6,
+        sessions: int = 2048,
+    ) -> None:
+        """Tool calls go through `calls` when given (each to its toolset's topic)."""
         self._publisher = publisher
+        self._calls = calls
         self._turns_per_session = max(1, turns_per_session)
         self._sessions = max(1, sessions)
         self._recent: OrderedDict[str, list[SpokenTurn]] = OrderedDict()
 
     async def publish(self, message: Output) -> None:
-        await self._publisher.publish(message)
+        if isinstance(message, ToolCallRequested) and self._calls is not None:
+            await self._calls.publish(message)
+        else:
+            await self._publisher.publish(message)
         if isinstance(message, TurnCompleted) and message.session_id:
             self._remember(message)
 
@@ -177,22 +208,43 @@ class PublishedTurns:
         return newer[-limit:] if limit > 0 else []
 
 
-def tool_book(agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry) -> dict[str, ToolInfo]:
-    """The tools `agent` may call: catalog tools, and other agents as agent-tools (child runs)."""
+class MissingToolsError(QuipuError):
+    """Raised when an agent declares tools that no toolset announced, no catalog holds and no agent is."""
+
+    def __init__(self, agent_id: str, names: list[str]) -> None:
+        super().__init__(
+            f"agent {agent_id!r} declares tools nobody serves: {', '.join(names)} "
+            "(no executor announced them on tools.registry)"
+        )
+        self.names = names
+
+
+def tool_book(
+    agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry, registry: ToolsetRegistry | None = None
+) -> dict[str, ToolInfo]:
+    """The tools `agent` may call: announced tools (on their toolset's topic), catalog tools (on
+    `tools.calls`), and other agents as agent-tools (child runs); MissingToolsError for the rest."""
     book: dict[str, ToolInfo] = {}
+    missing: list[str] = []
     for name in agent.tools:
+        offered = registry.find(name) if registry is not None else None
+        if offered is not None:
+            book[name] = ToolInfo(spec=offered.spec, timeout_s=offered.timeout_s)
+            continue
         definition = catalog.find(name)
         if definition is None and agents.is_agent_tool(name):
             callee = agents.get_agent(name)
             definition = agent_tool(name, callee.description or f"The {name} agent.", callee.agent_id)
         if definition is None:
-            logger.warning("agent names an unknown tool", agent_id=agent.agent_id, tool=name)
+            missing.append(name)
             continue
         book[name] = ToolInfo(
             spec=definition.spec(),
             timeout_s=None if definition.agent_id else definition.timeout_s,
             agent_id=definition.agent_id,
         )
+    if missing:
+        raise MissingToolsError(agent.agent_id, missing)
     return book
 
 

@@ -10,14 +10,17 @@ from quipu.services.domain.memory.context import ContextSource, MemoryContextSou
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
 from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.domain.toolset_registry import ToolsetRegistry
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
+from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.keys import message_seals
-from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
+from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, service_app
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner import handlers
-from quipu.services.planner.adapters import PublishedTurns, SessionHistoryContext, SessionOwners
+from quipu.services.planner.adapters import CallRouter, PublishedTurns, SessionHistoryContext, SessionOwners
 from quipu.services.planner.orchestrator import Planner, PlannerDeps, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 
@@ -69,12 +72,16 @@ def create_app(
     # Runs carry their principal's words: what the planner reads and writes is sealed under their key.
     seals = message_seals(settings.keys)
     given = deps or PlannerDeps()
+    registry = given.registry or ToolsetRegistry()
 
     async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:
         opened.on_close(seals.close)  # closed last, after the clients that use it
         store = given.store or await opened.start(KafkaStore.for_service(kafka, settings, seals=seals))
+        topics = broker_publisher(broker, kafka, seals)
         publisher = PublishedTurns(
-            broker_publisher(broker, kafka, seals), turns_per_session=max(1, settings.history_messages // 2)
+            topics,
+            calls=CallRouter(topics, registry),
+            turns_per_session=max(1, settings.history_messages // 2),
         )
         context: ContextSource
         if given.context is not None:
@@ -97,8 +104,15 @@ def create_app(
             agents=given.agents or default_agents(),
             context=context,
             owners=SessionOwners(memory, store) if memory is not None else None,
+            registry=registry,
         )
         return Planner(ready, publisher, settings)
+
+    def subscribe(
+        broker: KafkaBroker, delivery: Delivery, planner: Running[Planner]
+    ) -> list[ConcurrentConsumer]:
+        handlers.follow_registry(broker, kafka, registry)
+        return handlers.register(broker, kafka, planner, delivery, settings)
 
     return service_app(
         kafka,
@@ -107,9 +121,7 @@ def create_app(
         attempts=settings.retry_attempts,
         opener=seals,
         open=open_planner,
-        subscribe=lambda broker, delivery, planner: handlers.register(
-            broker, kafka, planner, delivery, settings
-        ),
+        subscribe=subscribe,
     )
 
 

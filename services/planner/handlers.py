@@ -1,9 +1,13 @@
-"""The planner's subscribers: `runs.requested`, `runs.control`, `tools.results`.
+"""The planner's subscribers: `runs.requested`, `runs.control`, `tools.results`; `tools.registry`.
 
 Each message goes through `Delivery` (DLQ for what does not validate) in a task of its own
 (`kit.concurrent_delivery`): runs of different sessions advance concurrently while one key's
 messages (a session's requests and cancels, a run's tool results) are handled in the order
 consumed. A partition is committed only up to its oldest message not yet handled.
+
+`tools.registry` is read outside any group, from the beginning, by every planner copy: each
+keeps the whole view of the announced toolsets (`domain.toolset_registry`). An announcement
+that does not validate is skipped (every copy reads it, so none dead-letters it).
 """
 
 from __future__ import annotations
@@ -12,15 +16,20 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
-from pydantic import TypeAdapter
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
+from pydantic import TypeAdapter, ValidationError
 
 from quipu.contracts.runs import CancelRun, RunRequested
-from quipu.contracts.tools import ToolCallCompleted
+from quipu.contracts.tools import ToolCallCompleted, ToolsetAnnounced
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.context import run_sealing_principal
+from quipu.services.domain.toolset_registry import ToolsetRegistry
+from quipu.services.kit.broker import topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.lifecycle import Running
+from quipu.services.kit.logging import get_logger
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.adapters import ignoring_erased_runs
@@ -32,6 +41,9 @@ T = TypeVar("T")
 RUN_REQUESTED = TypeAdapter(RunRequested)
 CANCEL_RUN = TypeAdapter(CancelRun)
 TOOL_CALL_COMPLETED = TypeAdapter(ToolCallCompleted)
+TOOLSET_ANNOUNCED = TypeAdapter(ToolsetAnnounced)
+
+logger = get_logger(__name__)
 
 
 def register(
@@ -81,3 +93,25 @@ def register(
         subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel),
         subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result),
     ]
+
+
+def follow_registry(broker: KafkaBroker, kafka: KafkaSettings, registry: ToolsetRegistry) -> None:
+    """Keep `registry` current from `tools.registry`, replayed from its beginning (no group)."""
+
+    @broker.subscriber(
+        topic(kafka, Topic.TOOLS_REGISTRY),
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+        # Outside a group there is nothing to commit: the offsets are never stored.
+        ack_policy=AckPolicy.MANUAL,
+        no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
+    )
+    async def on_announcement(message: KafkaMessage) -> None:
+        try:
+            announcement = TOOLSET_ANNOUNCED.validate_json(message.body)
+        except ValidationError as error:
+            logger.warning("toolset announcement skipped: invalid", errors=error.error_count())
+            return
+        registry.apply(announcement)
+        logger.info("toolset announced", toolset=announcement.toolset, tools=len(announcement.tools))

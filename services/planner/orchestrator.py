@@ -54,10 +54,17 @@ from quipu.services.domain.models.estimate import estimate_request_tokens
 from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest
 from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.tool_catalog import ToolCatalog
+from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.keyed_locks import KeyedLocks
-from quipu.services.planner.adapters import Publisher, SessionOwners, load_view, tool_book
+from quipu.services.planner.adapters import (
+    MissingToolsError,
+    Publisher,
+    SessionOwners,
+    load_view,
+    tool_book,
+)
 from quipu.services.planner.logic.actions import (
     Append,
     CallModel,
@@ -90,6 +97,7 @@ from quipu.services.planner.logic.keys import (
     INVALID_TRANSCRIPT,
     MEMORY_CONTEXT_KEY,
     MEMORY_CONTEXT_TYPE,
+    MISSING_TOOL,
     SEED_KEY,
     TOOL_RESULT_TYPE,
     link_key,
@@ -157,6 +165,8 @@ class PlannerDeps:
     memory: MemoryStore | None = None
     """Conversation memory: with it, the default context source is `MemoryContextSource`, and
     sessions are claimed there (else through the owner when the store is its Kafka client)."""
+    registry: ToolsetRegistry | None = None
+    """The view of `tools.registry` the app keeps current (given: a test watches what it holds)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +179,8 @@ class ReadyDeps:
     agents: AgentRegistry
     context: ContextSource
     owners: SessionOwners | None = None
+    registry: ToolsetRegistry | None = None
+    """The announced toolsets; their tools are offered before the catalog's."""
 
 
 def _permanent(what: str, error: StoreError) -> PermanentError:
@@ -446,7 +458,14 @@ class Planner:
     async def advance(self, view: RunView, trigger: Trigger) -> None:
         """Take the run's next steps until it waits for a message or is closed."""
         agent = self._agent(view.agent_id)
-        tools = tool_book(agent, self.deps.catalog, self.deps.agents)
+        try:
+            tools = tool_book(agent, self.deps.catalog, self.deps.agents, self.deps.registry)
+        except MissingToolsError as error:
+            tools = {}
+            if not view.closed:
+                logger.warning("run failed: its agent declares tools nobody serves", missing=error.names)
+                failure = Failure(message=str(error), kind=MISSING_TOOL, retryable=False)
+                view = await self._fail(view, trigger, failure)
         dispatched = 0
         for _ in range(self.settings.max_actions_per_message):
             action = decide(view, trigger, dispatched)

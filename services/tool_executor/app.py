@@ -5,14 +5,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
+from quipu import __version__
+from quipu.contracts.tools import DEFAULT_TOOLSET
+from quipu.contracts.topics import toolset_calls_topic
+from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
+from quipu.services.domain.toolset_registry import announce
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
+from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
 from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
@@ -25,19 +32,35 @@ SERVICE = "tool-executor"
 
 @dataclass
 class ToolExecutorDeps:
-    """The tools this executor runs: their definitions, implementations and the record of results."""
+    """The toolset this executor serves: its name and version, its tools' definitions and
+    implementations, and the record of results."""
 
     catalog: ToolCatalog = field(default_factory=default_catalog)
     implementations: Mapping[str, ToolImplementation] = field(default_factory=default_implementations)
     completed_calls: CompletedCalls | None = None
+    toolset: str = DEFAULT_TOOLSET
+    """Announced on `tools.registry`; its calls come on `toolset_calls_topic(toolset)`."""
+    version: str = __version__
 
     @classmethod
     def serving(cls, *toolsets: Toolset, completed_calls: CompletedCalls | None = None) -> ToolExecutorDeps:
-        """The shipped tools and those of `toolsets` (your own `@tool` functions)."""
+        """The default toolset: the shipped tools and those of `toolsets` (your own `@tool`
+        functions), on `tools.calls`."""
         implementations = dict(default_implementations())
         for toolset in toolsets:
             implementations.update(toolset.implementations())
         return cls(default_catalog(*toolsets), implementations, completed_calls)
+
+    @classmethod
+    def dedicated(cls, toolset: Toolset, completed_calls: CompletedCalls | None = None) -> ToolExecutorDeps:
+        """`toolset` alone, on its own topic `tools.calls.<name>`: it scales apart from the rest."""
+        return cls(
+            ToolCatalog(toolset.definitions()),
+            toolset.implementations(),
+            completed_calls,
+            toolset=toolset.name,
+            version=toolset.version,
+        )
 
 
 def create_app(
@@ -63,7 +86,10 @@ def create_app(
             canceled_runs_capacity=settings.remembered_cancels,
         )
 
-    return service_app(
+    calls_topic = toolset_calls_topic(given.toolset)
+    # A toolset's copies form a group of their own: one toolset's rebalances never pause another's.
+    group = settings.group if given.toolset == DEFAULT_TOOLSET else f"{settings.group}-{given.toolset}"
+    app = service_app(
         kafka,
         settings,
         name=SERVICE,
@@ -73,9 +99,20 @@ def create_app(
         opener=seals,
         open=open_runner,
         subscribe=lambda broker, delivery, runner: [
-            handlers.register(broker, kafka, settings, runner, delivery, seals)
+            handlers.register(
+                broker, kafka, settings, runner, delivery, seals, calls_topic=calls_topic, group=group
+            )
         ],
     )
+    announcement = given.toolset, given.version, given.catalog
+
+    async def announce_toolset() -> None:
+        # Once subscribed: every copy announces the same content at start-up (idempotent).
+        broker = cast(KafkaBroker, app.broker)  # service_app built it: always a KafkaBroker
+        await broker_publisher(broker, kafka).publish(announce(*announcement, at=utc_now_ms()))
+
+    app.after_startup(announce_toolset)
+    return app
 
 
 DEFINITION = ServiceDefinition(

@@ -1,6 +1,7 @@
 """The tool executor's subscribers: tool calls run concurrently, commits kept behind them; cancels.
 
-`tools.calls` (consumer group, shared by every executor copy). Each message is handed to a task
+`tools.calls`, or the toolset's own `tools.calls.<toolset>` (consumer group, shared by every
+copy of one toolset's executor). Each message is handed to a task
 (`kit.concurrent_delivery`) and the subscriber takes the next one at once, so a slow tool holds
 neither its partition nor the other tools (a model's parallel tool uses share a run id, hence a
 partition). Each task goes through `Delivery`: decode (an invalid message goes to
@@ -93,9 +94,12 @@ def register(
     runner: Running[ToolRunner],
     delivery: Delivery,
     seals: MessageSeals | None = None,
+    *,
+    calls_topic: str = Topic.TOOLS_CALLS.value,
+    group: str | None = None,
 ) -> ConcurrentConsumer:
-    """Subscribe the executor to `tools.calls` (its group) and `runs.control` (every partition);
-    `seals` seal each result for the principal its call was sealed for."""
+    """Subscribe the executor to its toolset's `calls_topic` (its group) and `runs.control`
+    (every partition); `seals` seal each result for the principal its call was sealed for."""
     publisher = broker_publisher(broker, kafka, seals)
 
     # A broker briefly away is a retryable PublishError: the delivery tries again (the tool is not
@@ -105,9 +109,9 @@ def register(
     calls = consume_concurrently(
         broker,
         kafka,
-        Topic.TOOLS_CALLS,
+        calls_topic,
         lambda message: delivery.handle(message, CALL, answerer.answer),
-        group=settings.group,
+        group=group or settings.group,
         settings=settings,
         order=None,
     )

@@ -305,6 +305,14 @@ def test_memory_changes_is_kept_forever_in_both() -> None:
     assert int(resource["spec"]["config"]["retention.ms"]) == -1
 
 
+def test_the_tool_registry_is_compacted_in_both() -> None:
+    """The planner replays tools.registry from the start: compaction keeps each toolset's latest."""
+    (line,) = [line for line in compose_topic_script().splitlines() if "--topic tools.registry " in line]
+    assert "--config cleanup.policy=compact" in line
+    (resource,) = [r for r in k8s("KafkaTopic") if r["spec"]["topicName"] == "tools.registry"]
+    assert resource["spec"]["config"]["cleanup.policy"] == "compact"
+
+
 def test_compose_broker_creates_no_topic_by_itself() -> None:
     kafka = compose()["services"]["kafka"]
     assert kafka["image"].startswith("apache/kafka:")

@@ -66,6 +66,17 @@ async def test_routes_come_only_from_the_caller() -> None:
     assert routed[0] == "t1-storage.commands" and routed[2:] == (b"s-9", None, {REPLY_PARTITION_HEADER: "5"})
 
 
+async def test_a_call_goes_within_its_topics_family_with_its_registry_key_and_nowhere_else() -> None:
+    call = ToolCallRequested(run_id="r-4", agent_id="a", tool_use_id="u", tool_name="render")
+    assert (await _published(call, within="tools.calls.gpu"))[0::2] == ("t1-tools.calls.gpu", b"r-4", {})
+    assert (await _published(call, within="tools.calls"))[0] == "t1-tools.calls"
+    sent = Sent()
+    for elsewhere in ("runs.requested", "tools.callsx", "tools.calls.dlq", "tools.calls.gpu.dlq"):
+        with pytest.raises(UnroutablePayloadError):
+            await TopicPublisher(SETTINGS, sent).publish(call, within=elsewhere)
+    assert sent.records == []
+
+
 async def test_a_payload_no_topic_carries_is_never_sent() -> None:
     class Stray(BaseModel):
         run_id: str = "r"

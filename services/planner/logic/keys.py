@@ -58,6 +58,7 @@ MODEL_ERROR = "model_error"
 INVALID_TRANSCRIPT = "invalid_transcript"
 INPUT_REQUIRED = "input_required"
 CONTEXT_OVERFLOW = "context_overflow"
+MISSING_TOOL = "missing_tool"
 """Failure kinds the planner writes."""
 
 

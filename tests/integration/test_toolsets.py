@@ -1,0 +1,273 @@
+"""Toolsets on their own topics, announced on `tools.registry`, on the real embedded broker and database.
+
+The storage owner, the planner and four tool executors run in this process on one topic
+prefix: the default executor (the shipped tools, `tools.calls`), one of the `slow` toolset
+(`tools.calls.slow`; its tool blocks until the test lets it go) and two copies of the `fast`
+toolset (`tools.calls.fast`). The planner learns all three from their announcements; its model
+calls the first tool it is offered, then answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from faststream import FastStream
+
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.runs import RunRequested
+from quipu.contracts.store import RunStatus
+from quipu.contracts.tools import ToolCallCompleted
+from quipu.contracts.topics import Topic, dead_letter_topic, toolset_calls_topic
+from quipu.contracts.transcript import ToolResultPart, ToolUsePart
+from quipu.contracts.wire import utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.domain.toolset_registry import ToolsetRegistry
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.planner.orchestrator import PlannerDeps
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.tool_executor.app import ToolExecutorDeps
+from quipu.services.tool_executor.app import create_app as create_executor
+from quipu.testing import FunctionModel, ModelAnswer, ModelRequest
+from quipu.tools import Toolset, tool
+from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import eventually, scaled
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Slow:
+    """The slow toolset's tool: it reports that it started and waits until released."""
+
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def toolset(self) -> Toolset:
+        @tool(timeout_s=30.0)
+        async def crunch(size: int) -> str:
+            """Crunches numbers for a long time.
+
+            Args:
+                size: How many numbers.
+            """
+            self.started.set()
+            await self.release.wait()
+            return f"crunched {size}"
+
+        return Toolset("slow", tools=[crunch], version="1")
+
+
+def fast_toolset(copy: str, ran: list[str]) -> Toolset:
+    """One copy's `fast` toolset: the same tool, recording which copy ran each call."""
+
+    @tool
+    def ping(word: str) -> str:
+        """Answers at once.
+
+        Args:
+            word: What to echo.
+        """
+        ran.append(copy)
+        return f"pong {word}"
+
+    return Toolset("fast", tools=[ping], version="1")
+
+
+AGENTS = AgentRegistry(
+    [
+        AgentSpec(agent_id="cruncher", system_prompt="Crunch.", tools=("crunch",)),
+        AgentSpec(agent_id="pinger", system_prompt="Ping.", tools=("ping",)),
+        AgentSpec(agent_id="stranded", system_prompt="Try.", tools=("ping", "vanished_tool")),
+    ]
+)
+
+ARGUMENTS = {"crunch": {"size": 3}, "ping": {"word": "hi"}}
+
+
+def call_the_first_tool(request: ModelRequest) -> ModelAnswer:
+    """Calls the first offered tool once, then answers."""
+    if any(isinstance(part, ToolResultPart) for message in request.messages for part in message.parts):
+        return "done"
+    name = request.tools[0].name
+    return [ToolUsePart(id="toolu_" + uuid.uuid4().hex[:16], name=name, input=ARGUMENTS[name])]
+
+
+@dataclass
+class System:
+    store: KafkaStore
+    registry: ToolsetRegistry
+    events: TopicReader
+    results: TopicReader
+    slow: Slow
+    fast_ran: list[str]
+    publisher: RawPublisher
+    prefix: str
+
+    async def start(self, agent_id: str) -> str:
+        session_id = "s-" + uuid.uuid4().hex[:10]
+        await self.store.create_session(session_id, utc_now_ms())
+        request = RunRequested(
+            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id=agent_id, text="go"
+        )
+        await self.publisher.send(
+            self.prefix + Topic.RUNS_REQUESTED.value,
+            request.model_dump_json().encode(),
+            key=request.partition_key().encode(),
+        )
+        return request.run_id
+
+    def run_events(self, run_id: str) -> list[RunEvent]:
+        parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+        return [event for event in parsed if event.run_id == run_id]
+
+    def closed(self, run_id: str) -> bool:
+        return any(event.type is StreamEventType.RUN_STREAM_END for event in self.run_events(run_id))
+
+    async def until_closed(self, run_ids: list[str], what: str) -> None:
+        async def all_closed() -> bool:
+            return all(self.closed(run_id) for run_id in run_ids)
+
+        await eventually(all_closed, within=30.0, what=what)
+
+    async def until_announced(self) -> None:
+        async def every_toolset() -> bool:
+            return self.registry.toolsets() == ["default", "fast", "slow"]
+
+        await eventually(every_toolset, within=20.0, what="every executor's announcement read by the planner")
+
+    def results_of(self, run_id: str) -> list[ToolCallCompleted]:
+        parsed = [
+            ToolCallCompleted.model_validate_json(record.value or b"") for record in self.results.records
+        ]
+        return [result for result in parsed if result.run_id == run_id]
+
+
+async def create_toolset_topics(bootstrap: str, prefix: str, toolsets: list[str]) -> None:
+    """A toolset's calls topic and its `.dlq` (a deployment declares them beside the registry's)."""
+    names = [prefix + toolset_calls_topic(toolset) for toolset in toolsets]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(name, 8, 1) for name in names + [dead_letter_topic(n) for n in names]]
+        )
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="module")
+async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
+    prefix = f"ts{uuid.uuid4().hex[:8]}."
+    await create_topics(stack.bootstrap, prefix)
+    await create_toolset_topics(stack.bootstrap, prefix, ["slow", "fast"])
+    settings = stack.kafka_settings(topic_prefix=prefix)
+    slow, fast_ran = Slow(), list[str]()
+    registry = ToolsetRegistry()
+    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    planner = create_planner(
+        settings,
+        deps=PlannerDeps(
+            model=FunctionModel(call_the_first_tool),
+            catalog=default_catalog(),
+            agents=AGENTS,
+            registry=registry,
+        ),
+    )
+    executors: list[FastStream] = [
+        create_executor(settings),
+        create_executor(settings, deps=ToolExecutorDeps.dedicated(slow.toolset())),
+        create_executor(settings, deps=ToolExecutorDeps.dedicated(fast_toolset("one", fast_ran))),
+        create_executor(settings, deps=ToolExecutorDeps.dedicated(fast_toolset("two", fast_ran))),
+    ]
+    await owner.start()
+    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
+    await store.start()
+    await asyncio.gather(planner.start(), *(executor.start() for executor in executors))
+    events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
+    results = TopicReader(stack.bootstrap, prefix + Topic.TOOLS_RESULTS.value)
+    await events.start()
+    await results.start()
+    try:
+        async with RawPublisher(stack.bootstrap) as publisher:
+            yield System(store, registry, events, results, slow, fast_ran, publisher, prefix)
+    finally:
+        slow.release.set()
+        await events.stop()
+        await results.stop()
+        await planner.stop()
+        for executor in executors:
+            await executor.stop()
+        await store.stop()
+        await owner.stop()
+        await delete_topics(stack.bootstrap, prefix)
+
+
+async def test_the_planner_learns_every_toolset_from_the_registry(system: System) -> None:
+    await system.until_announced()
+    assert system.registry.calls_topic("crunch") == "tools.calls.slow"
+    assert system.registry.calls_topic("ping") == "tools.calls.fast"
+    assert system.registry.calls_topic("calculator") == "tools.calls"
+
+
+async def test_a_slow_toolset_does_not_delay_another_toolsets_calls(system: System) -> None:
+    await system.until_announced()
+    slow_run = await system.start("cruncher")
+    await asyncio.wait_for(system.slow.started.wait(), scaled(20.0))
+
+    quick_runs = [await system.start("pinger") for _ in range(4)]
+    await system.until_closed(quick_runs, "every quick run closed while the slow tool is still blocked")
+
+    # Ordering, not timing: the fast toolset's runs finished while the slow call is still held.
+    assert not system.slow.release.is_set() and not system.closed(slow_run)
+    for run_id in quick_runs:
+        assert (await system.store.load_run(run_id)).status is RunStatus.COMPLETED
+        [result] = system.results_of(run_id)
+        assert result.tool_name == "ping" and result.content == "pong hi" and not result.is_error
+    assert (await system.store.load_run(slow_run)).status is RunStatus.RUNNING
+
+    system.slow.release.set()
+    await system.until_closed([slow_run], "the slow run closed")
+    assert (await system.store.load_run(slow_run)).status is RunStatus.COMPLETED
+    [crunched] = system.results_of(slow_run)
+    assert crunched.content == "crunched 3"
+
+
+async def test_two_copies_of_one_toolsets_executor_share_its_calls(system: System) -> None:
+    await system.until_announced()
+    started: list[str] = []
+    before = len(system.fast_ran)  # calls of the earlier tests
+
+    async def both_copies_ran() -> bool:
+        # A copy joins the group when it starts: calls are sent in rounds until both have run some.
+        await system.until_closed(started, "the calls sent so far answered")
+        if {"one", "two"} <= set(system.fast_ran[before:]):
+            return True
+        started.extend([await system.start("pinger") for _ in range(4)])
+        return False
+
+    await eventually(both_copies_ran, within=60.0, what="both copies of the fast toolset ran calls")
+
+    assert len(system.fast_ran) - before == len(started)  # no call ran twice
+    for run_id in started:
+        assert len(system.results_of(run_id)) == 1  # each call answered once, by one copy
+
+
+async def test_an_agent_declaring_a_tool_nobody_announced_fails_at_run_start(system: System) -> None:
+    await system.until_announced()
+    run_id = await system.start("stranded")
+
+    await system.until_closed([run_id], "the stranded run closed")
+
+    assert (await system.store.load_run(run_id)).status is RunStatus.FAILED
+    said = json.dumps([event.payload for event in system.run_events(run_id)])
+    assert "missing_tool" in said and "vanished_tool" in said
+    assert system.results_of(run_id) == []  # no tool was called, not even the served one
