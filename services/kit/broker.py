@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypedDict
 
 from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from quipu.services.kit.delivery import DeadLetterLimits, Delivery, MessageOpener, RetryPolicy
@@ -142,6 +143,28 @@ def make_broker(
         parser=tolerant_parser,
         decoder=raw_decoder,
     )
+
+
+def follow_from_start(
+    broker: KafkaBroker,
+    settings: KafkaSettings,
+    name: str,
+    handle: Callable[[KafkaMessage], Awaitable[None]],
+) -> None:
+    """Subscribe `handle` to every partition of topic `name`, outside any group, from the beginning.
+
+    For a topic every copy of a service must see whole (cancels, the toolset registry): a group
+    would hand each message to one copy only. Outside a group there is nothing to commit, so the
+    offsets are never stored and each start replays the topic.
+    """
+    broker.subscriber(
+        topic(settings, name),
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        ack_policy=AckPolicy.MANUAL,
+        no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
+    )(handle)
 
 
 def subscriber_options(

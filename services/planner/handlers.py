@@ -17,7 +17,6 @@ from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
-from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter, ValidationError
 
 from quipu.contracts.runs import CancelRun, RunRequested
@@ -25,7 +24,7 @@ from quipu.contracts.tools import ToolCallCompleted, ToolsetAnnounced
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.toolset_registry import ToolsetRegistry
-from quipu.services.kit.broker import topic
+from quipu.services.kit.broker import follow_from_start
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.lifecycle import Running
@@ -98,15 +97,6 @@ def register(
 def follow_registry(broker: KafkaBroker, kafka: KafkaSettings, registry: ToolsetRegistry) -> None:
     """Keep `registry` current from `tools.registry`, replayed from its beginning (no group)."""
 
-    @broker.subscriber(
-        topic(kafka, Topic.TOOLS_REGISTRY),
-        group_id=None,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
-        # Outside a group there is nothing to commit: the offsets are never stored.
-        ack_policy=AckPolicy.MANUAL,
-        no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
-    )
     async def on_announcement(message: KafkaMessage) -> None:
         try:
             announcement = TOOLSET_ANNOUNCED.validate_json(message.body)
@@ -115,3 +105,5 @@ def follow_registry(broker: KafkaBroker, kafka: KafkaSettings, registry: Toolset
             return
         registry.apply(announcement)
         logger.info("toolset announced", toolset=announcement.toolset, tools=len(announcement.tools))
+
+    follow_from_start(broker, kafka, Topic.TOOLS_REGISTRY, on_announcement)

@@ -23,13 +23,12 @@ from collections.abc import Awaitable, Callable
 
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
-from faststream.middlewares import AckPolicy
 from pydantic import TypeAdapter, ValidationError
 
 from quipu.contracts.runs import CancelRun
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic
-from quipu.services.kit.broker import topic
+from quipu.services.kit.broker import follow_from_start
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery, PermanentError
 from quipu.services.kit.keys import MessageSeals
@@ -116,15 +115,6 @@ def register(
         order=None,
     )
 
-    @broker.subscriber(
-        topic(kafka, Topic.RUNS_CONTROL),
-        group_id=None,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
-        # Outside a group there is nothing to commit: the offsets are never stored.
-        ack_policy=AckPolicy.MANUAL,
-        no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
-    )
     async def on_control(message: KafkaMessage) -> None:
         try:
             cancel = CANCEL.validate_json(message.body)
@@ -133,4 +123,5 @@ def register(
             return
         answerer.cancel_run(cancel)
 
+    follow_from_start(broker, kafka, Topic.RUNS_CONTROL, on_control)
     return calls
