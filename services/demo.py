@@ -23,21 +23,14 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from quipu.client import Client
 from quipu.contracts.memory import MemoryScope
-from quipu.contracts.runs import RunRequested
 from quipu.deploy.local.stack import EmbeddedStack, create_topics
 from quipu.services import catalog
-from quipu.services.cli.client import (
-    RunFollower,
-    connected,
-    ensure_session,
-    pending_inputs,
-    planner_diagnosis,
-)
+from quipu.services.cli.client import RunFollower, planner_diagnosis
 from quipu.services.cli.launch import quipu_command
 from quipu.services.cli.render import EventPrinter, count_by_status
 from quipu.services.cli.settings import CliSettings
-from quipu.services.domain.run_requests import Turn, resume_request, turn_request
 from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.logging import configure_logging
 from quipu.services.kit.memory_client import KafkaMemoryStore
@@ -60,33 +53,29 @@ TURNS: list[tuple[str, Any]] = [
 PRINCIPAL = "demo-user"
 
 
-async def _turn(
-    kafka: KafkaSettings, store: KafkaStore, publish: Any, request: RunRequested, answer: Any
-) -> bool:
-    reader = RunEventReader(kafka, session_id=request.session_id, client_id="demo")
+async def _turn(kafka: KafkaSettings, client: Client, session_id: str, text: str, answer: Any) -> bool:
+    reader = RunEventReader(kafka, session_id=session_id, client_id="demo")
     await reader.start(start_at=StartAt.NOW)
     follower = RunFollower(
         reader, EventPrinter(console), quiet_diagnosis=planner_diagnosis(kafka, CliSettings())
     )
     try:
+        run_id = await client.run(text, session_id=session_id)
         while True:
-            await publish(request)
-            end = await follower.until_closed(request.run_id, timeout_s=60)
+            end = await follower.until_closed(run_id, timeout_s=60)
             follower.printer.end_inline()
             if end.phase != "suspended":
                 return end.phase == "completed"
-            await follower.questions(
-                request.run_id, end.awaiting, await pending_inputs(store, request.run_id)
-            )
+            await follower.questions(run_id, end.awaiting, await client.pending_inputs(run_id))
             follower.printer.end_inline()
             console.print(Text(f"  the user answers: {answer!r}", style="bold yellow"))
-            request = resume_request(await store.load_run(request.run_id), answer)
+            run_id = await client.answer(run_id, answer)
     finally:
         follower.printer.end_inline()
         await reader.stop()
 
 
-async def _second_session(kafka: KafkaSettings, store: KafkaStore, publish: Any) -> bool:
+async def _second_session(kafka: KafkaSettings, client: Client, store: KafkaStore) -> bool:
     """A new session of the same person: the fact from the first one comes back, with its source."""
     memory = KafkaMemoryStore(store)
     scope = MemoryScope(principal_id=PRINCIPAL)
@@ -101,13 +90,9 @@ async def _second_session(kafka: KafkaSettings, store: KafkaStore, publish: Any)
     for fact in facts:
         console.print(Text(f"  memory: {fact.text!r} from session {fact.provenance.session_id}", style="dim"))
     session_id = f"demo-{uuid.uuid4().hex[:6]}"
-    await ensure_session(store, session_id)
     text = "what is my favourite colour?"
     console.print(Text(f"\n> user, in a new session {session_id}: {text}", style="bold"))
-    request = turn_request(
-        Turn(agent_id="assistant", text=text, session_id=session_id), principal_id=PRINCIPAL
-    )
-    return await _turn(kafka, store, publish, request, None)
+    return await _turn(kafka, client, session_id, text, None)
 
 
 async def run_demo() -> bool:
@@ -126,18 +111,14 @@ async def run_demo() -> bool:
         names = ", ".join(service.name for service in catalog.CONSUMING)
         console.print(f"stack up (kafka {stack.bootstrap}); {names}; {model} model")
         try:
-            async with connected(kafka) as (store, publisher):
+            store = KafkaStore.for_service(kafka, CliSettings())
+            async with store, Client(kafka, store=store, principal_id=PRINCIPAL, client_id="demo") as client:
                 session_id = f"demo-{uuid.uuid4().hex[:6]}"
-                await ensure_session(store, session_id)
                 results = []
                 for text, answer in TURNS:
                     console.print(Text(f"\n> user: {text}", style="bold"))
-                    request = turn_request(
-                        Turn(agent_id="assistant", text=text, session_id=session_id),
-                        principal_id="demo-user",
-                    )
-                    results.append(await _turn(kafka, store, publisher.publish, request, answer))
-                results.append(await _second_session(kafka, store, publisher.publish))
+                    results.append(await _turn(kafka, client, session_id, text, answer))
+                results.append(await _second_session(kafka, client, store))
                 runs = await store.list_runs_by_session(session_id, [])
                 console.print(
                     Text(

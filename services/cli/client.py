@@ -1,8 +1,9 @@
 """The client commands' work: store calls through the owner, run requests, events followed live.
 
-They talk to Kafka directly: the store through the storage owner (`KafkaStore`), requests to the
-planner, events from `runs.events` through the same `RunEventReader` as the gateway's SSE
-endpoint, so they show the same events. When something does not answer, they say what they
+They talk to the system as any Python program does, through `quipu.Client` (requests built and
+published as the gateway builds and publishes them, the store through the storage owner), and
+follow `runs.events` through the same `RunEventReader` as the gateway's SSE endpoint, so they
+show the same events. When something does not answer, they say what they
 observed (no reply, or no consumer in the group) instead of guessing.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -20,19 +22,15 @@ import typer
 from pydantic import ValidationError
 from rich.text import Text
 
+from quipu.client import Client
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
-from quipu.contracts.lifecycle import decode_run_suspended
-from quipu.contracts.runs import RunRequested
-from quipu.contracts.store import LifecycleType, Session
 from quipu.contracts.topics import Topic
-from quipu.contracts.wire import utc_now_ms
 from quipu.services.cli.output import EXIT_FAILED, EXIT_WAITING, CliError, console, errors, fail
 from quipu.services.cli.render import EventPrinter, prompt_of
 from quipu.services.cli.settings import CliSettings
 from quipu.services.cli.state import CLIENT_ID
-from quipu.services.domain.run_publisher import KafkaRunPublisher
-from quipu.services.domain.run_requests import RequestRefusedError, require_open, resume_request
+from quipu.services.domain.run_requests import RequestRefusedError
 from quipu.services.kit.run_events import EventStreamError, RunEventReader, StartAt
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -47,21 +45,10 @@ def store_client(kafka: KafkaSettings, settings: CliSettings) -> KafkaStore:
 
 
 @contextlib.asynccontextmanager
-async def connected(
-    kafka: KafkaSettings, settings: CliSettings | None = None
-) -> AsyncIterator[tuple[KafkaStore, KafkaRunPublisher]]:
-    """A store client and a publisher for one command."""
-    store = store_client(kafka, settings or CliSettings())
-    publisher = KafkaRunPublisher(kafka, client_id=CLIENT_ID)
-    await store.start()
-    try:
-        await publisher.start()
-        try:
-            yield store, publisher
-        finally:
-            await publisher.stop()
-    finally:
-        await store.stop()
+async def connected(kafka: KafkaSettings, settings: CliSettings | None = None) -> AsyncIterator[Client]:
+    """A `quipu.Client` for one command, with the CLI's store timeouts."""
+    async with Client(kafka, store_settings=settings or CliSettings(), client_id=CLIENT_ID) as client:
+        yield client
 
 
 Work = Callable[[], Coroutine[Any, Any, Any]]
@@ -200,19 +187,6 @@ def terminal_phase(event: RunEvent) -> bool:
     return phase in {member.value for member in RunPhase} and RunPhase(phase).terminal
 
 
-async def pending_inputs(store: KafkaStore, run_id: str) -> int:
-    """How many inputs the suspended run waits for (its last `run_suspended` record says)."""
-    pending, cursor = 1, ""
-    while True:
-        page = await store.list_run_records(run_id, cursor, 500)
-        for record in page.records:
-            if record.type == LifecycleType.RUN_SUSPENDED.value:
-                pending = decode_run_suspended(record.payload).pending_count
-        if not page.next_cursor:
-            return pending
-        cursor = page.next_cursor
-
-
 def choices_of(question: RunEvent) -> list[str]:
     """The answers a question offers, if it lists them."""
     details = question.payload.get("details")
@@ -250,11 +224,15 @@ async def _answers(awaiting: list[RunEvent]) -> Any:
     return answers
 
 
+Request = Callable[[], Coroutine[Any, Any, str]]
+"""Publishes a run's request through the client and returns the run's id."""
+
+
 async def drive(
     kafka: KafkaSettings,
-    store: KafkaStore,
-    publisher: KafkaRunPublisher,
-    request: RunRequested,
+    client: Client,
+    session_id: str,
+    request: Request,
     *,
     interactive: bool,
     timeout_s: float,
@@ -262,50 +240,30 @@ async def drive(
 ) -> int:
     """Publish `request`, show its run live, answer suspensions when interactive; the exit code."""
     settings = settings or CliSettings()
-    reader = RunEventReader(kafka, session_id=request.session_id, run_id=request.run_id, client_id=CLIENT_ID)
+    reader = RunEventReader(kafka, session_id=session_id, client_id=CLIENT_ID)
     await reader.start(start_at=StartAt.NOW)  # positioned before publishing: nothing is missed
     printer = EventPrinter(console)
     follower = RunFollower(reader, printer, quiet_diagnosis=planner_diagnosis(kafka, settings))
     try:
         while True:
-            await publisher.publish(request)
-            console.print(
-                Text(f"run {request.run_id} · session {request.session_id or '(none)'}", style="dim"),
-                soft_wrap=True,
-            )
+            run_id = await request()
+            console.print(Text(f"run {run_id} · session {session_id}", style="dim"), soft_wrap=True)
             end = await follower.until_closed(
-                request.run_id, timeout_s=timeout_s, hint_after_s=settings.no_event_hint_s
+                run_id, timeout_s=timeout_s, hint_after_s=settings.no_event_hint_s
             )
             if end.phase == RunPhase.COMPLETED.value:
                 return 0
             if end.phase != RunPhase.SUSPENDED.value:
                 return EXIT_FAILED
-            expected = await pending_inputs(store, request.run_id)
-            awaiting = await follower.questions(request.run_id, end.awaiting, expected)
+            expected = await client.pending_inputs(run_id)
+            awaiting = await follower.questions(run_id, end.awaiting, expected)
             if not interactive:
-                console.print(
-                    Text(f'answer with: quipu answer {request.run_id} "…"', style="yellow"), soft_wrap=True
-                )
+                console.print(Text(f'answer with: quipu answer {run_id} "…"', style="yellow"), soft_wrap=True)
                 return EXIT_WAITING
-            answer = await _answers(awaiting)
-            request = resume_request(
-                await store.load_run(request.run_id), answer, tenant_id=request.tenant_id
-            )
+            request = functools.partial(client.answer, run_id, await _answers(awaiting))
     finally:
         printer.end_inline()
         await reader.stop()
-
-
-async def ensure_session(store: KafkaStore, session_id: str) -> Session:
-    """The session, created when it does not exist yet; an ended one is refused."""
-    try:
-        session = await store.load_session_status(session_id)
-    except StoreError as error:
-        if error.code is not ErrorCode.SESSION_NOT_FOUND:
-            raise
-        session = await store.create_session(session_id, utc_now_ms())
-    require_open(session)
-    return session
 
 
 def one_line_error(error: ValidationError) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.cli.client import (
     connected,
     drive,
-    ensure_session,
     one_line_error,
     run_command,
     store_client,
@@ -43,7 +43,7 @@ from quipu.services.cli.render import (
 from quipu.services.cli.settings import CliSettings
 from quipu.services.cli.state import client_settings, client_target
 from quipu.services.domain.memory.reindex import Principal, principals_from_changes, reindex
-from quipu.services.domain.run_requests import Turn, cancel_request, resume_request, turn_request
+from quipu.services.domain.run_requests import Turn
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.store_client import KafkaStore
 
@@ -70,18 +70,21 @@ def run(
         ) from error
 
     async def work() -> int:
-        async with connected(kafka, settings) as (store, publisher):
-            await ensure_session(store, session_id)
+        async with connected(kafka, settings) as client:
+            await client.open_session(session_id)
             if session is None:
                 console.print(
                     Text(f"new session {session_id} (continue it with --session {session_id})", style="dim"),
                     soft_wrap=True,
                 )
+            request = functools.partial(
+                client.run, body.text, agent_id=body.agent_id, session_id=session_id, principal_id=principal
+            )
             return await drive(
                 kafka,
-                store,
-                publisher,
-                turn_request(body, principal_id=principal),
+                client,
+                session_id,
+                request,
                 interactive=interactive,
                 timeout_s=timeout,
                 settings=settings,
@@ -97,20 +100,21 @@ def answer(run_id: str, value: Any, *, follow: bool, timeout: float, interactive
     kafka = client_settings()
 
     async def work() -> int:
-        async with connected(kafka, settings) as (store, publisher):
-            request = resume_request(await store.load_run(run_id), value)
-            if follow:
+        async with connected(kafka, settings) as client:
+            session_id = (await client.status(run_id)).session_id
+            if follow and session_id:  # a one-shot run has no continuation: answer() says so below
+                request = functools.partial(client.answer, run_id, value)
                 return await drive(
                     kafka,
-                    store,
-                    publisher,
+                    client,
+                    session_id,
                     request,
                     interactive=interactive,
                     timeout_s=timeout,
                     settings=settings,
                 )
-            await publisher.publish(request)
-            console.print(f"continuation run {request.run_id} requested", soft_wrap=True)
+            continuation = await client.answer(run_id, value)
+            console.print(f"continuation run {continuation} requested", soft_wrap=True)
             return 0
 
     code: int = run_command(work, kafka, settings)
@@ -128,8 +132,8 @@ def cancel(run_id: str, reason: str) -> None:
     kafka = client_settings()
 
     async def work() -> None:
-        async with connected(kafka, settings) as (store, publisher):
-            await publisher.publish(cancel_request(await store.load_run(run_id), why))
+        async with connected(kafka, settings) as client:
+            await client.cancel(run_id, why)
         console.print(f"cancellation of {run_id} requested", soft_wrap=True)
 
     run_command(work, kafka, settings)

@@ -18,6 +18,7 @@ from quipu.contracts.transcript import TranscriptErasedError, TranscriptError, e
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain import run_requests
 from quipu.services.domain.memory.context import run_sealing_principal
+from quipu.services.domain.run_publisher import RunRequestSender
 from quipu.services.domain.transcript import build_messages_from_run_log
 from quipu.services.gateway import access, logic
 from quipu.services.gateway.access import Caller
@@ -33,7 +34,6 @@ from quipu.services.gateway.logic import (
     Health,
     RunAccepted,
     RunPending,
-    RunPublisher,
     RunRequest,
     TranscriptResponse,
 )
@@ -46,7 +46,7 @@ class GatewayDeps:
     """What the routes need; `create_app` builds the Kafka-backed ones in its lifespan."""
 
     store: GatewayStore
-    publisher: RunPublisher
+    publisher: RunRequestSender
     streams: EventStreams
     tenant_id: str = ""
     """The default tenant: where sessions created without an owner belong."""

@@ -61,14 +61,6 @@ class GatewayStore(Protocol):
         ...
 
 
-class RunPublisher(Protocol):
-    """Publishes run requests to `runs.requested` and cancellations to `runs.control`."""
-
-    async def publish(self, message: RunRequested | CancelRun) -> None:
-        """Send one message, keyed by its session (its run when sessionless); return once acknowledged."""
-        ...
-
-
 # --- errors -------------------------------------------------------------------------------------
 
 
