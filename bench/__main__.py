@@ -8,6 +8,7 @@ from bench.memory_bench import measure_memory
 from bench.report import print_table, save
 from bench.retrieval_bench import measure_retrieval
 from bench.run_bench import measure_runs
+from bench.sealing_bench import measure_sealing
 from bench.store_bench import measure_store
 
 
@@ -17,6 +18,7 @@ async def main() -> None:
     figures |= await measure_runs()
     figures |= await measure_memory()
     figures |= await measure_retrieval()
+    figures |= await measure_sealing()
     print_table(figures)
     path = save(figures)
     print(f"\nwritten to {path}")
