@@ -24,6 +24,7 @@ import bson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import PyMongoError
 
 from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
@@ -49,7 +50,7 @@ from tests.conformance.builders import (
     root_start,
     terminal,
 )
-from tests.timing import scaled
+from tests.timing import eventually, scaled
 
 OWNER_MODULE = "quipu.services.storage_owner"
 
@@ -370,6 +371,22 @@ class CommandLog(monitoring.CommandListener):
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
+
+
+async def database_answering(uri: str, *, within: float = 30.0) -> None:
+    """Wait until the database server on `uri` answers a ping (a server that is starting)."""
+
+    async def answers() -> bool:
+        client: AsyncMongoClient[Document] = AsyncMongoClient(uri, serverSelectionTimeoutMS=500)
+        try:
+            await client.admin.command("ping")
+            return True
+        except PyMongoError:
+            return False
+        finally:
+            await client.close()
+
+    await eventually(answers, within=within, what="the database server answering", interval=0.1)
 
 
 def as_finds(name: str, command: Document) -> list[Document]:

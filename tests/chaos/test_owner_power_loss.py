@@ -21,15 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
 
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import BOOTSTRAP_ENV, FLAVOUR_ENV, EmbeddedStack, create_topics, delete_topics
@@ -41,6 +37,7 @@ from tests.owner_support import (
     answered,
     assert_every_answer_succeeded_and_agrees,
     assert_sessions_hold_exactly_their_records,
+    database_answering,
     plan_sessions,
     wait_until_serving,
     wait_while_progressing,
@@ -112,20 +109,7 @@ class Database:
             start_new_session=True,
         )
         self.uri = f"mongodb://127.0.0.1:{self._port}/?retryWrites=false"
-        deadline = time.monotonic() + scaled(30.0)
-        while True:
-            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-                self.uri, serverSelectionTimeoutMS=500
-            )
-            try:
-                await client.admin.command("ping")
-                return
-            except PyMongoError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
-            finally:
-                await client.close()
+        await database_answering(self.uri)
 
     async def kill(self) -> None:
         """SIGKILL, and wait until the process is gone (its storage may then be reopened)."""

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
@@ -25,7 +24,6 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import Checkpoint, Record, StartOutcome
@@ -51,7 +49,7 @@ from tests.conformance.builders import (
     suspension,
     terminal,
 )
-from tests.owner_support import CommandLog, as_finds, client_on, plan_stages
+from tests.owner_support import CommandLog, as_finds, client_on, database_answering, plan_stages
 from tests.timing import scaled
 
 Client = AsyncMongoClient[dict[str, Any]]
@@ -415,21 +413,6 @@ def _secantus(storage: Path, port: int) -> subprocess.Popen[bytes]:
     )
 
 
-async def _answering(uri: str) -> None:
-    deadline = time.monotonic() + scaled(30.0)
-    while True:
-        client = client_on(uri)
-        try:
-            await client.admin.command("ping")
-            return
-        except PyMongoError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-        finally:
-            await client.close()
-
-
 @pytest.fixture
 def storage_dir() -> Iterator[Path]:
     """A private SecantusDB storage directory."""
@@ -444,7 +427,7 @@ async def test_acknowledged_writes_survive_sigkill_of_a_sync_on_commit_server(st
     uri = f"mongodb://127.0.0.1:{port}/?retryWrites=false"
     server = _secantus(storage_dir, port)
     try:
-        await _answering(uri)
+        await database_answering(uri)
         store = await MongoStore.connect(uri, "durable")
         _, run = await session_with_root(store)
         acknowledged = [(await store.append_run_record(ordinary(run, f"e{n}"))).record_id for n in range(30)]
@@ -456,7 +439,7 @@ async def test_acknowledged_writes_survive_sigkill_of_a_sync_on_commit_server(st
         await asyncio.to_thread(server.wait)
 
         server = _secantus(storage_dir, port)
-        await _answering(uri)
+        await database_answering(uri)
         reopened = await MongoStore.connect(uri, "durable")
         try:
             records = await all_run_records(reopened, run.run_id)
