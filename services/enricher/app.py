@@ -53,7 +53,6 @@ def create_app(
     seals = message_seals(settings.keys)  # fact changes are sealed under their principal's key
 
     async def open_enricher(_: KafkaBroker, opened: Opened) -> Enricher:
-        opened.on_close(seals.close)  # closed last, after the client that reaches the owner
         store = given.store or await opened.start(
             KafkaMemoryStore.connect(kafka, reply_timeout_s=settings.store_reply_timeout_s, attempts=1)
         )
@@ -67,7 +66,7 @@ def create_app(
         # One try at the delivery level: the enricher bounds its own tries and turns the last
         # failure into a dead letter, where the shared default would rewind and retry forever.
         attempts=1,
-        opener=seals,
+        seals=seals,
         open=open_enricher,
         subscribe=lambda broker, delivery, enricher: [
             handlers.register(broker, kafka, enricher, delivery, settings)

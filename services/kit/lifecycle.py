@@ -47,7 +47,8 @@ from faststream.kafka import KafkaBroker
 
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
-from quipu.services.kit.delivery import Delivery, MessageOpener
+from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.logging import configure_logging, get_logger
 from quipu.services.kit.settings import ConsumerSettings, KafkaSettings, MongoSettings, ServiceSettings
 
@@ -183,20 +184,21 @@ def service_app(
     open: OpenStep[T],
     subscribe: SubscribeStep[T],
     client_id: str | None = None,
-    opener: MessageOpener | None = None,
+    seals: MessageSeals | None = None,
     running: Running[T] | None = None,
 ) -> FastStream:
     """The FastStream application of a consuming service.
 
     `name` is the service's (`planner`); `client_id` (default `name`) names its Kafka clients;
-    `attempts` are the delivery's tries of one message and `opener` opens its sealed messages.
-    On start `open` runs before the broker connects; on stop the consumers `subscribe` returned
-    get `settings.drain_grace_s` to finish what they hold, while the broker can still publish and
-    commit; once the broker has stopped, what `open` opened is closed. `running` is for a service
-    that hands what it opens to something built before it opens (the owner's keyring).
+    `attempts` are the delivery's tries of one message; `seals` open its sealed messages (and are
+    closed with the service, last). On start `open` runs before the broker connects; on stop the
+    consumers `subscribe` returned get `settings.drain_grace_s` to finish what they hold, while the
+    broker can still publish and commit; once the broker has stopped, what `open` opened is closed.
+    `running` is for a service that hands what it opens to something built before it opens (the
+    owner's keyring).
     """
     broker = make_broker(kafka, client_id=client_id or name)
-    delivery = broker_delivery(broker, kafka, attempts=attempts, opener=opener)
+    delivery = broker_delivery(broker, kafka, attempts=attempts, opener=seals)
     running = running if running is not None else Running(name.replace("-", " "))
     consumers = subscribe(broker, delivery, running)
     opened = Opened()
@@ -210,6 +212,8 @@ def service_app(
 
     async def close() -> None:
         await opened.close()
+        if seals is not None:
+            await seals.close()  # after the clients that seal with it
         running.set(None)
 
     return FastStream(broker, on_startup=[open_service], on_shutdown=[drain], after_shutdown=[close])

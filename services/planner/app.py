@@ -75,7 +75,6 @@ def create_app(
     registry = given.registry or ToolsetRegistry()
 
     async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:
-        opened.on_close(seals.close)  # closed last, after the clients that use it
         store = given.store or await opened.start(KafkaStore.for_service(kafka, settings, seals=seals))
         topics = broker_publisher(broker, kafka, seals)
         publisher = PublishedTurns(
@@ -119,7 +118,7 @@ def create_app(
         settings,
         name=SERVICE,
         attempts=settings.retry_attempts,
-        opener=seals,
+        seals=seals,
         open=open_planner,
         subscribe=subscribe,
     )

@@ -95,7 +95,7 @@ def create_app(
         owner,
         name=SERVICE,
         attempts=owner.retry_attempts,
-        opener=seals,
+        seals=seals,
         running=stores,
         open=open_stores,
         subscribe=lambda broker, delivery, running: [

@@ -76,8 +76,7 @@ def create_app(
     # A call's input and its result are the run's principal's words: sealed under their key.
     seals = message_seals(settings.keys)
 
-    async def open_runner(_: KafkaBroker, opened: Opened) -> ToolRunner:
-        opened.on_close(seals.close)
+    async def open_runner(_: KafkaBroker, __: Opened) -> ToolRunner:
         return ToolRunner(
             given.catalog,
             given.implementations,
@@ -96,7 +95,7 @@ def create_app(
         # The pid in the client id tells the copies apart in the broker's view of the group.
         client_id=f"{SERVICE}-{os.getpid()}",
         attempts=settings.retry_attempts,
-        opener=seals,
+        seals=seals,
         open=open_runner,
         subscribe=lambda broker, delivery, runner: [
             handlers.register(

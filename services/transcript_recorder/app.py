@@ -40,7 +40,6 @@ def create_app(
     given = deps or RecorderDeps()
 
     async def open_recorder(_: KafkaBroker, opened: Opened) -> TranscriptRecorder:
-        opened.on_close(seals.close)  # closed last, after the client that reaches the owner
         memory = given.memory or await opened.start(adapters.memory_client(kafka, settings))
         return TranscriptRecorder(
             memory,
@@ -56,7 +55,7 @@ def create_app(
         settings,
         name=SERVICE,
         attempts=settings.retry_attempts,
-        opener=seals,
+        seals=seals,
         open=open_recorder,
         subscribe=lambda broker, delivery, recorder: [
             handlers.register(broker, kafka, recorder, delivery, settings)

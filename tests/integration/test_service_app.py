@@ -12,12 +12,14 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.subscriber.usecase import LogicSubscriber
 from pydantic import TypeAdapter
 
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services import catalog
 from quipu.services.kit.broker import group_id, topic
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.keys import KeyClient, MessageSeals
 from quipu.services.kit.lifecycle import Connections, Opened, Running, service_app
 from quipu.services.kit.settings import ConsumerSettings, KafkaSettings, MongoSettings
 from tests.owner_support import RawPublisher
@@ -58,6 +60,13 @@ async def test_a_service_opens_before_it_consumes_and_closes_after_what_was_in_f
         async def stop(self) -> None:
             log.append("client stopped")
 
+    class KeySource:
+        async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
+            raise AssertionError("nothing sealed is consumed here")
+
+        async def close(self) -> None:
+            log.append("seals closed")
+
     async def open_probe(_: KafkaBroker, opened: Opened) -> str:
         await opened.start(Client())
         log.append("opened")
@@ -84,7 +93,13 @@ async def test_a_service_opens_before_it_consumes_and_closes_after_what_was_in_f
 
     settings = ConsumerSettings(shutdown_grace_s=scaled(30.0))
     app = service_app(
-        kafka_settings, settings, name="lifecycle-probe", attempts=1, open=open_probe, subscribe=subscribe
+        kafka_settings,
+        settings,
+        name="lifecycle-probe",
+        attempts=1,
+        seals=MessageSeals(KeyClient(KeySource())),
+        open=open_probe,
+        subscribe=subscribe,
     )
     await app.start()
     assert log == ["client started", "opened"]
@@ -108,7 +123,14 @@ async def test_a_service_opens_before_it_consumes_and_closes_after_what_was_in_f
     release.set()
     await stopping
 
-    assert log == ["client started", "opened", "handling 1", "handled 1 by the probe", "client stopped"]
+    assert log == [
+        "client started",
+        "opened",
+        "handling 1",
+        "handled 1 by the probe",
+        "client stopped",
+        "seals closed",
+    ]
     with pytest.raises(RuntimeError, match="not started"):
         running_seen[0].get()
     where = TopicPartition(topic(kafka_settings, Topic.HISTORY_TURNS), partition)
