@@ -248,6 +248,14 @@ hand (a test fails when this file and the contracts disagree).
   `correlation_id` and `causation_id` (see [`Envelope`](#envelope)).
 - **Unknown fields**: topic payloads ignore fields they do not know, so an older consumer keeps
   working next to a newer producer. Storage commands are the exception (next section).
+- **Sealed messages**: in a deployment with a key channel, a message that carries a person's
+  words names whose data key seals them in `sealed_for` (`{tenant_id, principal_id}`, in clear)
+  and carries its word-carrying fields (table below) as one padded base64 string in `sealed`
+  instead: `version (1) | key tag (8) | nonce (12) | AES-256-GCM ciphertext and tag` of their JSON
+  object, with the canonical JSON (sorted keys, no spaces) of every other field as associated
+  data. Data keys come from the storage owner's key endpoint, never from a topic. A message
+  without `sealed_for` is plain JSON and is accepted as such; once the person is forgotten, the
+  key is gone and every sealed copy, dead letters included, is unreadable.
 - **Headers**: no topic needs a header except `storage.commands` (reply routing). Producers built
   on FastStream add `content-type` and a `correlation_id` of their own; no Quipu consumer reads
   them. A FastStream `reply_to` header is ignored: no consumer publishes anything because a
@@ -373,6 +381,24 @@ def _lifecycle_tables() -> list[str]:
     return lines
 
 
+def _sealed_table() -> list[str]:
+    lines = [
+        "### Sealed fields",
+        "",
+        "| payload | sealed in `sealed` when `sealed_for` is set |",
+        "| --- | --- |",
+    ]
+    for spec in TOPICS:
+        for model in spec.models:
+            fields: frozenset[str] = getattr(model, "sealed_field_names", frozenset)()
+            if fields and spec.payload is StoreCommand:
+                lines.append("| every storage command | every argument (all but the envelope and `op`) |")
+                break
+            if fields:
+                lines.append(f"| `{model.__name__}` | {', '.join(f'`{name}`' for name in sorted(fields))} |")
+    return [*lines, ""]
+
+
 def render() -> str:
     """The whole document, from the contracts."""
     topic_payloads = [payload for topic, payload in PAYLOADS.items() if payload is not StoreCommand]
@@ -384,7 +410,7 @@ def render() -> str:
     route_headers = ["| header | value | meaning |", "| --- | --- | --- |"]
     route_headers += [f"| `{name}` | {value} | {meaning} |" for name, value, meaning in ROUTE_HEADERS]
     commands = _COMMANDS.replace("{route_headers}", "\n".join(route_headers))
-    lines = [_INTRO, *_topics_table(), commands, *_operations_table(), *_lifecycle_tables()]
+    lines = [_INTRO, *_topics_table(), *_sealed_table(), commands, *_operations_table(), *_lifecycle_tables()]
     lines += [*_errors_table(), _DEAD_LETTERS]
     lines += ["| header | value |", "| --- | --- |"]
     lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in DEAD_LETTER_HEADERS]
