@@ -99,6 +99,9 @@ def _keeps(value: Any, bound: object) -> bool:
 
 def _field(info: FieldInfo) -> st.SearchStrategy[Any]:
     """A field's values, within the bounds its constraints set."""
+    pattern = next((bound.pattern for bound in info.metadata if getattr(bound, "pattern", None)), None)
+    if info.annotation is str and pattern:
+        return st.from_regex(pattern, fullmatch=True)
     shortest = max((bound.min_length for bound in info.metadata if isinstance(bound, MinLen)), default=0)
     if info.annotation is str and shortest:
         return st.text(IDS_ALPHABET, min_size=shortest, max_size=shortest + 12)
