@@ -49,9 +49,13 @@ def request_principal(message: RunRequested | CancelRun) -> str:
 class KafkaRunPublisher:
     """Publishes RunRequested to `runs.requested` and CancelRun to `runs.control`."""
 
-    def __init__(self, settings: KafkaSettings, *, client_id: str = "quipu") -> None:
+    def __init__(
+        self, settings: KafkaSettings, *, client_id: str = "quipu", keys: KeySettings | None = None
+    ) -> None:
+        """`keys`: where a request's words get their principal's key (default: `KeySettings()`)."""
         self._settings = settings
         self._client_id = client_id
+        self._keys = keys if keys is not None else KeySettings()
         self._producer: AIOKafkaProducer | None = None
         self._publisher: TopicPublisher | None = None
         self._seals: MessageSeals | None = None
@@ -65,7 +69,7 @@ class KafkaRunPublisher:
             enable_idempotence=self._settings.enable_idempotence,
         )
         await self._producer.start()
-        self._seals = message_seals(KeySettings())  # a request's words sealed under its principal's key
+        self._seals = message_seals(self._keys)  # a request's words sealed under its principal's key
         self._publisher = producer_publisher(self._producer, self._settings, self._seals)
 
     async def stop(self) -> None:

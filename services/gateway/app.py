@@ -32,7 +32,7 @@ from quipu.services.gateway.logic import GatewayError
 from quipu.services.gateway.settings import GatewaySettings
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.logging import get_logger
-from quipu.services.kit.settings import KafkaSettings, KeySettings
+from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 
 SERVICE = "gateway"
@@ -110,9 +110,9 @@ def create_app(
                 app.state.deps = app.state.memory = None
             return
         # One key cache for the store client and every event stream: a fetch per person per TTL.
-        seals = message_seals(KeySettings())
+        seals = message_seals(settings.keys)
         store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id, seals=seals)
-        publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE)
+        publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE, keys=settings.keys)
         streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s, seals=seals)
         await store.start()
         try:

@@ -337,7 +337,17 @@ class KeySettings(QuipuSettings):
         return self.token.get_secret_value() if self.token is not None else ""
 
 
-class ConsumerSettings(QuipuSettings):
+class SealingSettings(QuipuSettings):
+    """Where a service that seals or opens messages asks for data keys: the key settings are read
+    with the service's own (`QUIPU_KEYS_...`, the same for every service) and passed in with them."""
+
+    keys: KeySettings = Field(
+        default_factory=KeySettings,
+        description="Where the service asks for data keys (`QUIPU_KEYS_...`, the same for every service).",
+    )
+
+
+class ConsumerSettings(SealingSettings):
     """How a service consumes its topics concurrently (`kit.concurrent_delivery`); each service's
     settings extend it under their own prefix (`QUIPU_PLANNER_MAX_IN_FLIGHT`, ...)."""
 
@@ -373,18 +383,13 @@ class ConsumerSettings(QuipuSettings):
         ),
     )
 
-    keys: KeySettings = Field(
-        default_factory=KeySettings,
-        description="Where the service asks for data keys (`QUIPU_KEYS_...`, the same for every service).",
-    )
-
     @property
     def drain_grace_s(self) -> float:
         """How long messages in flight may finish on shutdown (`drain_share` of the grace)."""
         return self.shutdown_grace_s * self.drain_share
 
 
-class StoreClientSettings(QuipuSettings):
+class StoreClientSettings(SealingSettings):
     """How a service's store calls wait for the storage owner (each service under its own prefix:
     `QUIPU_PLANNER_STORE_REPLY_TIMEOUT_S`, `QUIPU_CLI_STORE_ATTEMPTS`, ...)."""
 

@@ -107,12 +107,15 @@ class KafkaStore:
         attempts: int = 3,
         tenant_id: str = "",
         seals: MessageSeals | None = None,
+        keys: KeySettings | None = None,
     ) -> None:
         """`seals` seal the commands that carry a principal's words and open sealed replies
-        (default: the key channel of `KeySettings()`, closed with this client)."""
+        (default: the key channel `keys` names, else `KeySettings()`, closed with this client)."""
         self._settings = settings
         self._owns_seals = seals is None
-        self._seals = seals if seals is not None else message_seals(KeySettings())
+        self._seals = (
+            seals if seals is not None else message_seals(keys if keys is not None else KeySettings())
+        )
         self._reply_timeout_s = reply_timeout_s
         self._attempts = attempts
         self._tenant_id = tenant_id
@@ -140,6 +143,7 @@ class KafkaStore:
             attempts=client.store_attempts,
             tenant_id=tenant_id,
             seals=seals,
+            keys=client.keys,
         )
 
     async def start(self) -> None:

@@ -123,8 +123,7 @@ def test_the_anthropic_key_comes_from_its_two_variables_or_the_keyword(
     assert keyword is not None and keyword.get_secret_value() == "sk-keyword"
 
 
-def test_key_settings_are_read_when_a_consumer_s_settings_are(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_key_settings_are_read_when_a_service_s_settings_are(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUIPU_KEYS_URL", "http://owner:8711")
-    consumers = (EnricherSettings, FactExtractorSettings, OwnerSettings, PlannerSettings)
-    for service in (*consumers, ToolExecutorSettings, TranscriptRecorderSettings):
+    for service in SERVICES:
         assert service().keys.url == "http://owner:8711"
