@@ -213,11 +213,13 @@ class Client:
         self._client_id = client_id
         self._owned_store: KafkaStore | None = None
         self._owned_publisher: KafkaRunPublisher | None = None
+        settings = store_settings or StoreClientSettings()
         if store is None:
-            settings = store_settings or StoreClientSettings()
             store = self._owned_store = KafkaStore.for_service(self.kafka, settings, tenant_id=tenant_id)
         if publisher is None:
-            publisher = self._owned_publisher = KafkaRunPublisher(self.kafka, client_id=client_id)
+            publisher = self._owned_publisher = KafkaRunPublisher(
+                self.kafka, client_id=client_id, keys=settings.keys
+            )
         self._store: Store = store
         self._publisher: RunRequestSender = publisher
         self._sessions: dict[str, str] = {}
