@@ -205,7 +205,8 @@ class Client:
         publisher: RunRequestSender | None = None,
     ) -> None:
         """`kafka`: the deployment (QUIPU_KAFKA_* when not given); `store_settings`: how long a
-        store call waits for the owner. `store` and `publisher` replace the Kafka-backed ones
+        store call waits for the owner, and where the data keys come from (`keys`). `store` and
+        `publisher` replace the Kafka-backed ones
         (tests: an in-memory store, a recording publisher); the caller starts and stops those."""
         self.kafka = kafka or KafkaSettings()
         self.tenant_id = tenant_id
