@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faststream import FastStream
 
 from quipu.contracts.events import RunEvent, StreamEventType
-from quipu.contracts.runs import RunRequested
+from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.store import RunStatus
 from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.topics import Topic, dead_letter_topic, toolset_calls_topic
@@ -50,6 +50,8 @@ class Slow:
 
     started: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    hanging: asyncio.Event = field(default_factory=asyncio.Event)
+    hang_canceled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def toolset(self) -> Toolset:
         @tool(timeout_s=30.0)
@@ -63,7 +65,22 @@ class Slow:
             await self.release.wait()
             return f"crunched {size}"
 
-        return Toolset("slow", tools=[crunch], version="1")
+        @tool(timeout_s=30.0)
+        async def hang(seconds: int) -> str:
+            """Waits until its run is canceled.
+
+            Args:
+                seconds: How long it would take.
+            """
+            self.hanging.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.hang_canceled.set()
+                raise
+            return f"waited {seconds}"
+
+        return Toolset("slow", tools=[crunch, hang], version="1")
 
 
 def fast_toolset(copy: str, ran: list[str]) -> Toolset:
@@ -86,11 +103,12 @@ AGENTS = AgentRegistry(
     [
         AgentSpec(agent_id="cruncher", system_prompt="Crunch.", tools=("crunch",)),
         AgentSpec(agent_id="pinger", system_prompt="Ping.", tools=("ping",)),
+        AgentSpec(agent_id="hanger", system_prompt="Wait.", tools=("hang",)),
         AgentSpec(agent_id="stranded", system_prompt="Try.", tools=("ping", "vanished_tool")),
     ]
 )
 
-ARGUMENTS = {"crunch": {"size": 3}, "ping": {"word": "hi"}}
+ARGUMENTS = {"crunch": {"size": 3}, "hang": {"seconds": 5}, "ping": {"word": "hi"}}
 
 
 def call_the_first_tool(request: ModelRequest) -> ModelAnswer:
@@ -111,6 +129,15 @@ class System:
     fast_ran: list[str]
     publisher: RawPublisher
     prefix: str
+    sessions: dict[str, str] = field(default_factory=dict)
+
+    async def cancel(self, run_id: str) -> None:
+        cancel = CancelRun(run_id=run_id, session_id=self.sessions[run_id])
+        await self.publisher.send(
+            self.prefix + Topic.RUNS_CONTROL.value,
+            cancel.model_dump_json().encode(),
+            key=cancel.session_id.encode(),
+        )
 
     async def start(self, agent_id: str) -> str:
         session_id = "s-" + uuid.uuid4().hex[:10]
@@ -123,6 +150,7 @@ class System:
             request.model_dump_json().encode(),
             key=request.partition_key().encode(),
         )
+        self.sessions[request.run_id] = session_id
         return request.run_id
 
     def run_events(self, run_id: str) -> list[RunEvent]:
@@ -271,3 +299,16 @@ async def test_an_agent_declaring_a_tool_nobody_announced_fails_at_run_start(sys
     said = json.dumps([event.payload for event in system.run_events(run_id)])
     assert "missing_tool" in said and "vanished_tool" in said
     assert system.results_of(run_id) == []  # no tool was called, not even the served one
+
+
+async def test_a_cancel_reaches_the_toolsets_executor_running_the_call(system: System) -> None:
+    await system.until_announced()
+    run_id = await system.start("hanger")
+    await asyncio.wait_for(system.slow.hanging.wait(), scaled(20.0))
+
+    await system.cancel(run_id)
+
+    await asyncio.wait_for(system.slow.hang_canceled.wait(), scaled(20.0))
+    await system.until_closed([run_id], "the canceled run closed")
+    assert (await system.store.load_run(run_id)).status is RunStatus.CANCELED
+    assert system.results_of(run_id) == []  # a canceled call publishes no result
