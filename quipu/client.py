@@ -53,6 +53,7 @@ from quipu.services.domain.run_requests import (
 )
 from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.run_events import EventPosition, RunEventReader, StartAt, StreamedEvent
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
@@ -205,21 +206,26 @@ class Client:
         publisher: RunRequestSender | None = None,
     ) -> None:
         """`kafka`: the deployment (QUIPU_KAFKA_* when not given); `store_settings`: how long a
-        store call waits for the owner, and where the data keys come from (`keys`). `store` and
-        `publisher` replace the Kafka-backed ones
-        (tests: an in-memory store, a recording publisher); the caller starts and stops those."""
+        store call waits for the owner, and where the data keys come from (`keys`: QUIPU_KEYS_*
+        when not given; none configured, nothing is sealed). `store` and `publisher` replace the
+        Kafka-backed ones (tests: an in-memory store, a recording publisher); the caller starts
+        and stops those."""
         self.kafka = kafka or KafkaSettings()
         self.tenant_id = tenant_id
         self.principal_id = principal_id
         self._client_id = client_id
+        settings = store_settings or StoreClientSettings()
+        # One key cache for everything this client seals and opens: a key is fetched once per TTL.
+        self._seals = message_seals(settings.keys)
         self._owned_store: KafkaStore | None = None
         self._owned_publisher: KafkaRunPublisher | None = None
-        settings = store_settings or StoreClientSettings()
         if store is None:
-            store = self._owned_store = KafkaStore.for_service(self.kafka, settings, tenant_id=tenant_id)
+            store = self._owned_store = KafkaStore.for_service(
+                self.kafka, settings, tenant_id=tenant_id, seals=self._seals
+            )
         if publisher is None:
             publisher = self._owned_publisher = KafkaRunPublisher(
-                self.kafka, client_id=client_id, keys=settings.keys
+                self.kafka, client_id=client_id, seals=self._seals
             )
         self._store: Store = store
         self._publisher: RunRequestSender = publisher
@@ -247,8 +253,11 @@ class Client:
             if self._owned_publisher is not None:
                 await self._owned_publisher.stop()
         finally:
-            if self._owned_store is not None:
-                await self._owned_store.stop()
+            try:
+                if self._owned_store is not None:
+                    await self._owned_store.stop()
+            finally:
+                await self._seals.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -360,7 +369,9 @@ class Client:
         """Every event of the session from `after` (a position, or its text), else from `start_at`."""
 
         async def open_reader() -> RunEventReader:
-            return RunEventReader(self.kafka, session_id=session_id, client_id=f"{self._client_id}-events")
+            return RunEventReader(
+                self.kafka, session_id=session_id, client_id=f"{self._client_id}-events", seals=self._seals
+            )
 
         return RunEvents(open_reader, after=_position(after), start_at=start_at)
 
@@ -378,7 +389,11 @@ class Client:
             if session is None:
                 session = (await self._store.load_run(run_id)).session_id
             return RunEventReader(
-                self.kafka, session_id=session, run_id=run_id, client_id=f"{self._client_id}-events"
+                self.kafka,
+                session_id=session,
+                run_id=run_id,
+                client_id=f"{self._client_id}-events",
+                seals=self._seals,
             )
 
         return RunEvents(

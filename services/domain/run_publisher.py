@@ -50,14 +50,21 @@ class KafkaRunPublisher:
     """Publishes RunRequested to `runs.requested` and CancelRun to `runs.control`."""
 
     def __init__(
-        self, settings: KafkaSettings, *, client_id: str = "quipu", keys: KeySettings | None = None
+        self,
+        settings: KafkaSettings,
+        *,
+        client_id: str = "quipu",
+        keys: KeySettings | None = None,
+        seals: MessageSeals | None = None,
     ) -> None:
-        """`keys`: where a request's words get their principal's key (default: `KeySettings()`)."""
+        """`keys`: where a request's words get their principal's key (default: `KeySettings()`);
+        or `seals`, the caller's own (its one key cache; left open for its other clients)."""
         self._settings = settings
         self._client_id = client_id
         self._keys = keys if keys is not None else KeySettings()
         self._producer: AIOKafkaProducer | None = None
         self._publisher: TopicPublisher | None = None
+        self._given_seals = seals
         self._seals: MessageSeals | None = None
 
     async def start(self) -> None:
@@ -69,7 +76,8 @@ class KafkaRunPublisher:
             enable_idempotence=self._settings.enable_idempotence,
         )
         await self._producer.start()
-        self._seals = message_seals(self._keys)  # a request's words sealed under its principal's key
+        # A request's words are sealed under its principal's key.
+        self._seals = self._given_seals or message_seals(self._keys)
         self._publisher = producer_publisher(self._producer, self._settings, self._seals)
 
     async def stop(self) -> None:
@@ -78,7 +86,7 @@ class KafkaRunPublisher:
         if producer is not None:
             await producer.stop()
         seals, self._seals = self._seals, None
-        if seals is not None:
+        if seals is not None and seals is not self._given_seals:
             await seals.close()
 
     async def publish(self, message: RunRequested | CancelRun) -> None:

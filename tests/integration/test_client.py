@@ -4,7 +4,8 @@ The storage owner, the planner and the tool executor run in this process on the 
 and database, on this module's own topic prefix (as `test_own_tools.py` runs them); the model is
 the offline `ScriptedModel`. The program under test touches nothing but `quipu.Client`: it runs
 a turn and follows its events to the end (and again from a position it kept), answers a run
-suspended by `ask_user`, and cancels a run that waits on a slow tool of its own.
+suspended by `ask_user`, and cancels a run that waits on a slow tool of its own. With the
+deployment's key channel given, the turn it publishes is sealed under its person's key.
 """
 
 from __future__ import annotations
@@ -14,22 +15,28 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from pydantic import SecretStr
 
 from quipu import Client
 from quipu.contracts.events import StreamEventType
+from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import CancellationReason, RunStatus
+from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.kit.keys import message_seals
 from quipu.services.kit.run_events import StreamedEvent
-from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
+from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.storage_owner.settings import OwnerSettings
 from quipu.services.tool_executor.app import ToolExecutorDeps
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.tools import Toolset
+from tests.owner_support import every_record_on_topics, free_port, readable_anywhere
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -166,3 +173,31 @@ async def test_a_run_waiting_on_a_slow_tool_is_canceled(client: Client) -> None:
     assert rest[0].position > first.position
     meta = await client.status(run_id)
     assert meta.cancellation_reason == CancellationReason.USER_REQUESTED.value
+
+
+async def test_with_a_key_channel_a_turn_travels_sealed_under_its_person_s_key(stack: EmbeddedStack) -> None:
+    name = "k" + uuid.uuid4().hex[:10]
+    prefix = f"{name}."
+    kafka = stack.kafka_settings(topic_prefix=prefix)
+    port = free_port()
+    keys = KeySettings(url=f"http://127.0.0.1:{port}", token=SecretStr("client-test-token"))
+    owner = create_owner(kafka, stack.mongo_settings(database=name), OwnerSettings(keys_port=port), keys=keys)
+    await create_topics(stack.bootstrap, prefix)
+    await owner.start()
+    words = "meet me under the old clock tower"
+    try:
+        settings = StoreClientSettings(keys=keys)
+        async with Client(kafka, store_settings=settings, tenant_id="acme", principal_id="ana") as client:
+            run_id = await client.run(words, session_id=new_session())
+        records = await every_record_on_topics(stack.bootstrap, prefix)
+        (published,) = records[prefix + Topic.RUNS_REQUESTED.value]
+        assert readable_anywhere(records, words) == []
+        seals = message_seals(keys)
+        try:
+            opened = RunRequested.model_validate_json(await seals.open(published.value or b""))
+        finally:
+            await seals.close()
+        assert (opened.run_id, opened.text, opened.principal_id) == (run_id, words, "ana")
+    finally:
+        await owner.stop()
+        await delete_topics(stack.bootstrap, prefix)
