@@ -110,6 +110,8 @@ def create_app(
     def subscribe(
         broker: KafkaBroker, delivery: Delivery, planner: Running[Planner]
     ) -> list[ConcurrentConsumer]:
+        # First: FastStream starts subscribers in order, so the registry is being read while the
+        # groups that bring runs join (a second or more each), not after.
         handlers.follow_registry(broker, kafka, registry)
         return handlers.register(broker, kafka, planner, delivery, settings)
 
