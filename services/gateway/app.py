@@ -27,7 +27,7 @@ from quipu.services.gateway import logic, memory_routes
 from quipu.services.gateway.adapters import EventStreams
 from quipu.services.gateway.auth import Authenticator, authenticate
 from quipu.services.gateway.body_limit import BodyLimit
-from quipu.services.gateway.handlers import GatewayDeps, health_router, router
+from quipu.services.gateway.handlers import GatewayDeps, health_router, router, wire_document
 from quipu.services.gateway.logic import GatewayError
 from quipu.services.gateway.settings import GatewaySettings
 from quipu.services.kit.keys import message_seals
@@ -98,8 +98,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Built once, off the loop: on the first `/openapi.json` or `/docs` request it would hold
-        # the loop (and every open stream) for the second pydantic takes (FastAPI keeps the result).
+        # the loop (and every open stream) for the second pydantic takes (FastAPI keeps the result);
+        # the AsyncAPI document likewise.
         await asyncio.to_thread(app.openapi)
+        await asyncio.to_thread(wire_document)
         if deps is not None:
             app.state.deps = deps
             app.state.memory = memory

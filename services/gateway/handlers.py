@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
+from quipu.contracts import asyncapi
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import Page, RunMeta, Session
 from quipu.contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
@@ -324,3 +326,16 @@ health_router = APIRouter()
 async def health(deps: Deps) -> Health:
     """Liveness, and how many event streams are open."""
     return Health(status="ok", open_streams=deps.streams.open_count)
+
+
+@functools.cache
+def wire_document() -> bytes:
+    """The AsyncAPI document, generated once per process (pydantic takes about a second)."""
+    return asyncapi.render().encode()
+
+
+@health_router.get("/asyncapi.json", tags=["wire"], response_class=Response)
+async def wire() -> Response:
+    """The AsyncAPI 3 document of every Kafka topic (docs/asyncapi.json): open to all, as it
+    describes the wire and carries no one's data."""
+    return Response(content=wire_document(), media_type="application/json")

@@ -48,7 +48,7 @@ from tests.timing import scaled
 MARK = "ANA-PRIVATE"
 """In every piece of A's data: no response to anyone else may carry it."""
 
-PUBLIC = {("GET", "/healthz")}
+PUBLIC = {("GET", "/healthz"), ("GET", "/asyncapi.json")}
 """Operations anyone may call: they reveal nothing of anyone's sessions, runs or memory."""
 
 STREAMS = {("GET", "/v1/sessions/{session_id}/events")}

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from quipu.contracts import asyncapi
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.store import CancellationReason, RunStatus, Session, SessionOwner
@@ -406,6 +407,12 @@ async def test_unknown_routes_docs_page_and_health(gateway: Gateway) -> None:
     page = await gateway.client.get("/")
     assert page.status_code == 200 and "EventSource" in page.text
     assert (await gateway.client.get("/healthz")).json() == {"status": "ok", "open_streams": 0}
+
+
+async def test_the_gateway_serves_the_committed_asyncapi_document(gateway: Gateway) -> None:
+    response = await gateway.client.get("/asyncapi.json")
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    assert response.content == asyncapi.DOC_PATH.read_bytes()
 
 
 async def test_the_openapi_schema_is_built_at_startup_before_any_request() -> None:

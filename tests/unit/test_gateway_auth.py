@@ -221,7 +221,7 @@ def test_the_retired_shared_tokens_setting_stops_the_gateway_with_directions() -
 
 
 async def test_health_page_and_docs_stay_open(guarded: httpx.AsyncClient) -> None:
-    for path in ("/healthz", "/", "/openapi.json", "/docs"):
+    for path in ("/healthz", "/", "/openapi.json", "/docs", "/asyncapi.json"):
         assert (await guarded.get(path)).status_code == 200, path
 
 
