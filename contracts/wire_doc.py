@@ -227,7 +227,8 @@ _INTRO = """\
 
 What every Kafka topic carries, byte for byte, for people who write a producer or consumer in
 another language. Generated from the contracts by `python -m quipu.contracts.wire_doc`; do not edit by
-hand (a test fails when this file and the contracts disagree).
+hand (a test fails when this file and the contracts disagree). The same, machine-readable:
+[asyncapi.json](asyncapi.json), an AsyncAPI 3 document the gateway also serves at `/asyncapi.json`.
 
 ## Conventions
 
