@@ -41,7 +41,7 @@ from quipu.services.cli.render import (
     session_line,
 )
 from quipu.services.cli.settings import CliSettings
-from quipu.services.cli.state import client_settings, client_target
+from quipu.services.cli.state import adopt_key_channel, client_settings, client_target
 from quipu.services.domain.memory.reindex import Principal, principals_from_changes, reindex
 from quipu.services.domain.run_requests import Turn
 from quipu.services.kit.memory_client import KafkaMemoryStore
@@ -49,6 +49,7 @@ from quipu.services.kit.store_client import KafkaStore
 
 
 def _cli_settings() -> CliSettings:
+    adopt_key_channel()  # before any key setting is read
     try:
         return CliSettings()
     except ValidationError as error:

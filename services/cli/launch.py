@@ -13,6 +13,7 @@ import contextlib
 import errno
 import io
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -132,6 +133,29 @@ def _show_notice(styles: dict[str, str], width: int) -> Callable[[str, str], Non
     return show
 
 
+KEY_CHANNEL = ("QUIPU_KEYS_URL", "QUIPU_KEYS_TOKEN_FILE", "QUIPU_OWNER_KEYS_PORT")
+"""The variables of the local key channel: where services and clients ask the owner for data keys."""
+
+
+def local_key_channel(folder: Path) -> dict[str, str]:
+    """The embedded default seals what it puts on its topics, as a deployment does: the owner serves
+    its key endpoint on a free loopback port, and the service token goes to a file only this user
+    can read (fresh at every start). The token itself is never in the state file or the banner:
+    they name the file, and clients read it from there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    token_file = folder / "keys-token"
+    token_file.unlink(missing_ok=True)
+    descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secrets.token_urlsafe(32))
+    port = gateway_port_to_use(0)
+    return {
+        "QUIPU_KEYS_URL": f"http://{GATEWAY_HOST}:{port}",
+        "QUIPU_KEYS_TOKEN_FILE": str(token_file),
+        "QUIPU_OWNER_KEYS_PORT": str(port),
+    }
+
+
 def child_environment(environment: dict[str, str], verbose: bool) -> dict[str, str]:
     """What the supervised services get: the stack, and logging as quiet as `quipu up` itself."""
     extra = dict(environment)
@@ -166,7 +190,10 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
             **stack.environment(),
             "QUIPU_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
             "QUIPU_GATEWAY_API_KEYS_FILE": str(keys_file),
+            **local_key_channel(path.parent),
         }
+        if not processes:  # the services in this process read their key settings from it
+            os.environ.update({name: value for name, value in environment.items() if name in KEY_CHANNEL})
         state: dict[str, Any] = {"pid": os.getpid(), "environment": environment, "services": {}}
         started: list[Started] = []
         supervisor: Supervisor | None = None

@@ -84,6 +84,19 @@ class Target:
     state: dict[str, Any] | None
 
 
+def adopt_key_channel() -> None:
+    """A client of a running `quipu up` seals and opens words with its key channel: the variables
+    it left (the URL and the token's file, never the token) become this process's defaults, so
+    every key setting built afterwards reads them. A client pointed elsewhere keeps its own."""
+    if os.environ.get("QUIPU_KAFKA_BOOTSTRAP"):
+        return
+    state = read_state(state_file())
+    environment: dict[str, str] = (state or {}).get("environment", {})
+    for name in ("QUIPU_KEYS_URL", "QUIPU_KEYS_TOKEN_FILE"):
+        if name in environment:
+            os.environ.setdefault(name, environment[name])
+
+
 def client_target() -> Target:
     """Kafka from QUIPU_KAFKA_*, else from a running `quipu up`; fail when there is neither."""
     if os.environ.get("QUIPU_KAFKA_BOOTSTRAP"):

@@ -74,12 +74,11 @@ class HttpKeySource:
     """The owner's key endpoint over HTTP; nothing of the exchange is kept or logged."""
 
     def __init__(self, settings: KeySettings) -> None:
-        if not settings.url or settings.token is None:
-            raise ValueError("the key channel needs QUIPU_KEYS_URL and QUIPU_KEYS_TOKEN")
+        token = settings.token_value
+        if not settings.url or not token:
+            raise ValueError("the key channel needs QUIPU_KEYS_URL and QUIPU_KEYS_TOKEN (or _TOKEN_FILE)")
         self._client = httpx.AsyncClient(
-            base_url=settings.url,
-            timeout=settings.timeout_s,
-            headers={"authorization": f"Bearer {settings.token.get_secret_value()}"},
+            base_url=settings.url, timeout=settings.timeout_s, headers={"authorization": f"Bearer {token}"}
         )
 
     async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
@@ -324,6 +325,13 @@ class KeySettings(QuipuSettings):
     token: SecretStr | None = Field(
         default=None, description="The service credential the key endpoint asks for (a Secret)."
     )
+    token_file: Path | None = Field(
+        default=None,
+        description=(
+            "A file holding that credential instead (a mounted Secret, or the one `quipu up` writes "
+            "for its own user, readable by them only); read when the channel is opened."
+        ),
+    )
     cache_ttl_s: float = Field(
         default=30.0,
         gt=0,
@@ -334,7 +342,11 @@ class KeySettings(QuipuSettings):
     @property
     def token_value(self) -> str:
         """The service token, or "" when none is set (an empty one is none: sealing is off)."""
-        return self.token.get_secret_value() if self.token is not None else ""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        if self.token_file is not None:
+            return self.token_file.read_text().strip()
+        return ""
 
 
 class SealingSettings(QuipuSettings):

@@ -37,6 +37,7 @@ from tests.integration.test_gateway_support import (
     eventually,
     unique_name,
 )
+from tests.owner_support import every_record_on_topics, readable_anywhere
 from tests.timing import scaled
 
 runner = CliRunner()
@@ -209,6 +210,10 @@ def _printed_key(log: Path, process: subprocess.Popen[bytes], within: float) -> 
     raise AssertionError(f"quipu up printed no gateway key within {within} s")
 
 
+WORD = "tamarind-7731"
+"""A word of the turn `quipu up` serves: sealed on every topic it crosses."""
+
+
 @pytest.mark.slow
 def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     state_file = tmp_path / "up.json"
@@ -239,7 +244,8 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert signed_in.json()["code"] == "SESSION_NOT_FOUND"
         if importlib.util.find_spec("quipu.services.planner") is not None:
             turn = subprocess.run(
-                [sys.executable, "-m", "quipu.services.cli", "run", "what time is it?", "--timeout", "60"],
+                [sys.executable, "-m", "quipu.services.cli", "run", f"what time is it? {WORD}",
+                 "--timeout", "60"],
                 env=environment,
                 capture_output=True,
                 timeout=scaled(90),
@@ -248,6 +254,15 @@ def test_up_serves_a_run_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             output = turn.stdout.decode()
             assert turn.returncode == 0, output + turn.stderr.decode()
             assert output.rstrip().splitlines()[-1].startswith("✓ completed  ")  # then its tokens
+            # The embedded default seals what it puts on its topics, as a deployment does: the
+            # words went through every topic of the turn and are readable on none of them.
+            environment_of_up: dict[str, str] = state["environment"]
+            records = asyncio.run(every_record_on_topics(
+                environment_of_up["QUIPU_KAFKA_BOOTSTRAP"], environment_of_up["QUIPU_KAFKA_TOPIC_PREFIX"]
+            ))
+            assert sum(map(len, records.values())) > 0
+            assert readable_anywhere(records, WORD) == []
+            assert "QUIPU_KEYS_TOKEN" not in environment_of_up  # the token stays in its own file
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=scaled(30)) == 0
         assert not state_file.exists()

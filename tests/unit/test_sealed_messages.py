@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import stat
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from pydantic import TypeAdapter
@@ -15,6 +17,7 @@ from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.memory import FactChanged, FactChangeKind, MemoryScope
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store import Record
+from quipu.services.cli.launch import local_key_channel
 from quipu.services.kit.delivery import DeadLetterLimits, Delivery, MessageErasedError, RetryPolicy
 from quipu.services.kit.keys import (
     KeyClient,
@@ -23,6 +26,7 @@ from quipu.services.kit.keys import (
     UnsealableMessageError,
 )
 from quipu.services.kit.sealing import current_sealing_for, sealing_for
+from quipu.services.kit.settings import KeySettings
 from tests.unit.test_delivery import Broker, Message
 
 EVENT = TypeAdapter(RunEvent)
@@ -242,3 +246,23 @@ async def test_delivery_dead_letters_a_message_that_never_opens_and_retries_an_a
     keys.away = False
     await Delivery(broker, RetryPolicy(attempts=2, base_delay_s=0), opener=away).handle(waiting, EVENT, apply)
     assert (waiting.acked, applied) == (1, [event()])
+
+
+def test_the_service_token_may_come_from_a_file_and_is_never_in_the_settings_repr(tmp_path: Path) -> None:
+    token_file = tmp_path / "keys-token"
+    token_file.write_text("s3cret-token\n")
+    settings = KeySettings(url="http://127.0.0.1:1", token_file=token_file)
+    assert settings.token_value == "s3cret-token"
+    assert "s3cret-token" not in repr(settings)
+    assert KeySettings(url="http://127.0.0.1:1").token_value == ""
+
+
+def test_quipu_up_names_its_key_channel_and_keeps_the_token_to_its_user(tmp_path: Path) -> None:
+    environment = local_key_channel(tmp_path)
+    token_file = Path(environment["QUIPU_KEYS_TOKEN_FILE"])
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert environment["QUIPU_KEYS_URL"] == f"http://127.0.0.1:{environment['QUIPU_OWNER_KEYS_PORT']}"
+    token = token_file.read_text()
+    assert len(token) >= 32 and token not in "".join(environment.values())
+    assert local_key_channel(tmp_path)["QUIPU_KEYS_TOKEN_FILE"] == str(token_file)
+    assert token_file.read_text() != token  # fresh at every start
