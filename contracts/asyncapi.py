@@ -152,6 +152,12 @@ def _message(spec: TopicSpec[Any], payload: JsonSchemaValue) -> dict[str, Any]:
     }
     if spec.payload is StoreCommand:
         doc = "A store or memory command, named by its `op`; answered on storage.replies."
+        message["description"] = _COMMAND_FRAMING
+    if spec.topic in (Topic.STORAGE_COMMANDS, Topic.STORAGE_REPLIES):
+        message["correlationId"] = {
+            "location": "$message.payload#/correlation_id",
+            "description": "A command's (non-empty) correlation id; its reply carries the same one.",
+        }
     if doc:
         message["summary"] = doc
     headers = _headers(spec)
@@ -159,6 +165,15 @@ def _message(spec: TopicSpec[Any], payload: JsonSchemaValue) -> dict[str, Any]:
         message["headers"] = headers
     return message
 
+
+_COMMAND_FRAMING = """\
+The storage owner decodes a command strictly, at every level of the object: an unknown field or a \
+key repeated in any JSON object is refused, and `correlation_id` must be a non-empty string. A \
+command breaking these rules is never applied: it is answered INVALID_ARGUMENT when its \
+correlation id can be read, and goes to storage.commands.dlq. Name the replies partition you \
+read in the quipu-reply-partition header; when no reply comes in time, send the same bytes again \
+(a resent write is answered as an exact retry). The schemas shown are the lenient models'; the \
+strictness is this rule."""
 
 _DEAD_LETTER: dict[str, Any] = {
     "name": "DeadLetter",
@@ -250,6 +265,10 @@ def document() -> dict[str, Any]:
             "messages": [_ref("channels", letters, "messages", "DeadLetter")],
             "summary": "Read by operators (quipu dlq), never by a service.",
         }
+    operations["send.storage.commands"]["reply"] = {
+        "channel": _ref("channels", Topic.STORAGE_REPLIES.value),
+        "messages": [_ref("channels", Topic.STORAGE_REPLIES.value, "messages", "StoreReply")],
+    }
     channels["tools.calls.toolset"], calls = _toolset_calls(channels[Topic.TOOLS_CALLS.value])
     operations |= calls
     return {

@@ -126,6 +126,18 @@ def test_headers_are_the_reply_route_and_the_dead_letter_ones() -> None:
     assert set(letter["headers"]["properties"]) == {name for name, _ in DEAD_LETTER_HEADERS}
 
 
+def test_a_command_is_answered_on_the_replies_channel_by_its_correlation_id() -> None:
+    reply = DOCUMENT["operations"]["send.storage.commands"]["reply"]
+    assert resolve(DOCUMENT, reply["channel"]["$ref"])["address"] == Topic.STORAGE_REPLIES.value
+    [answer] = [
+        resolve(DOCUMENT, resolve(DOCUMENT, message["$ref"])["$ref"]) for message in reply["messages"]
+    ]
+    command = _message(next(spec for spec in TOPICS if spec.topic is Topic.STORAGE_COMMANDS))
+    for message in (command, answer):
+        assert message["correlationId"]["location"] == "$message.payload#/correlation_id"
+    assert "refused" in command["description"]
+
+
 def test_every_catalog_consumer_is_named_on_the_topic_it_reads() -> None:
     for service in SERVICES:
         for consumer in service.consumers:
