@@ -5,6 +5,9 @@ A transcript is what the model saw and said, in order. It is stored in ordinary 
 `Message`. Decoding is strict (unknown kinds or keys, duplicate keys, bad UTF-8 and trailing data
 are refused) and JSON numbers stay exact: a fractional number decodes to `Decimal`, so `1.10`
 comes back as `1.10`, never as the float `1.1`.
+
+One module (about 500 lines) on purpose: the model and its exact JSON form are one contract;
+every decoder here raises `TranscriptError` and is read against the same part kinds.
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ does.
 the tool one executor runs at once. A call is delivered at least once: a tool with effects beyond
 its result keys them by `context.idempotency_key`, which is the same for every delivery of one
 tool use (after an executor crash too).
+
+One module (about 500 lines) on purpose: it is the whole public surface of a tool, read top to
+bottom by someone writing one; what the executor does with it lives in the tool executor.
 """
 
 from __future__ import annotations

@@ -62,6 +62,9 @@ so a transcript satisfies ValidateThinkingFirst. Like a real model, an answer ne
 (structured output excepted).
 Answer text is streamed through `on_text` in a
 few chunks whose concatenation is the text. Usage is the local estimate (`estimate.py`).
+
+One module (about 500 lines) on purpose: the rules above are one ordered list, and reading them
+in one place is how a test author knows what the offline model will do.
 """
 
 from __future__ import annotations
