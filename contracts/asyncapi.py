@@ -35,7 +35,7 @@ from quipu.contracts.topics import (
     toolset_calls_topic,
     toolset_of,
 )
-from quipu.contracts.wire_doc import DEAD_LETTER_HEADERS, ROUTE_HEADERS
+from quipu.contracts.wire_doc import DEAD_LETTER_HEADERS, ROUTE_HEADERS, write_or_check
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "asyncapi.json"
 """Where the generated document lives in the repository."""
@@ -304,15 +304,7 @@ def render() -> str:
 
 def main(argv: list[str]) -> int:
     """Write docs/asyncapi.json, or with `--check` tell whether it is current (exit 1 when not)."""
-    text = render()
-    if "--check" in argv:
-        current = DOC_PATH.exists() and DOC_PATH.read_text(encoding="utf-8") == text
-        if not current:
-            print(f"{DOC_PATH} is stale: run python -m quipu.contracts.asyncapi", file=sys.stderr)
-        return 0 if current else 1
-    DOC_PATH.parent.mkdir(exist_ok=True)
-    DOC_PATH.write_text(text, encoding="utf-8")
-    return 0
+    return write_or_check(DOC_PATH, render(), argv, "python -m quipu.contracts.asyncapi")
 
 
 if __name__ == "__main__":

@@ -424,17 +424,22 @@ def render() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def write_or_check(path: Path, text: str, argv: list[str], command: str) -> int:
+    """Write a generated document, or with `--check` tell whether the committed one is `text`
+    (exit 1 and say `command` when it is stale)."""
+    if "--check" in argv:
+        current = path.exists() and path.read_text(encoding="utf-8") == text
+        if not current:
+            print(f"{path} is stale: run {command}", file=sys.stderr)
+        return 0 if current else 1
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """Write docs/wire.md, or with `--check` tell whether it is current (exit 1 when not)."""
-    text = render()
-    if "--check" in argv:
-        current = DOC_PATH.exists() and DOC_PATH.read_text(encoding="utf-8") == text
-        if not current:
-            print(f"{DOC_PATH} is stale: run python -m quipu.contracts.wire_doc", file=sys.stderr)
-        return 0 if current else 1
-    DOC_PATH.parent.mkdir(exist_ok=True)
-    DOC_PATH.write_text(text, encoding="utf-8")
-    return 0
+    return write_or_check(DOC_PATH, render(), argv, "python -m quipu.contracts.wire_doc")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,10 @@ from quipu.contracts.topics import TOPICS, Topic, TopicSpec, dead_letter_topic, 
 from quipu.contracts.wire_doc import DEAD_LETTER_HEADERS
 from quipu.services.catalog import SERVICES
 from tests.contract.samples import models
+from tests.contract.test_topics import ENTRIES, _id
 from tests.support.json_schema import key_by_rule, problems, resolve
 
 DOCUMENT: dict[str, Any] = json.loads(asyncapi.DOC_PATH.read_text(encoding="utf-8"))
-
-ENTRIES = [(spec, model) for spec in TOPICS for model in spec.models]
 
 FEW = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -78,10 +77,6 @@ def _message(spec: TopicSpec[Any]) -> dict[str, Any]:
     [reference] = DOCUMENT["channels"][spec.topic.value]["messages"].values()
     message: dict[str, Any] = resolve(DOCUMENT, reference["$ref"])
     return message
-
-
-def _id(entry: tuple[TopicSpec[Any], type[BaseModel]]) -> str:
-    return f"{entry[0].topic.value}:{entry[1].__name__}"
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=_id)
