@@ -12,6 +12,7 @@ Pure functions: handlers load what a check needs and call these.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -105,8 +106,9 @@ class AcceptedRuns:
     """Runs this gateway copy accepted lately, until the planner starts them (bounded, in memory).
 
     Between a 202 and the planner's start the store knows nothing of the run; under load that
-    lasts seconds. Another copy behind the same load balancer does not know the run either, and
-    answers 404 until the start; the 202 says to follow the session's events instead of polling.
+    lasts seconds. Every copy learns the runs the others accept from `runs.requested`
+    (`RequestedRuns` follows it), so a copy behind the same load balancer answers 202 too, from
+    the moment it has read the request (milliseconds after the publish).
     """
 
     def __init__(self, keep_s: float = 300.0, most: int = 10_000) -> None:
@@ -127,6 +129,25 @@ class AcceptedRuns:
         if found is None or found[0] != owner or now - found[2] > self._keep_s:
             return None
         return found[1]
+
+
+def accepted_elsewhere(value: bytes) -> tuple[str, SessionOwner, str] | None:
+    """(run id, owner, session id) of a run request a gateway copy accepted, read from its record on
+    `runs.requested` (ids and labels travel in clear, sealed or not); None for anything else: a
+    request no gateway stamped with an owner, or bytes that are not one. Never raises."""
+    try:
+        body = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    labels, run_id, session_id = body.get("labels"), body.get("run_id"), body.get("session_id", "")
+    if not isinstance(labels, dict) or not isinstance(run_id, str) or not isinstance(session_id, str):
+        return None
+    tenant, principal = (labels.get(label) for label in OWNER_LABELS)
+    if not run_id or not isinstance(tenant, str) or not isinstance(principal, str) or not principal:
+        return None
+    return run_id, SessionOwner(tenant_id=tenant, principal_id=principal), session_id
 
 
 def labelled_owner(meta: RunMeta) -> SessionOwner | None:

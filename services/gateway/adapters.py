@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
 import anyio
 import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
+from quipu.contracts.topics import Topic
+from quipu.services.gateway.access import AcceptedRuns, accepted_elsewhere
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.run_events import (
     EventPosition,
@@ -124,3 +129,77 @@ class EventStreams:
             # The cancel scope of a disconnect would cancel the awaits of the clean-up too.
             with anyio.CancelScope(shield=True):
                 await self.release(reader)
+
+
+class RequestedRuns:
+    """Follows `runs.requested` from its end, outside any group, so this gateway copy learns the runs
+    every copy accepts (`GET /v1/runs/{id}` answers 202 for them until the planner starts them).
+
+    Only ids and the owner labels a gateway stamped are read from each record (`accepted_elsewhere`);
+    anything else on the topic is passed over. A broker failure is logged and read past after a
+    pause: this is a courtesy to callers, never a reason to stop the gateway.
+    """
+
+    def __init__(
+        self, settings: KafkaSettings, accepted: AcceptedRuns, *, client_id: str = "gateway"
+    ) -> None:
+        self._settings = settings
+        self._accepted = accepted
+        self._client_id = client_id
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Assign every partition of the topic at its end and start following."""
+        name = self._settings.topic_prefix + Topic.RUNS_REQUESTED.value
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._settings.bootstrap,
+            client_id=f"{self._client_id}-requested",
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        await asyncio.sleep(0)  # see RunEventReader.start: let the group-less coordinator start
+        numbers: set[int] | None = None
+        for _ in range(50):
+            numbers = consumer.partitions_for_topic(name)
+            if numbers:
+                break
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        if not numbers:
+            logger.warning("runs.requested not found: only this copy's accepted runs answer 202")
+            return
+        partitions = [TopicPartition(name, number) for number in sorted(numbers)]
+        consumer.assign(partitions)
+        await consumer.seek_to_end(*partitions)
+        self._task = asyncio.create_task(self._follow(consumer))
+
+    async def _follow(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=1000)
+            except KafkaError as error:
+                logger.warning("following runs.requested", error=type(error).__name__)
+                await asyncio.sleep(1.0)
+                continue
+            now = time.monotonic()
+            for records in batches.values():
+                for record in records:
+                    accepted = accepted_elsewhere(record.value or b"")
+                    if accepted is not None:
+                        run_id, owner, session_id = accepted
+                        self._accepted.add(run_id, owner, session_id, now)
+
+    async def stop(self) -> None:
+        """Stop following and close the consumer."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()

@@ -24,7 +24,8 @@ from quipu.contracts.errors import StoreError
 from quipu.services.domain.run_publisher import KafkaRunPublisher
 from quipu.services.domain.run_requests import RequestRefusedError
 from quipu.services.gateway import logic, memory_routes
-from quipu.services.gateway.adapters import EventStreams
+from quipu.services.gateway.access import AcceptedRuns
+from quipu.services.gateway.adapters import EventStreams, RequestedRuns
 from quipu.services.gateway.auth import Authenticator, authenticate
 from quipu.services.gateway.body_limit import BodyLimit
 from quipu.services.gateway.handlers import GatewayDeps, health_router, router, wire_document
@@ -82,6 +83,38 @@ async def _http_error(_: Request, error: Exception) -> JSONResponse:
     return _error(error.status_code, code, str(error.detail))
 
 
+@contextlib.asynccontextmanager
+async def kafka_deps(
+    kafka_settings: KafkaSettings, settings: GatewaySettings
+) -> AsyncIterator[tuple[GatewayDeps, KafkaStore]]:
+    """The gateway's clients over Kafka (and its store client, for the memory routes), started in
+    order and stopped in reverse."""
+    # One key cache for the store client and every event stream: a fetch per person per TTL.
+    seals = message_seals(settings.keys)
+    store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id, seals=seals)
+    publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE, keys=settings.keys)
+    streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s, seals=seals)
+    accepted = AcceptedRuns()
+    requested = RequestedRuns(kafka_settings, accepted, client_id=SERVICE)
+    await store.start()
+    try:
+        await publisher.start()
+        try:
+            await requested.start()
+            try:
+                tenant = settings.tenant_id
+                built = GatewayDeps(store, publisher, streams, tenant_id=tenant, accepted=accepted)
+                yield built, store
+            finally:
+                streams.close()
+                await requested.stop()
+        finally:
+            await publisher.stop()
+    finally:
+        await store.stop()
+        await seals.close()
+
+
 def create_app(
     kafka_settings: KafkaSettings,
     deps: GatewayDeps | None = None,
@@ -111,25 +144,13 @@ def create_app(
                 deps.streams.close()
                 app.state.deps = app.state.memory = None
             return
-        # One key cache for the store client and every event stream: a fetch per person per TTL.
-        seals = message_seals(settings.keys)
-        store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id, seals=seals)
-        publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE, keys=settings.keys)
-        streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s, seals=seals)
-        await store.start()
-        try:
-            await publisher.start()
+        async with kafka_deps(kafka_settings, settings) as (built, store):
+            app.state.deps = built
+            app.state.memory = memory or memory_routes.over_kafka(store, kafka_settings)
             try:
-                app.state.deps = GatewayDeps(store, publisher, streams, tenant_id=settings.tenant_id)
-                app.state.memory = memory or memory_routes.over_kafka(store, kafka_settings)
                 yield
             finally:
-                streams.close()
                 app.state.deps = app.state.memory = None
-                await publisher.stop()
-        finally:
-            await store.stop()
-            await seals.close()
 
     # Swagger UI and ReDoc from the assets `fastapi-offline` ships: `/docs` renders with no network.
     app = FastAPIOffline(

@@ -23,6 +23,7 @@ from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.store import CancellationReason, RunStatus, Session, SessionOwner
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.gateway.access import accepted_elsewhere
 from quipu.services.gateway.adapters import EventStreams
 from quipu.services.gateway.app import create_app
 from quipu.services.gateway.handlers import GatewayDeps
@@ -444,3 +445,15 @@ async def test_a_gateway_that_is_not_serving_answers_503() -> None:
     made = Gateway(InMemoryStore())
     async with made.client:  # no lifespan: no dependencies
         assert error_of(await made.client.get("/v1/sessions/s-1")) == (503, "UNAVAILABLE")
+
+
+def test_a_run_another_copy_accepted_is_read_from_its_ids_and_owner_labels_only() -> None:
+    owner_labels = {"quipu.tenant_id": "t1", "quipu.principal_id": "al"}
+    stamped = {"run_id": "r-1", "session_id": "s-1", "labels": owner_labels, "sealed": "…", "text": "unread"}
+    assert accepted_elsewhere(json.dumps(stamped).encode()) == (
+        "r-1", SessionOwner(tenant_id="t1", principal_id="al"), "s-1"
+    )
+    unstamped = {**stamped, "labels": {}}
+    for value in (json.dumps(unstamped).encode(), b"not json", b"[1]", b"[" * 100_000, b"\xff",
+                  json.dumps({**stamped, "run_id": 7}).encode()):
+        assert accepted_elsewhere(value) is None
