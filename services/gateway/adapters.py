@@ -22,6 +22,7 @@ from quipu.services.kit.run_events import (
     RunEventReader,
     StartAt,
     StreamedEvent,
+    topic_partitions,
 )
 from quipu.services.kit.settings import KafkaSettings
 
@@ -162,17 +163,11 @@ class RequestedRuns:
         await consumer.start()
         self._consumer = consumer
         await asyncio.sleep(0)  # see RunEventReader.start: let the group-less coordinator start
-        numbers: set[int] | None = None
-        for _ in range(50):
-            numbers = consumer.partitions_for_topic(name)
-            if numbers:
-                break
-            await consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
+        numbers = await topic_partitions(consumer, name)
         if not numbers:
             logger.warning("runs.requested not found: only this copy's accepted runs answer 202")
             return
-        partitions = [TopicPartition(name, number) for number in sorted(numbers)]
+        partitions = [TopicPartition(name, number) for number in numbers]
         consumer.assign(partitions)
         await consumer.seek_to_end(*partitions)
         self._task = asyncio.create_task(self._follow(consumer))

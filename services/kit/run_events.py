@@ -122,6 +122,18 @@ def partition_for_key(key: str, partitions: list[int]) -> int:
     return partition
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, tries: int = 50) -> list[int]:
+    """The partition numbers of `topic` as a group-less consumer's metadata learns them; [] when it
+    still does not exist after `tries` refreshes (a new consumer knows no topic until asked)."""
+    for _ in range(tries):
+        numbers = consumer.partitions_for_topic(topic)
+        if numbers:
+            return sorted(numbers)
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.1)
+    return []
+
+
 class RunEventReader:
     """The run events of one session (or of one sessionless run), read live from `runs.events`."""
 
@@ -225,13 +237,10 @@ class RunEventReader:
 
     async def _partitions(self) -> list[int]:
         assert self._consumer is not None
-        for _ in range(50):
-            numbers = self._consumer.partitions_for_topic(self._topic)
-            if numbers:
-                return sorted(numbers)
-            await self._consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
-        raise EventStreamError(f"topic {self._topic} does not exist")
+        numbers = await topic_partitions(self._consumer, self._topic)
+        if not numbers:
+            raise EventStreamError(f"topic {self._topic} does not exist")
+        return numbers
 
     async def _high_watermark(self, within_s: float = 10.0) -> int:
         """The partition's end as the last fetch reported it (never ListOffsets: PLATFORM_NOTES).
