@@ -5,7 +5,8 @@ Everything installs under this one import root: the wire (`quipu.contracts`), th
 (`quipu.services.kit`) and domain (`quipu.services.domain`), and the embedded local stack
 (`quipu.deploy.local`). The names below are the stable surface: what a program that publishes run
 requests and reads run events needs (`Client`, see `quipu.client`), and what your own tools are
-written with (`tool`, `Toolset`, `ToolContext`, `ToolError`; see `quipu.tools`). They load on
+written with (`tool`, `Toolset`, `ToolContext`, `ToolError`; see `quipu.tools`), and the `App`
+that puts your agents and toolsets together for `quipu up --app` (see `quipu.app`). They load on
 first use, so `import quipu` stays cheap. `quipu.testing` holds the offline models for your own tests.
 """
 
@@ -15,6 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from quipu.app import App, AppError, AppLoadError, load_app
     from quipu.client import Client, RunEvents, RunResult
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
     from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, str] = {
+    "App": "quipu.app",
+    "AppError": "quipu.app",
+    "AppLoadError": "quipu.app",
+    "load_app": "quipu.app",
     "Client": "quipu.client",
     "RunEvents": "quipu.client",
     "RunResult": "quipu.client",
@@ -57,10 +63,10 @@ _PUBLIC: dict[str, str] = {
     "AwaitKind": "quipu.tools",
 }
 
-__all__ = ["TOPICS", "AwaitInput", "AwaitKind", "CancelRun", "Cancellation", "Client", "RunEvent",
-           "RunEvents", "RunPhase", "RunRequested", "RunResult", "StreamEventType", "Tool", "ToolArguments",
-           "ToolContext", "ToolError", "Toolset", "Topic", "TopicSpec", "TurnCompleted", "__version__",
-           "tool"]
+__all__ = ["TOPICS", "App", "AppError", "AppLoadError", "AwaitInput", "AwaitKind", "CancelRun",
+           "Cancellation", "Client", "RunEvent", "RunEvents", "RunPhase", "RunRequested", "RunResult",
+           "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset", "Topic",
+           "TopicSpec", "TurnCompleted", "__version__", "load_app", "tool"]
 
 
 def __getattr__(name: str) -> Any:
