@@ -116,6 +116,9 @@ class ServiceState:
 
     name: str
     module: str
+    """The module it runs as `python -m <module>`, or "" for a command of its own (`arguments`)."""
+    arguments: tuple[str, ...] = ()
+    """What follows the interpreter on its command line (`-m <module>` unless given)."""
     pid: int | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -127,10 +130,16 @@ class ServiceState:
         """Whether a process of the service is alive now."""
         return self.pid is not None
 
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The arguments given to the interpreter to start it."""
+        return self.arguments or ("-m", self.module)
+
     def as_json(self) -> dict[str, Any]:
         """The state as written to `quipu up`'s state file (read by `quipu status`)."""
         return {
             "module": self.module,
+            "command": list(self.command),
             "pid": self.pid,
             "restarts": self.restarts,
             "started_at": self.started_at,
@@ -153,7 +162,7 @@ class Supervisor:
 
     def __init__(
         self,
-        services: Sequence[tuple[str, str]],
+        services: Sequence[tuple[str, str | Sequence[str]]],
         environment: Mapping[str, str],
         *,
         on_output: LineSink,
@@ -162,7 +171,12 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         stop_timeout_s: float = 15.0,
     ) -> None:
-        self.states = {name: ServiceState(name, module) for name, module in services}
+        # Each service is a module (`python -m <module>`) or the interpreter's arguments in full
+        # (`-m quipu.services.cli serve tools --app ...`: what a user would run).
+        self.states = {
+            name: ServiceState(name, run, ()) if isinstance(run, str) else ServiceState(name, "", tuple(run))
+            for name, run in services
+        }
         self._environment = {**os.environ, **environment}
         self._on_output = on_output
         self._on_notice = on_notice
@@ -202,8 +216,7 @@ class Supervisor:
         state = self.states[name]
         process = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            state.module,
+            *state.command,
             env=self._environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -43,7 +43,7 @@ import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from quipu.contracts.errors import QuipuError
-from quipu.contracts.topics import TOPICS, dead_letter_topic
+from quipu.contracts.topics import TOPICS, Topic, dead_letter_topic, toolset_calls_topic
 from quipu.deploy.local.processes import (
     OWNER_FILE,
     WORKDIR_PREFIX,
@@ -88,17 +88,26 @@ def _flavour(value: str) -> KafkaFlavour:
 
 
 async def create_topics(
-    bootstrap: str, prefix: str = "", *, replication_factor: int = 1, request_timeout: float = 15.0
+    bootstrap: str,
+    prefix: str = "",
+    *,
+    toolsets: Iterable[str] = (),
+    replication_factor: int = 1,
+    request_timeout: float = 15.0,
 ) -> list[str]:
-    """Create every registry topic and its `.dlq` sibling under `prefix`; return the new names.
+    """Create every registry topic and its `.dlq` sibling under `prefix`, and the calls topic of each
+    of `toolsets` (`tools.calls.<toolset>`, as many partitions as `tools.calls`); return the new names.
 
     Partition counts come from the registry (a `.dlq` has as many as its topic).
     Topics that exist already are left as they are, so calling it twice is fine.
     """
+    topics = {spec.topic.value: spec.partitions for spec in TOPICS}
+    calls = topics[Topic.TOOLS_CALLS.value]
+    topics |= {toolset_calls_topic(toolset): calls for toolset in toolsets}
     wanted = {
-        name: spec.partitions
-        for spec in TOPICS
-        for name in (prefix + spec.topic.value, dead_letter_topic(prefix + spec.topic.value))
+        name: partitions
+        for topic, partitions in topics.items()
+        for name in (prefix + topic, dead_letter_topic(prefix + topic))
     }
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(request_timeout * 1000))
     await admin.start()

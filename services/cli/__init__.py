@@ -11,6 +11,8 @@
     quipu memory list|export|forget P      # what Quipu remembers about a person; delete P FACT; reindex
     quipu keys create|list|revoke          # the gateway's API keys (services/cli/keys.py)
     quipu serve planner                    # one service alone, against QUIPU_KAFKA_* / QUIPU_MONGO_*
+    quipu up --app mypkg.app:app           # your agents and toolsets too (quipu.App, quipu/app.py)
+    quipu serve tools --app mypkg.app:app  # one toolset's executor (--toolset NAME); copies share calls
 
 Client commands find Kafka in `QUIPU_KAFKA_*`, or else in the state file a running `quipu up`
 writes (`QUIPU_STATE_FILE`, default `~/.cache/quipu/up.json`), and say on stderr which stack they
@@ -326,18 +328,60 @@ def memory_reindex(
 # --- running services -------------------------------------------------------------------------------
 
 
+AppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        metavar="MODULE:ATTRIBUTE",
+        help=(
+            "Your app: a quipu.App, a Toolset, an Agent or a list of them, e.g. mypkg.app:app "
+            "(the module is looked for in the current directory first)."
+        ),
+    ),
+]
+
+
 @app.command()
 def serve(
-    service: Annotated[str, typer.Argument(help="storage-owner, planner, tool-executor, gateway, …")],
+    service: Annotated[
+        str,
+        typer.Argument(
+            help="tools (a toolset of --app), or a service: storage-owner, planner, tool-executor, gateway, …"
+        ),
+    ],
+    app_spec: AppOption = None,
+    toolset: Annotated[
+        str | None,
+        typer.Option("--toolset", metavar="NAME", help="Which toolset of --app (default: its only one)."),
+    ] = None,
 ) -> None:
-    """Run one service alone against QUIPU_KAFKA_* (and QUIPU_MONGO_* for the owner)."""
-    from quipu.services import catalog  # noqa: PLC0415 - not for --help
+    """Run one service alone against QUIPU_KAFKA_* (and QUIPU_MONGO_* for the owner).
 
+    `quipu serve tools --app mypkg.app:app [--toolset NAME]` runs the executor of one toolset of
+    your app on its own topic; start as many copies as you like, they share its calls. Every
+    other service needs no user code.
+    """
+    from quipu.services import catalog  # noqa: PLC0415 - not for --help
+    from quipu.services.cli.output import CliError, fail  # noqa: PLC0415
+
+    if service == "tools":
+        from quipu.services.cli import apps  # noqa: PLC0415
+
+        try:
+            apps.serve_tools(app_spec, toolset)
+        except CliError as error:
+            fail(str(error))
+        return
+    if app_spec is not None or toolset is not None:
+        raise typer.BadParameter(
+            f"{service} needs no user code; --app and --toolset go with `quipu serve tools`",
+            param_hint="--app",
+        )
     try:
         name = catalog.named(service).name
     except KeyError:
         raise typer.BadParameter(
-            f"unknown service {service!r}; one of: {', '.join(catalog.NAMES)}", param_hint="SERVICE"
+            f"unknown service {service!r}; one of: tools, {', '.join(catalog.NAMES)}", param_hint="SERVICE"
         ) from None
     from quipu.services.cli import launch  # noqa: PLC0415
 
@@ -354,14 +398,18 @@ def up(
         typer.Option("--processes", help="One supervised process per service (restarted when it exits)."),
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+    app_spec: AppOption = None,
 ) -> None:
-    """Start the embedded broker and database and every service; Ctrl-C stops them all."""
+    """Start the embedded broker and database and every service; Ctrl-C stops them all.
+
+    With `--app mypkg.app:app`, your agents and an executor for each of your toolsets too.
+    """
     from quipu.services.cli import launch  # noqa: PLC0415
     from quipu.services.cli.output import CliError, fail  # noqa: PLC0415
 
     _quiet_logging(verbose)
     try:
-        launch.up(gateway_port, processes, verbose)
+        launch.up(gateway_port, processes, verbose, app_spec)
     except CliError as error:
         fail(str(error))
 

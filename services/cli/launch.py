@@ -4,6 +4,7 @@
 silently switch to the new stack), and when the gateway's port is taken (a gateway that cannot
 bind would leave the stack without its HTTP API); `--gateway-port 0` picks a free port and says
 which. `--processes` runs each service as a supervised child process (quipu.deploy.local.services).
+`--app mod:attr` adds the user's App (services/cli/apps.py): an executor for each of its toolsets.
 """
 
 from __future__ import annotations
@@ -22,18 +23,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
+from quipu.app import App
 from quipu.services import catalog
+from quipu.services.cli import apps
 from quipu.services.cli.keys import local_gateway_access
 from quipu.services.cli.output import CliError, console, warn
 from quipu.services.cli.state import read_state, remove_state, shown_path, state_file, write_state
-from quipu.services.kit.lifecycle import Connections
+from quipu.services.kit.lifecycle import Connections, ServiceDefinition
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
+
+if TYPE_CHECKING:
+    from quipu.deploy.local.services import Supervisor
 
 GATEWAY_HOST = "127.0.0.1"
 
@@ -89,19 +95,42 @@ class Started:
     stop: Callable[[], Any]
 
 
+def in_process_services(user_app: App | None) -> list[tuple[str, ServiceDefinition[Any]]]:
+    """What `quipu up` starts in its own process before the gateway: every consuming service of the
+    catalog, then an executor for each toolset of the user's app."""
+    services = [(service.name, service.definition()) for service in catalog.CONSUMING]
+    for toolset in user_app.toolsets if user_app is not None else ():
+        services.append((apps.executor_name(toolset), apps.toolset_definition(toolset)))
+    return services
+
+
+def supervised_services(spec: str | None, user_app: App | None) -> list[tuple[str, str | tuple[str, ...]]]:
+    """What `quipu up --processes` runs: each service of the catalog as `python -m <module>`, and each
+    toolset of the user's app as `quipu serve tools --app SPEC --toolset NAME` (before the gateway)."""
+    services: list[tuple[str, str | tuple[str, ...]]] = [(s.name, s.module) for s in catalog.CONSUMING]
+    if spec is not None and user_app is not None:
+        services += [(apps.executor_name(ts), apps.serve_tools_command(spec, ts)) for ts in user_app.toolsets]
+    return services + [(s.name, s.module) for s in catalog.SERVICES if s.http]
+
+
 async def _start_in_process(
-    kafka: KafkaSettings, mongo: MongoSettings, gateway_port: int, started: list[Started], keys_file: Path
+    kafka: KafkaSettings,
+    mongo: MongoSettings,
+    gateway_port: int,
+    started: list[Started],
+    keys_file: Path,
+    user_app: App | None,
 ) -> str:
     connections = Connections(kafka, mongo)
-    for service in catalog.CONSUMING:
+    for name, definition in in_process_services(user_app):
         try:
-            app = service.definition().app(connections)
+            app = definition.app(connections)
             await app.start()
         except Exception as error:
-            warn(f"{service.name}: did not start ({error!r}); skipped")
+            warn(f"{name}: did not start ({error!r}); skipped")
             continue
-        started.append(Started(service.name, app.stop))
-        console.print(Text(f"  ✓ {service.name}", style="green"))
+        started.append(Started(name, app.stop))
+        console.print(Text(f"  ✓ {name}", style="green"))
     from quipu.services.gateway.app import EmbeddedServer  # noqa: PLC0415 - lazily, like every service
     from quipu.services.gateway.app import create_app as create_gateway  # noqa: PLC0415
     from quipu.services.gateway.settings import GatewaySettings  # noqa: PLC0415
@@ -166,25 +195,53 @@ def child_environment(environment: dict[str, str], verbose: bool) -> dict[str, s
     return extra
 
 
-async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
-    from quipu.deploy.local.services import Supervisor  # noqa: PLC0415 - only `up` needs these
+def _supervisor(
+    services: list[tuple[str, str | tuple[str, ...]]],
+    environment: dict[str, str],
+    on_change: Callable[[Supervisor], None],
+) -> Supervisor:
+    """The supervisor of `services`, each line of output shown after its service's name."""
+    from quipu.deploy.local.services import Supervisor  # noqa: PLC0415 - only `up` needs it
+
+    names = [name for name, _ in services]
+    styles = {n: _PREFIX_STYLES[i % len(_PREFIX_STYLES)] for i, n in enumerate(names)}
+    width = max(map(len, names))
+    supervisor = Supervisor(
+        services,
+        environment,
+        on_output=_show_line(styles, width),
+        on_notice=_show_notice(styles, width),
+        on_change=lambda: on_change(supervisor),
+    )
+    return supervisor
+
+
+def _set_on_signals(*signals: signal.Signals) -> asyncio.Event:
+    """An event set when one of `signals` arrives (in the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
+async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | None) -> None:
     from quipu.deploy.local.stack import EmbeddedStack, create_topics  # noqa: PLC0415
 
     path = state_file()
     refuse_a_second_stack(path)
+    user_app = apps.loaded(spec) if spec is not None else None  # a mistake in it: nothing starts
     # In this process the gateway binds port 0 itself; a child process is told the port up front.
     port = gateway_port_to_use(gateway_port) if gateway_port or processes else 0
     if processes and not gateway_port:
         console.print(Text(f"gateway: any free port asked for; using {port}", style="dim"))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = _set_on_signals(signal.SIGINT, signal.SIGTERM)
     console.print(Text("starting the embedded broker and database…", style="dim"))
     async with EmbeddedStack() as stack:
         kafka = KafkaSettings(bootstrap=stack.bootstrap, flavour=stack.kafka_flavour, client_id="quipu")
         mongo = MongoSettings(uri=stack.mongo_uri)
-        await create_topics(stack.bootstrap, kafka.topic_prefix)
+        toolsets = [toolset.name for toolset in user_app.toolsets] if user_app is not None else []
+        await create_topics(stack.bootstrap, kafka.topic_prefix, toolsets=toolsets)
         keys_file, local_key = local_gateway_access()  # the embedded default lets its own user in
         environment = {
             **stack.environment(),
@@ -199,15 +256,13 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
         supervisor: Supervisor | None = None
         try:
             if processes:
-                names = catalog.NAMES
-                styles = {n: _PREFIX_STYLES[i % len(_PREFIX_STYLES)] for i, n in enumerate(names)}
-                width = max(map(len, names))
-                supervisor = Supervisor(
-                    [(service.name, service.module) for service in catalog.SERVICES],
-                    child_environment({**environment, "QUIPU_GATEWAY_PORT": str(port)}, verbose),
-                    on_output=_show_line(styles, width),
-                    on_notice=_show_notice(styles, width),
-                    on_change=lambda: _publish(path, state, supervisor),
+                children = {**environment, "QUIPU_GATEWAY_PORT": str(port)}
+                if user_app is not None:
+                    children |= apps.user_code_environment()
+                supervisor = _supervisor(
+                    supervised_services(spec, user_app),
+                    child_environment(children, verbose),
+                    on_change=lambda running: _publish(path, state, running),
                 )
                 state |= {"mode": "processes", "gateway_url": f"http://{GATEWAY_HOST}:{port}"}
                 await supervisor.start()
@@ -215,7 +270,9 @@ async def _up(gateway_port: int, processes: bool, verbose: bool) -> None:
                     console.print(Text(f"  ✓ {name} (pid {child.pid})", style="green"))
             else:
                 state |= {"mode": "in-process"}
-                state["gateway_url"] = await _start_in_process(kafka, mongo, port, started, keys_file)
+                state["gateway_url"] = await _start_in_process(
+                    kafka, mongo, port, started, keys_file, user_app
+                )
                 since = time.time()
                 state["services"] = {s.name: {"pid": os.getpid(), "started_at": since} for s in started}
             _publish(path, state, supervisor)
@@ -270,12 +327,12 @@ def _panel(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, lo
     )
 
 
-def up(gateway_port: int, processes: bool, verbose: bool) -> None:
-    """Run `quipu up` until Ctrl-C or SIGTERM."""
+def up(gateway_port: int, processes: bool, verbose: bool, spec: str | None = None) -> None:
+    """Run `quipu up` until Ctrl-C or SIGTERM; with `spec` (`mod:attr`), the user's App as well."""
     # Each service's lines and each exit are shown as they happen, even through a pipe or a file.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)
-    asyncio.run(_up(gateway_port, processes, verbose))
+    asyncio.run(_up(gateway_port, processes, verbose, spec))
 
 
 def serve(service: str) -> None:

@@ -117,3 +117,15 @@ def create_app(
 DEFINITION = ServiceDefinition(
     SERVICE, ToolExecutorSettings, lambda connections, settings: create_app(connections.kafka, settings)
 )
+
+
+def dedicated_definition(toolset: Toolset) -> ServiceDefinition[ToolExecutorSettings]:
+    """`toolset`'s own executor (`quipu serve tools --app`): its topic, its group, its announcement;
+    any number of copies share its calls."""
+    return ServiceDefinition(
+        SERVICE,
+        ToolExecutorSettings,
+        lambda connections, settings: create_app(
+            connections.kafka, settings, ToolExecutorDeps.dedicated(toolset)
+        ),
+    )

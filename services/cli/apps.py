@@ -1,0 +1,72 @@
+"""Your App in `quipu up --app` and `quipu serve tools --app`: its toolsets' executors, its agents.
+
+Every toolset of an App is served by an executor of its own (`tools.calls.<toolset>`, consumer group
+`tool-executor-<toolset>`, announced on `tools.registry`), beside the default executor of the shipped
+tools; the planner learns them from the registry and needs no user code. `quipu up --processes`
+runs each toolset's executor as the command a user would run, `quipu serve tools --app SPEC
+--toolset NAME`, from the same directory and with it on PYTHONPATH, so the user's module imports.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
+from quipu.services.cli.output import CliError
+from quipu.services.kit.lifecycle import ServiceDefinition
+from quipu.tools import Toolset
+
+TOOLS_SERVICE = "tools"
+"""`quipu serve tools --app ...`: one toolset's executor."""
+
+
+def loaded(spec: str) -> App:
+    """The App `spec` names; a CliError saying what is wrong otherwise."""
+    try:
+        return load_app(spec)
+    except (AppLoadError, AppError) as error:
+        raise CliError(f"--app {spec}: {error}") from error
+
+
+def chosen_toolset(app: App, spec: str, name: str | None) -> AnyToolset:
+    """The toolset `quipu serve tools` serves: the one named, or the app's only one."""
+    try:
+        return app.toolset(name)
+    except AppError as error:
+        raise CliError(f"--app {spec}: {error}") from error
+
+
+def toolset_definition(toolset: AnyToolset) -> ServiceDefinition[Any]:
+    """How the executor of `toolset` is built and run, alone or beside the other services."""
+    from quipu.services.tool_executor.app import dedicated_definition  # noqa: PLC0415 - lazily
+
+    if not isinstance(toolset, Toolset):
+        raise CliError(f"toolset {toolset.name!r}: this executor serves quipu.Toolset only")
+    return dedicated_definition(toolset)
+
+
+def serve_tools(spec: str | None, toolset: str | None) -> None:
+    """`quipu serve tools --app SPEC [--toolset NAME]`: serve one toolset until SIGTERM."""
+    if spec is None:
+        raise CliError("`quipu serve tools` serves a toolset of your app: give --app MODULE:ATTRIBUTE")
+    toolset_definition(chosen_toolset(loaded(spec), spec, toolset)).main()
+
+
+def executor_name(toolset: AnyToolset) -> str:
+    """The name a toolset's executor goes by in `quipu up` and `quipu status`."""
+    return f"{TOOLS_SERVICE}-{toolset.name}"
+
+
+def serve_tools_command(spec: str, toolset: AnyToolset) -> tuple[str, ...]:
+    """The interpreter's arguments for `quipu serve tools --app SPEC --toolset NAME`."""
+    return ("-m", "quipu.services.cli", "serve", TOOLS_SERVICE, "--app", spec, "--toolset", toolset.name)
+
+
+def user_code_environment() -> dict[str, str]:
+    """PYTHONPATH with the current directory first: a child imports the user's module as `up` did."""
+    here = str(Path.cwd())
+    given = os.environ.get("PYTHONPATH", "")
+    paths = [here, *(path for path in given.split(os.pathsep) if path and path != here)]
+    return {"PYTHONPATH": os.pathsep.join(paths)}

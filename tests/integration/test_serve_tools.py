@@ -1,0 +1,193 @@
+"""`quipu serve tools --app`: a user's toolset served by copies of its own executor, sharing its calls.
+
+The user's module is written to a tmp directory that is not importable from the repository; two
+processes run `quipu serve tools --app shopapp:app` from there, as a user would in two terminals.
+The test waits until both hold partitions of `tools.calls.shop`, publishes calls of both tools
+over many runs, and checks on the wire that each call was answered exactly once (with what the
+tool returns), that both copies answered some, and that the toolset was announced on
+`tools.registry` with its topic and both tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested, ToolsetAnnounced
+from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from tests.owner_support import RawPublisher, TopicReader
+from tests.timing import scaled
+
+pytestmark = pytest.mark.slow
+
+USER_MODULE = '''
+import quipu
+
+shop = quipu.Toolset("shop", version="3")
+
+
+@shop.tool
+async def price(item: str, quantity: int = 1) -> dict[str, object]:
+    """The price of some items, in cents."""
+    return {"item": item, "cents": 250 * quantity}
+
+
+@shop.tool
+def stock(item: str) -> int:
+    """How many of an item are in stock."""
+    return len(item)
+
+
+app = quipu.App(toolsets=[shop])
+'''
+
+CALLS_TOPIC = "tools.calls.shop"
+PARTITIONS = set(range(8))
+
+
+class Copy:
+    """One `quipu serve tools` process and what its log says."""
+
+    def __init__(self, folder: Path, environment: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "quipu.services.cli", "serve", "tools", "--app", "shopapp:app"],
+            cwd=folder,
+            env=environment,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for raw in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:
+                continue
+        return lines
+
+    def assignment(self) -> set[int]:
+        assigned = [
+            line
+            for line in self.lines()
+            if line.get("event") == "partitions assigned" and CALLS_TOPIC in str(line.get("consumer"))
+        ]
+        return set(assigned[-1]["partitions"]) if assigned else set()
+
+    def completed(self) -> list[str]:
+        return [line["tool_use_id"] for line in self.lines() if line.get("event") == "tool call completed"]
+
+    def tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(scaled(15))
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+async def copies(stack: EmbeddedStack, topic_prefix: str, tmp_path: Path) -> AsyncIterator[list[Copy]]:
+    """Two copies of the shop toolset's executor, started from the user's directory."""
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / "shopapp.py").write_text(textwrap.dedent(USER_MODULE))
+    await create_topics(stack.bootstrap, topic_prefix, toolsets=["shop"])  # as a deployment declares it
+    environment = {
+        **{key: value for key, value in os.environ.items() if not key.startswith("QUIPU_")},
+        **stack.environment(),
+        "QUIPU_KAFKA_TOPIC_PREFIX": topic_prefix,
+        "QUIPU_JSON_LOGS": "true",
+        "QUIPU_LOG_LEVEL": "INFO",
+    }
+    environment.pop("PYTHONPATH", None)  # the module is found in the current directory, nowhere else
+    started = [Copy(folder, environment, tmp_path / f"copy-{number}.log") for number in range(2)]
+    try:
+        yield started
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(copy.stop) for copy in started))
+
+
+async def _settled(copies: list[Copy], within: float) -> None:
+    """Each copy holds some partitions of the toolset's topic, together each exactly once."""
+    deadline = time.monotonic() + scaled(within)
+    while True:
+        held = [copy.assignment() for copy in copies]
+        if all(held) and set.union(*held) == PARTITIONS and sum(map(len, held)) == len(PARTITIONS):
+            return
+        for copy in copies:
+            assert copy.process.poll() is None, f"a copy exited:\n{copy.tail()}"
+        if time.monotonic() > deadline:
+            logs = "\n---\n".join(copy.tail() for copy in copies)
+            raise AssertionError(f"the group did not settle within {scaled(within)} s: {held}\n{logs}")
+        await asyncio.sleep(0.05)
+
+
+async def test_two_copies_of_a_users_toolset_share_its_calls(
+    stack: EmbeddedStack, topic_prefix: str, copies: list[Copy]
+) -> None:
+    await _settled(copies, within=40.0)
+    calls = [
+        ToolCallRequested(
+            run_id=f"run-{number}",
+            session_id=f"session-{number}",
+            agent_id="shopper",
+            tool_use_id=f"toolu_{number}",
+            tool_name="price" if number % 2 else "stock",
+            input={"item": "x" * (number % 7 + 1), "quantity": number}
+            if number % 2
+            else {"item": "ab" * number},
+        )
+        for number in range(1, 41)
+    ]
+    async with (
+        RawPublisher(stack.bootstrap) as publisher,
+        TopicReader(stack.bootstrap, topic_prefix + Topic.TOOLS_RESULTS) as results,
+        TopicReader(stack.bootstrap, topic_prefix + Topic.TOOLS_REGISTRY) as registry,
+    ):
+        for call in calls:
+            await publisher.send(
+                topic_prefix + CALLS_TOPIC, call.model_dump_json().encode(), key=call.run_id.encode()
+            )
+        await results.wait_for(lambda records: len(records) >= len(calls), within=30.0)
+        await registry.wait_for(lambda records: len(records) >= 2, within=10.0)  # each copy announced
+        await asyncio.sleep(0.5)  # a duplicate would have arrived by now
+
+    answered = [ToolCallCompleted.model_validate_json(record.value or b"") for record in results.records]
+    assert Counter(result.tool_use_id for result in answered) == Counter(call.tool_use_id for call in calls)
+    for result in answered:
+        number = int(result.run_id.removeprefix("run-"))
+        assert not result.is_error, result.content
+        if number % 2:
+            assert result.content == {"item": "x" * (number % 7 + 1), "cents": 250 * number}
+        else:
+            assert result.content == 2 * number
+
+    served = [copy.completed() for copy in copies]
+    assert all(served), f"one copy did all the work: {[len(ids) for ids in served]}"
+    assert Counter(served[0] + served[1]) == Counter(call.tool_use_id for call in calls)
+
+    announced = [ToolsetAnnounced.model_validate_json(record.value or b"") for record in registry.records]
+    assert {(a.toolset, a.version, a.calls_topic) for a in announced} == {("shop", "3", CALLS_TOPIC)}
+    assert len({a.event_id for a in announced}) == 1  # the copies announce the same content
+    assert {tool.name for tool in announced[0].tools} == {"price", "stock"}
