@@ -27,6 +27,7 @@ from quipu.contracts.topics import (
     TOPICS,
     Topic,
     TopicSpec,
+    agent_of,
     dead_letter_topic,
     principal_of,
     run_of,
@@ -49,6 +50,7 @@ KEY_FROM: dict[Callable[..., str | None], tuple[str, ...]] = {
     session_of: ("session_id",),
     principal_of: ("scope/principal_id",),
     toolset_of: ("toolset",),
+    agent_of: ("agent_id",),
 }
 """The registry's simple key functions as payload fields: the key is the first non-empty one.
 
@@ -63,6 +65,10 @@ ROLES: dict[Topic, tuple[str, str]] = {
     Topic.TOOLS_CALLS: ("planner", "tool_executor"),
     Topic.TOOLS_RESULTS: ("tool_executor, planner", "planner"),
     Topic.TOOLS_REGISTRY: ("tool_executor (at start-up)", "planner (replayed from the beginning)"),
+    Topic.AGENTS_REGISTRY: (
+        "`quipu agents apply|delete`, an App at start-up",
+        "planner (replayed from the beginning)",
+    ),
     Topic.STORAGE_COMMANDS: ("every service and client", "storage_owner"),
     Topic.STORAGE_REPLIES: ("storage_owner", "the command's sender"),
     Topic.RUNS_EVENTS: ("storage_owner (after commit), planner (text deltas, refusals)", "gateway, CLI, UIs"),
@@ -72,7 +78,7 @@ ROLES: dict[Topic, tuple[str, str]] = {
 }
 """Who sends and who receives each topic inside Quipu (producers, consumers)."""
 
-COMPACTED = frozenset({Topic.TOOLS_REGISTRY})
+COMPACTED = frozenset({Topic.TOOLS_REGISTRY, Topic.AGENTS_REGISTRY})
 """Topics kept by key (cleanup.policy=compact): each key's latest message is what remains."""
 
 TOOLSET_CALLS = toolset_calls_topic("{toolset}")

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Generic, Protocol, TypeVar, Union, get_args, 
 
 from pydantic import BaseModel, TypeAdapter
 
+from quipu.contracts.agents import AgentChanged
 from quipu.contracts.commands import StoreCommand, StoreOperation, StoreReply
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.events import RunEvent
@@ -34,6 +35,7 @@ class Topic(StrEnum):
     TOOLS_CALLS = "tools.calls"
     TOOLS_RESULTS = "tools.results"
     TOOLS_REGISTRY = "tools.registry"
+    AGENTS_REGISTRY = "agents.registry"
     STORAGE_COMMANDS = "storage.commands"
     STORAGE_REPLIES = "storage.replies"
     RUNS_EVENTS = "runs.events"
@@ -114,6 +116,11 @@ def toolset_of(announcement: ToolsetAnnounced) -> str:
     return announcement.toolset
 
 
+def agent_of(entry: AgentChanged) -> str:
+    """An agent's entries share a key, so compaction keeps its latest one."""
+    return entry.agent_id
+
+
 def toolset_calls_topic(toolset: str) -> str:
     """The calls topic of `toolset` (no prefix): `tools.calls` for the default one, else
     `tools.calls.<toolset>`, so each toolset's executors consume and scale on their own."""
@@ -152,6 +159,7 @@ TOPICS: tuple[TopicSpec[Any], ...] = (
         Topic.TOOLS_RESULTS, ToolCallCompleted, _SESSION_ELSE_RUN, session_else_run, 8
     ),
     TopicSpec[ToolsetAnnounced](Topic.TOOLS_REGISTRY, ToolsetAnnounced, "toolset name", toolset_of, 1),
+    TopicSpec[AgentChanged](Topic.AGENTS_REGISTRY, AgentChanged, "agent id", agent_of, 1),
     TopicSpec[StoreOperation](
         Topic.STORAGE_COMMANDS, StoreCommand, "session id, else run or principal id", command_key, 8
     ),
@@ -163,7 +171,8 @@ TOPICS: tuple[TopicSpec[Any], ...] = (
 )
 """The registry: every topic with its payload, key and partition count.
 
-`tools.registry` is compacted (cleanup.policy=compact): readers replay it from the beginning.
+`tools.registry` and `agents.registry` are compacted (cleanup.policy=compact): readers replay them
+from the beginning.
 A toolset's calls topic (`toolset_calls_topic`) carries `tools.calls`' payload and key."""
 
 

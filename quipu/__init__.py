@@ -4,10 +4,11 @@ Everything installs under this one import root: the wire (`quipu.contracts`), th
 (`quipu.services.<name>`, each runnable as `quipu serve <name>`), the shared plumbing
 (`quipu.services.kit`) and domain (`quipu.services.domain`), and the embedded local stack
 (`quipu.deploy.local`). The names below are the stable surface: what a program that publishes run
-requests and reads run events needs (`Client`, see `quipu.client`), and what your own tools are
-written with (`tool`, `Toolset`, `ToolContext`, `ToolError`; see `quipu.tools`), and the `App`
-that puts your agents and toolsets together for `quipu up --app` (see `quipu.app`). They load on
-first use, so `import quipu` stays cheap. `quipu.testing` holds the offline models for your own tests.
+requests and reads run events needs (`Client`, see `quipu.client`), what your own tools are
+written with (`tool`, `Toolset`, `ToolContext`, `ToolError`; see `quipu.tools`), your own agents
+(`Agent`, `load_agents`; see `quipu.agents`), and the `App` that puts your agents and toolsets
+together for `quipu up --app` (see `quipu.app`). They load on first use, so `import quipu` stays
+cheap. `quipu.testing` holds the offline models for your own tests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from quipu.agents import Agent, AgentFileError, load_agents
     from quipu.app import App, AppError, AppLoadError, load_app
     from quipu.client import Client, RunEvents, RunResult
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, str] = {
+    "Agent": "quipu.agents",
+    "AgentFileError": "quipu.agents",
+    "load_agents": "quipu.agents",
     "App": "quipu.app",
     "AppError": "quipu.app",
     "AppLoadError": "quipu.app",
@@ -63,10 +68,10 @@ _PUBLIC: dict[str, str] = {
     "AwaitKind": "quipu.tools",
 }
 
-__all__ = ["TOPICS", "App", "AppError", "AppLoadError", "AwaitInput", "AwaitKind", "CancelRun",
-           "Cancellation", "Client", "RunEvent", "RunEvents", "RunPhase", "RunRequested", "RunResult",
-           "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset", "Topic",
-           "TopicSpec", "TurnCompleted", "__version__", "load_app", "tool"]
+__all__ = ["TOPICS", "Agent", "AgentFileError", "App", "AppError", "AppLoadError", "AwaitInput", "AwaitKind",
+           "CancelRun", "Cancellation", "Client", "RunEvent", "RunEvents", "RunPhase", "RunRequested",
+           "RunResult", "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset",
+           "Topic", "TopicSpec", "TurnCompleted", "__version__", "load_agents", "load_app", "tool"]
 
 
 def __getattr__(name: str) -> Any:

@@ -81,7 +81,10 @@ def for_annotation(annotation: Any) -> st.SearchStrategy[Any]:
 
 
 def _keeps(value: Any, bound: object) -> bool:
-    """Whether `value` keeps one length or numeric bound (other metadata says nothing here)."""
+    """Whether `value` keeps one length or numeric bound (other metadata says nothing here); an
+    optional field's bounds hold only when it is set."""
+    if value is None:
+        return True
     if isinstance(bound, MinLen):
         return len(value) >= bound.min_length
     if isinstance(bound, MaxLen):

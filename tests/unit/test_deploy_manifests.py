@@ -305,11 +305,12 @@ def test_memory_changes_is_kept_forever_in_both() -> None:
     assert int(resource["spec"]["config"]["retention.ms"]) == -1
 
 
-def test_the_tool_registry_is_compacted_in_both() -> None:
-    """The planner replays tools.registry from the start: compaction keeps each toolset's latest."""
-    (line,) = [line for line in compose_topic_script().splitlines() if "--topic tools.registry " in line]
+@pytest.mark.parametrize("registry", ["tools.registry", "agents.registry"])
+def test_the_registries_are_compacted_in_both(registry: str) -> None:
+    """The planner replays each registry from the start: compaction keeps each key's latest entry."""
+    (line,) = [line for line in compose_topic_script().splitlines() if f"--topic {registry} " in line]
     assert "--config cleanup.policy=compact" in line
-    (resource,) = [r for r in k8s("KafkaTopic") if r["spec"]["topicName"] == "tools.registry"]
+    (resource,) = [r for r in k8s("KafkaTopic") if r["spec"]["topicName"] == registry]
     assert resource["spec"]["config"]["cleanup.policy"] == "compact"
 
 
