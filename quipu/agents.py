@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import PrivateAttr, ValidationError
 from pydantic_core import ErrorDetails
 
 from quipu.contracts.agents import AGENT_ID_PATTERN, AgentDefinition
@@ -53,9 +53,12 @@ class AgentFileError(QuipuError, ValueError):
 class Agent(AgentDefinition):
     """An agent: its id, instructions, tools and budgets (every field: `quipu.contracts.agents`).
 
-    `tools` takes tool names, `quipu.Tool` objects and other `Agent`s, kept as names; an agent
-    that names itself or a tool twice is refused (ValueError).
+    `tools` takes tool names, `quipu.Tool` objects and other `Agent`s, kept as names (what is
+    published); `declared_tools` keeps them as given, so an App finds the agents and Tools an agent
+    names by object. An agent that names itself or a tool twice is refused (ValueError).
     """
+
+    _declared: tuple[str | Tool[..., Any] | AgentDefinition, ...] = PrivateAttr(default=())
 
     def __init__(
         self,
@@ -70,7 +73,8 @@ class Agent(AgentDefinition):
         memory_opt_out: bool = False,
         model: str | None = None,
     ) -> None:
-        names = [tool_name(tool) for tool in tools]
+        declared = tuple(tools)
+        names = [tool_name(tool) for tool in declared]
         super().__init__(
             id=id,
             instructions=instructions,
@@ -82,7 +86,13 @@ class Agent(AgentDefinition):
             memory_opt_out=memory_opt_out,
             model=model,
         )
+        self._declared = declared
         refuse_bad_tools(self)
+
+    @property
+    def declared_tools(self) -> tuple[str | Tool[..., Any] | AgentDefinition, ...]:
+        """The tools as given: names, `quipu.Tool` objects and other agents."""
+        return self._declared
 
 
 def tool_name(tool: str | Tool[..., Any] | AgentDefinition) -> str:

@@ -38,6 +38,7 @@ def test_tools_are_names_tools_and_agents_kept_as_names() -> None:
     helper = quipu.Agent(id="helper", instructions="Help.")
     agent = quipu.Agent(id="forecaster", instructions="Weather.", tools=[forecast, "current_time", helper])
     assert agent.tools == ["forecast", "current_time", "helper"]
+    assert agent.declared_tools == (forecast, "current_time", helper)
     assert isinstance(agent, AgentDefinition)
 
 
