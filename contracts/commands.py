@@ -239,7 +239,10 @@ class StoreReply(BaseModel):
     sealed_for: SealedFor | None = Field(
         default=None,
         exclude_if=without_empty,
-        description="Whose data key seals `result` (the command's own `sealed_for`); absent: plaintext.",
+        description=(
+            "Whose data key seals `result`: the person whose words it reads back, as the owner's "
+            "data says (the same key as at rest); absent: plaintext."
+        ),
     )
 
     sealed_fields: ClassVar[frozenset[str]] = frozenset({"result"})

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import json
 import socket
 import time
@@ -40,6 +41,9 @@ from quipu.contracts.store import Record, RunStart
 from quipu.contracts.topics import topic_names
 from quipu.deploy.local.services import ServiceProcess
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.delivery import MessageErasedError, PermanentError
+from quipu.services.kit.keys import message_seals
+from quipu.services.kit.settings import KeySettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.storage_owner.mongo import client_options
 from tests.conformance.builders import (
@@ -642,6 +646,27 @@ def readable_anywhere(records: dict[str, list[ConsumerRecord[bytes, bytes]]], ph
             if any(needle in part for part in parts):
                 places.append(f"{name}@{record.partition}/{record.offset}")
     return places
+
+
+async def opened_with_existing_keys(
+    records: dict[str, list[ConsumerRecord[bytes, bytes]]], keys: KeySettings
+) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
+    """`records` with every sealed value opened with whatever key still exists, as a fresh
+    consumer would (a key client with no cache of the test's making); one that does not open is
+    kept as it is."""
+    opened: dict[str, list[ConsumerRecord[bytes, bytes]]] = {}
+    seals = message_seals(keys)
+    try:
+        for name, found in records.items():
+            opened[name] = []
+            for record in found:
+                readable = record
+                with contextlib.suppress(MessageErasedError, PermanentError):
+                    readable = dataclasses.replace(record, value=await seals.open(record.value or b""))
+                opened[name].append(readable)
+    finally:
+        await seals.close()
+    return opened
 
 
 def _readable_forms(value: bytes) -> list[bytes]:

@@ -15,21 +15,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from faststream.kafka import KafkaBroker
 
 from quipu.contracts.commands import (
     STRICT_COMMAND,
-    ListRunRecords,
-    ListSessionRunRecords,
-    LoadRunSuspension,
     StoreOperation,
     StoreReply,
 )
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
-from quipu.contracts.memory_commands import ForgetPrincipal, HistoryTail, ListHistory, LoadSummary
+from quipu.contracts.memory_commands import ForgetPrincipal
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.topics import Topic
 from quipu.services.domain.memory.protocol import MemoryStore
@@ -44,46 +41,22 @@ from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
 from quipu.services.storage_owner.logic import apply_command, correlation_of, reply_partition
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
-from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.settings import OwnerSettings
+from quipu.services.storage_owner.their_person import TheirPerson
 
 _RECOUNT_AFTER_S = 5.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class OwnerStores:
-    """The stores the owner serves, opened when it starts."""
+    """The stores the owner serves, opened when it starts, and whose words each of its answers carries."""
 
     store: Store
     memory: MemoryStore
+    people: TheirPerson = field(init=False)
 
-    async def for_its_owner(self, command: StoreOperation) -> StoreOperation:
-        """A read that names no one, sealed for the person whose words it reads back (a run's, a
-        session's owner, a history's): whoever asks (a cancel, a plain client), they never travel
-        in plaintext."""
-        if command.sealed_for is not None:
-            return command
-        whose = await self._owner_of(command)
-        return command if whose is None else command.model_copy(update={"sealed_for": whose})
-
-    async def _owner_of(self, command: StoreOperation) -> SealedFor | None:
-        if isinstance(command, ListRunRecords | LoadRunSuspension) and isinstance(self.store, MongoStore):
-            return await self.store.run_owner(command.run_id)
-        if isinstance(command, ListSessionRunRecords):
-            try:
-                owner = (await self.store.load_session_status(command.session_id)).owner
-            except StoreRefusedError:
-                return None  # the command itself answers the refusal
-            return (
-                None
-                if owner is None
-                else SealedFor(tenant_id=owner.tenant_id, principal_id=owner.principal_id)
-            )
-        if isinstance(command, ListHistory | HistoryTail | LoadSummary) and isinstance(
-            self.memory, MongoMemoryStore
-        ):
-            return await self.memory.history_owner(command.session_id)
-        return None
+    def __post_init__(self) -> None:
+        self.people = TheirPerson(self.store, self.memory)
 
 
 class OwnerKeyring:
@@ -163,9 +136,9 @@ def register(
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
             serving = stores.get()
-            if seals.sealing:
-                command = await serving.for_its_owner(command)
             reply, announcements = await apply_command(serving.store, command, serving.memory)
+            if seals.sealing:
+                reply, announcements = await serving.people.seal(command, reply, announcements)
             if isinstance(command, ForgetPrincipal) and seals.keys is not None:
                 # This owner just shredded the key: its own cache lets go of it at once.
                 seals.keys.drop(

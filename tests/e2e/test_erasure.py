@@ -16,13 +16,10 @@ published as the gateway and `quipu run` publish them, sealed too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import uuid
 from pathlib import Path
 
 import pytest
-from aiokafka import ConsumerRecord
 
 from quipu.contracts.errors import StoreError
 from quipu.contracts.runs import RunRequested
@@ -31,12 +28,16 @@ from quipu.contracts.transcript import TranscriptErasedError
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.run_publisher import KafkaRunPublisher
 from quipu.services.domain.transcript import build_messages_from_run_log
-from quipu.services.kit.delivery import MessageErasedError, PermanentError
-from quipu.services.kit.keys import message_seals
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.sealing import sealing_for
 from tests.e2e.agent_support import Deployment, eventually
-from tests.owner_support import client_on, every_record_on_topics, readable_anywhere, resting_bytes
+from tests.owner_support import (
+    client_on,
+    every_record_on_topics,
+    opened_with_existing_keys,
+    readable_anywhere,
+    resting_bytes,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,18 +85,7 @@ async def _readable_on_topics(deployment: Deployment, phrases: tuple[str, ...]) 
     """Where any phrase is readable on any topic of the deployment, its sealed messages opened with
     whatever key still exists (a fresh key client: no cache of this test's making)."""
     found = await every_record_on_topics(deployment.stack.bootstrap, deployment.prefix)
-    opened: dict[str, list[ConsumerRecord[bytes, bytes]]] = {}
-    seals = message_seals(deployment.keys)
-    try:
-        for name, records in found.items():
-            opened[name] = []
-            for record in records:
-                readable = record
-                with contextlib.suppress(MessageErasedError, PermanentError):
-                    readable = dataclasses.replace(record, value=await seals.open(record.value or b""))
-                opened[name].append(readable)
-    finally:
-        await seals.close()
+    opened = await opened_with_existing_keys(found, deployment.keys)
     return {phrase: readable_anywhere(opened, phrase) for phrase in phrases}
 
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import pytest
 from pydantic import SecretStr
 
+from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.memory import FactOperation, FactOperationKind, HistoryTurn, MemoryScope, Provenance
 from quipu.contracts.sealed import SealedFor
-from quipu.contracts.store import SessionOwner
+from quipu.contracts.store import RunStart, SessionOwner
 from quipu.contracts.topics import Topic
+from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.delivery import MessageErasedError
 from quipu.services.kit.keys import HttpKeySource, KeyUnavailableError, message_seals
@@ -31,7 +33,12 @@ from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.settings import OwnerSettings
 from tests.conformance.builders import ms, ordinary, root_start
 from tests.integration.test_gateway_support import unique_name
-from tests.owner_support import every_record_on_topics, free_port, readable_anywhere
+from tests.owner_support import (
+    every_record_on_topics,
+    free_port,
+    opened_with_existing_keys,
+    readable_anywhere,
+)
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -39,6 +46,7 @@ pytestmark = pytest.mark.slow
 TOKEN = "service-token-for-tests"
 ANA = MemoryScope(tenant_id="acme", principal_id="ana")
 ANA_KEY = SealedFor(tenant_id="acme", principal_id="ana")
+ANA_OWNER = SessionOwner(tenant_id="acme", principal_id="ana")
 BEA = MemoryScope(tenant_id="acme", principal_id="bea")
 WORDS = "keeps her spare key under the blue flowerpot"
 BYSTANDER = "collects stamps from the Faroe Islands"
@@ -159,6 +167,89 @@ async def test_a_read_that_names_no_one_is_answered_sealed_for_the_person_whose_
         assert any(WORDS.encode() in record.payload for record in session_page.records)
         history = await deployment.memory.list_history(session_id, 0, 10)
         assert [row.text for row in history][:1] == [WORDS]
+
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        assert readable_anywhere(wire, WORDS) == []
+
+
+async def ana_run(store: KafkaStore, session_id: str) -> RunStart:
+    """A run of ana's in `session_id`, written as the planner writes it, holding WORDS."""
+    start = root_start(session_id)
+    run = start.run.model_copy(update={"tenant_id": ANA.tenant_id, "principal_id": ANA.principal_id})
+    with sealing_for(ANA.tenant_id, ANA.principal_id):
+        await store.start_root_run(run, start.started, start.stopped)
+        await store.append_run_record(ordinary(run, payload=json.dumps({"text": WORDS}).encode()))
+    return run
+
+
+async def test_the_records_of_a_session_created_without_an_owner_are_answered_sealed_for_their_person(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        store = deployment.store
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        await store.create_session(session_id, ms())  # a worker's session: `quipu run --session`
+        await ana_run(store, session_id)
+        page = await store.list_session_run_records(session_id, "", 10)  # a reader naming no one
+        assert any(WORDS.encode() in record.payload for record in page.records)
+
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        assert readable_anywhere(wire, WORDS) == []
+
+
+async def test_a_read_asked_for_another_person_is_answered_sealed_for_the_person_whose_words_it_reads(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        store = deployment.store
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        await store.create_session(session_id, ms(), ANA_OWNER)
+        run = await ana_run(store, session_id)
+        with sealing_for(BEA.tenant_id, BEA.principal_id):  # whoever asks names the key of the reply
+            await store.list_run_records(run.run_id, "", 10)
+            await store.list_session_run_records(session_id, "", 10)
+
+        await deployment.memory.forget_principal(ANA.tenant_id, ANA.principal_id)
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        assert readable_anywhere(await opened_with_existing_keys(wire, deployment.keys), WORDS) == []
+
+
+async def test_the_events_of_a_write_that_names_no_one_are_sealed_for_the_runs_person(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        store = deployment.store
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        await store.create_session(session_id, ms(), ANA_OWNER)
+        run = await ana_run(store, session_id)
+        answer = [{"role": "assistant", "content": [{"type": "text", "text": WORDS}]}]
+        await store.append_run_record(  # a writer outside any person's run: the command is its own
+            ordinary(run, payload=json.dumps(answer).encode(), record_type=TRANSCRIPT_MESSAGES_APPENDED)
+        )
+        wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
+        events = deployment.prefix + Topic.RUNS_EVENTS.value
+        assert any(b'"sealed_for"' in (record.value or b"") for record in wire[events])
+        assert readable_anywhere({events: wire[events]}, WORDS) == []
+
+
+async def test_a_session_page_holding_two_peoples_records_is_refused_and_each_run_lists_sealed(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        store = deployment.store
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        await store.create_session(session_id, ms())
+        await ana_run(store, session_id)
+        start = root_start(session_id)  # a direct writer puts bea's run in the same session
+        run = start.run.model_copy(update={"tenant_id": BEA.tenant_id, "principal_id": BEA.principal_id})
+        with sealing_for(BEA.tenant_id, BEA.principal_id):
+            await store.start_root_run(run, start.started, start.stopped)
+        with pytest.raises(StoreRefusedError) as refused:
+            await store.list_session_run_records(session_id, "", 10)
+        assert refused.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
+        first = await store.list_session_run_records(session_id, "", 2)  # ana's records only
+        assert any(WORDS.encode() in record.payload for record in first.records)
+        assert (await store.list_run_records(run.run_id, "", 10)).records
 
         wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
         assert readable_anywhere(wire, WORDS) == []

@@ -1,0 +1,130 @@
+"""Whose key seals what the owner publishes: the person whose words it carries, from the owner's data.
+
+At rest, a run's records and checkpoint are sealed under the run's sealing principal
+(`run_owner`), a history under its person, a fact under its scope. What the owner publishes about
+them (a reply that reads them back, the stream events a write makes visible) is sealed under the
+same key, found the same way: never the key a command names (`sealed_for` says whom the asker
+works for, not whose words come back) nor a session's recorded owner (a session created without
+one still holds its runs' words). A session's records page is sealed under its records' person;
+a page that would hold two people's words under one key is refused (the planner never puts two
+people's runs in one session; a direct writer could): list such a session per run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from quipu.contracts.commands import (
+    ListRunRecords,
+    ListSessionRunRecords,
+    LoadRunSuspension,
+    StoreOperation,
+    StoreReply,
+)
+from quipu.contracts.errors import ErrorCode, StoreRefusedError
+from quipu.contracts.events import RunEvent
+from quipu.contracts.memory_commands import ForgetPrincipal, HistoryTail, ListHistory, LoadSummary
+from quipu.contracts.sealed import SealedFor
+from quipu.contracts.store import RunStart
+from quipu.contracts.store_operation import Backend
+from quipu.services.domain.memory.context import run_sealing_principal
+from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.store.protocol import Store
+from quipu.services.storage_owner.logic import Announcement
+from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
+from quipu.services.storage_owner.mongo_store import MongoStore
+
+_RUN_READS = ListRunRecords | LoadRunSuspension
+_HISTORY_READS = ListHistory | HistoryTail | LoadSummary
+
+
+def run_person(run: RunStart) -> SealedFor:
+    """Whose key seals a run's words (the rule at rest, from the run's start)."""
+    return SealedFor(
+        tenant_id=run.tenant_id,
+        principal_id=run_sealing_principal(run.principal_id, run.session_id, run.run_id),
+    )
+
+
+class TheirPerson:
+    """Finds whose words a command's reply and events carry; run owners are kept (they never change)."""
+
+    def __init__(self, store: Store, memory: MemoryStore, *, runs: int = 4096) -> None:
+        self._store = store if isinstance(store, MongoStore) else None
+        self._memory = memory if isinstance(memory, MongoMemoryStore) else None
+        self._runs = max(1, runs)
+        self._owners: OrderedDict[str, SealedFor] = OrderedDict()
+
+    async def seal(
+        self, command: StoreOperation, reply: StoreReply, announcements: Sequence[Announcement]
+    ) -> tuple[StoreReply, list[Announcement]]:
+        """The reply and the stream events sealed for the person whose words they carry.
+
+        A refusal, and whatever this owner cannot place (a store that is not MongoDB's), keep the
+        command's own `sealed_for`.
+        """
+        events = list(announcements)
+        words_back = reply.error is None and reply.result is not None and _reads_words(command)
+        stream = any(isinstance(event, RunEvent) for event in events)
+        if isinstance(command, ForgetPrincipal) or not (words_back or stream):
+            return reply, events  # nothing of anyone's words, or a forget (sealing it makes a key anew)
+        try:
+            whose = await self._person_of(command, reply)
+        except StoreRefusedError as error:
+            return StoreReply(correlation_id=reply.correlation_id, op=reply.op, error=error.to_body()), []
+        if whose is None:
+            return reply, events
+        if words_back:
+            reply = reply.model_copy(update={"sealed_for": whose})
+        return reply, [
+            event.model_copy(update={"sealed_for": whose}) if isinstance(event, RunEvent) else event
+            for event in events
+        ]
+
+    async def _person_of(self, command: StoreOperation, reply: StoreReply) -> SealedFor | None:
+        named = command.whose_words()
+        if named is not None:
+            return named  # a memory command's scope: where the store keeps it
+        if isinstance(command, _HISTORY_READS):
+            return await self._memory.history_owner(command.session_id) if self._memory else None
+        if isinstance(command, ListSessionRunRecords):
+            return await self._page_person(command.session_id, reply)
+        run = getattr(command, "run", None)
+        if isinstance(run, RunStart):
+            return self._keep(run.run_id, run_person(run))
+        record = getattr(command, "record", None)
+        run_id = command.run_id if isinstance(command, _RUN_READS) else getattr(record, "run_id", "")
+        return await self._run_person(run_id) if run_id else None
+
+    async def _run_person(self, run_id: str) -> SealedFor | None:
+        known = self._owners.get(run_id)
+        if known is not None or self._store is None:
+            return known
+        found = await self._store.run_owner(run_id)
+        return None if found is None else self._keep(run_id, found)
+
+    async def _page_person(self, session_id: str, reply: StoreReply) -> SealedFor | None:
+        if self._store is None:
+            return None
+        wanted = {record["run_id"] for record in reply.result["records"]}  # the Page's JSON form
+        people = {await self._run_person(run_id) for run_id in sorted(wanted)} - {None}
+        if len(people) > 1:
+            raise StoreRefusedError(
+                ErrorCode.SESSION_PRINCIPAL_MISMATCH,
+                f"a page of session {session_id} holds the records of more than one principal: "
+                "list its runs one by one",
+            )
+        return next(iter(people), None)
+
+    def _keep(self, run_id: str, whose: SealedFor) -> SealedFor:
+        self._owners[run_id] = whose
+        self._owners.move_to_end(run_id)
+        while len(self._owners) > self._runs:
+            self._owners.popitem(last=False)
+        return whose
+
+
+def _reads_words(command: StoreOperation) -> bool:
+    """Whether the command's result reads a person's words back (a runtime write's result is ids)."""
+    return command.backend is Backend.MEMORY or isinstance(command, _RUN_READS | ListSessionRunRecords)
