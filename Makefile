@@ -26,7 +26,7 @@ test: $(STAMP) lint ## run the whole suite against the embedded broker and datab
 
 lint: $(STAMP) ## import boundaries (import-linter), ruff and mypy --strict
 	$(BIN)/lint-imports
-	$(BIN)/ruff check quipu contracts services deploy tests bench
+	$(BIN)/ruff check quipu contracts services deploy tests bench examples
 	$(BIN)/mypy
 
 typecheck: $(STAMP) ## mypy --strict
