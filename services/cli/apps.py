@@ -9,13 +9,21 @@ runs each toolset's executor as the command a user would run, `quipu serve tools
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
+from quipu.contracts.tools import ToolsetAnnounced
+from quipu.contracts.topics import Topic
 from quipu.services.cli.output import CliError
 from quipu.services.kit.lifecycle import ServiceDefinition
+from quipu.services.kit.run_events import topic_partitions
+from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import Toolset
 
 TOOLS_SERVICE = "tools"
@@ -70,3 +78,37 @@ def user_code_environment() -> dict[str, str]:
     given = os.environ.get("PYTHONPATH", "")
     paths = [here, *(path for path in given.split(os.pathsep) if path and path != here)]
     return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+async def unannounced(kafka: KafkaSettings, toolsets: list[str], within_s: float) -> list[str]:
+    """Which of `toolsets` have not been announced on `tools.registry` within `within_s` seconds.
+
+    `quipu up --app` says it is up once every toolset of the app can be called: with `--processes`
+    a toolset's executor is a process of its own, which may announce after the planner is up, and
+    a run arriving before would fail with `missing_tool`.
+    """
+    waiting = set(toolsets)
+    if not waiting:
+        return []
+    registry = kafka.topic_prefix + Topic.TOOLS_REGISTRY
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap,
+        client_id="quipu-up",
+        group_id=None,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+    )
+    await reader.start()
+    try:
+        partitions = [TopicPartition(registry, p) for p in await topic_partitions(reader, registry)]
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + within_s
+        while waiting and time.monotonic() < deadline:
+            batches = await reader.getmany(timeout_ms=200)
+            for record in (record for batch in batches.values() for record in batch):
+                with contextlib.suppress(ValueError):
+                    waiting.discard(ToolsetAnnounced.model_validate_json(record.value or b"").toolset)
+    finally:
+        await reader.stop()
+    return sorted(waiting)

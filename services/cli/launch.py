@@ -195,12 +195,12 @@ def child_environment(environment: dict[str, str], verbose: bool) -> dict[str, s
     return extra
 
 
-def _supervisor(
+async def _start_supervised(
     services: list[tuple[str, str | tuple[str, ...]]],
     environment: dict[str, str],
     on_change: Callable[[Supervisor], None],
 ) -> Supervisor:
-    """The supervisor of `services`, each line of output shown after its service's name."""
+    """`services` started under a supervisor, each line of output shown after its service's name."""
     from quipu.deploy.local.services import Supervisor  # noqa: PLC0415 - only `up` needs it
 
     names = [name for name, _ in services]
@@ -213,7 +213,22 @@ def _supervisor(
         on_notice=_show_notice(styles, width),
         on_change=lambda: on_change(supervisor),
     )
+    await supervisor.start()
+    for name, child in supervisor.states.items():
+        console.print(Text(f"  ✓ {name} (pid {child.pid})", style="green"))
     return supervisor
+
+
+async def _app_ready(kafka: KafkaSettings, user_app: App) -> None:
+    """Wait until every toolset of the app is announced: a run started before would miss its tools."""
+    from quipu.services.cli.settings import CliSettings  # noqa: PLC0415
+
+    names = [toolset.name for toolset in user_app.toolsets]
+    late = await apps.unannounced(kafka, names, CliSettings().toolsets_ready_s)
+    if late:
+        warn(f"not announced yet (their executors are still starting?): {', '.join(late)}")
+    elif names:
+        console.print(Text(f"  ✓ announced: {', '.join(names)}", style="green"))
 
 
 def _set_on_signals(*signals: signal.Signals) -> asyncio.Event:
@@ -256,18 +271,15 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
         supervisor: Supervisor | None = None
         try:
             if processes:
+                state |= {"mode": "processes", "gateway_url": f"http://{GATEWAY_HOST}:{port}"}
                 children = {**environment, "QUIPU_GATEWAY_PORT": str(port)}
                 if user_app is not None:
                     children |= apps.user_code_environment()
-                supervisor = _supervisor(
+                supervisor = await _start_supervised(
                     supervised_services(spec, user_app),
                     child_environment(children, verbose),
                     on_change=lambda running: _publish(path, state, running),
                 )
-                state |= {"mode": "processes", "gateway_url": f"http://{GATEWAY_HOST}:{port}"}
-                await supervisor.start()
-                for name, child in supervisor.states.items():
-                    console.print(Text(f"  ✓ {name} (pid {child.pid})", style="green"))
             else:
                 state |= {"mode": "in-process"}
                 state["gateway_url"] = await _start_in_process(
@@ -275,6 +287,8 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
                 )
                 since = time.time()
                 state["services"] = {s.name: {"pid": os.getpid(), "started_at": since} for s in started}
+            if user_app is not None:
+                await _app_ready(kafka, user_app)
             _publish(path, state, supervisor)
             _show_up(stack.bootstrap, stack.mongo_uri, state, path, local_key)
             await stop.wait()

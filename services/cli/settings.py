@@ -21,6 +21,14 @@ class CliSettings(StoreClientSettings):
             "group and says what it sees (no member, or how many requests are ahead)."
         ),
     )
+    toolsets_ready_s: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "How long `quipu up --app` waits for every toolset of the app to be announced before it "
+            "says it is up anyway, naming those that were not (an executor process still starting)."
+        ),
+    )
     status_timeout_s: float = Field(
         default=5.0,
         gt=0,
