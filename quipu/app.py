@@ -47,6 +47,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from quipu.agents import Agent
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.tools import DEFAULT_TOOLSET
 from quipu.services.domain.shipped_tools import DEFAULT_TOOLS
@@ -80,25 +82,17 @@ class ServedToolset(Protocol):
         """The names of its tools, or None when they are known only once it is served."""
 
 
-@runtime_checkable
-class AgentLike(Protocol):
-    """What an App reads of an agent (`quipu.Agent`): its id and its tools."""
-
-    @property
-    def id(self) -> str:
-        """The agent's id, what `quipu run --agent` names."""
-
-    @property
-    def tools(self) -> Sequence[Any]:
-        """Each a `quipu.Tool`, a tool name, or another agent."""
-
-
 AnyToolset = Toolset | ServedToolset
 
 
 def shipped_tool_names() -> frozenset[str]:
     """The tools the default executor serves in every `quipu up` (`current_time`, `calculator`, ...)."""
     return frozenset(definition.name for definition in DEFAULT_TOOLS)
+
+
+def declared_tools(agent: AgentDefinition) -> Sequence[str | Tool[..., Any] | AgentDefinition]:
+    """An agent's tools as its author gave them (`Tool` objects, names, agents), else as names."""
+    return agent.declared_tools if isinstance(agent, Agent) else agent.tools
 
 
 def tool_names(toolset: AnyToolset) -> frozenset[str] | None:
@@ -113,13 +107,13 @@ class App:
 
     def __init__(
         self,
-        agents: Iterable[AgentLike] = (),
+        agents: Iterable[AgentDefinition] = (),
         toolsets: Iterable[AnyToolset] = (),
         *,
         external_tools: Iterable[str] = (),
     ) -> None:
         self.toolsets: tuple[AnyToolset, ...] = _checked_toolsets(toolsets)
-        self.agents: tuple[AgentLike, ...] = _with_callees(agents)
+        self.agents: tuple[AgentDefinition, ...] = _with_callees(agents)
         self.external_tools: frozenset[str] = frozenset(external_tools)
         _check_tools(self)
 
@@ -157,13 +151,13 @@ def _checked_toolsets(toolsets: Iterable[AnyToolset]) -> tuple[AnyToolset, ...]:
     return tuple(by_name.values())
 
 
-def _with_callees(agents: Iterable[AgentLike]) -> tuple[AgentLike, ...]:
+def _with_callees(agents: Iterable[AgentDefinition]) -> tuple[AgentDefinition, ...]:
     """The agents, and every agent one of them names by object in its tools, once each."""
-    found: dict[str, AgentLike] = {}
+    found: dict[str, AgentDefinition] = {}
     pending = list(agents)
     while pending:
         agent = pending.pop(0)
-        if not isinstance(agent, AgentLike):
+        if not isinstance(agent, AgentDefinition):
             raise AppError(f"{agent!r} is not an agent (a quipu.Agent)")
         known = found.get(agent.id)
         if known is not None:
@@ -171,7 +165,7 @@ def _with_callees(agents: Iterable[AgentLike]) -> tuple[AgentLike, ...]:
                 raise AppError(f"two different agents have the id {agent.id!r}")
             continue
         found[agent.id] = agent
-        pending.extend(each for each in agent.tools if isinstance(each, AgentLike))
+        pending.extend(each for each in declared_tools(agent) if isinstance(each, AgentDefinition))
     return tuple(found.values())
 
 
@@ -190,19 +184,19 @@ def _check_tools(app: App) -> None:
     for agent in app.agents:
         if agent.id in served or agent.id in shipped:
             raise AppError(f"agent {agent.id!r} has the name of a tool; agents are called by id")
-        for each in agent.tools:
+        for each in declared_tools(agent):
             _check_tool(agent.id, each, app, served, shipped | agent_ids | app.external_tools, open_ended)
 
 
 def _check_tool(
     agent: str,
-    tool: object,
+    tool: str | Tool[..., Any] | AgentDefinition,
     app: App,
     served: dict[str, str],
     known: frozenset[str] | set[str],
     open_ended: list[str],
 ) -> None:
-    if isinstance(tool, AgentLike):
+    if isinstance(tool, AgentDefinition):
         return
     if isinstance(tool, Tool):
         holder = next((ts for ts in app.toolsets if isinstance(ts, Toolset) and tool.name in ts), None)
@@ -216,8 +210,6 @@ def _check_tool(
                 f"one (quipu.Toolset('name', tools=[{tool.name}])) and the toolset to App(toolsets=...)"
             )
         return
-    if not isinstance(tool, str):
-        raise AppError(f"agent {agent!r} has {tool!r} among its tools: give a quipu.Tool, a name or an Agent")
     if tool in served or tool in known:
         return
     if open_ended:
@@ -257,8 +249,8 @@ def as_app(value: object, where: str = "it") -> App:
         return value
     items = list(value) if isinstance(value, list | tuple) else [value]
     toolsets = [item for item in items if isinstance(item, Toolset | ServedToolset)]
-    agents = [item for item in items if isinstance(item, AgentLike)]
-    others = [item for item in items if not isinstance(item, Toolset | ServedToolset | AgentLike)]
+    agents = [item for item in items if isinstance(item, AgentDefinition)]
+    others = [item for item in items if not isinstance(item, Toolset | ServedToolset | AgentDefinition)]
     if others or not items:
         found = type(others[0]).__name__ if others else "an empty list"
         raise AppLoadError(
@@ -294,7 +286,7 @@ def _attribute(module: Any, module_name: str, attribute: str) -> object:
             candidates = sorted(
                 name
                 for name, each in vars(module).items()
-                if isinstance(each, App | Toolset | ServedToolset | AgentLike)
+                if isinstance(each, App | Toolset | ServedToolset | AgentDefinition)
             )
             hint = f"; it has: {', '.join(candidates)}" if candidates else ""
             raise AppLoadError(f"module {module_name!r} has no attribute {attribute!r}{hint}")
