@@ -22,9 +22,13 @@ from quipu.contracts.tools import ToolsetAnnounced
 from quipu.contracts.topics import Topic
 from quipu.services.cli.output import CliError
 from quipu.services.kit.lifecycle import ServiceDefinition
+from quipu.services.kit.publishing import PublishError
 from quipu.services.kit.run_events import topic_partitions
 from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import Toolset
+
+BUILT_IN_APP = "quipu.assistant:app"
+"""What `quipu up` serves without `--app`: the built-in assistant, written as a user's App is."""
 
 TOOLS_SERVICE = "tools"
 """`quipu serve tools --app ...`: one toolset's executor."""
@@ -112,3 +116,13 @@ async def unannounced(kafka: KafkaSettings, toolsets: list[str], within_s: float
     finally:
         await reader.stop()
     return sorted(waiting)
+
+
+async def publish_agents(kafka: KafkaSettings, app: App) -> None:
+    """Publish the app's agents on `agents.registry` (every planner follows it); CliError if refused."""
+    from quipu.services.domain.agent_publisher import publish_agents as publish  # noqa: PLC0415
+
+    try:
+        await publish(kafka, app.agents, client_id="quipu-up")
+    except PublishError as error:
+        raise CliError(f"the app's agents were not published: {error}") from error

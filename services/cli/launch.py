@@ -4,7 +4,9 @@
 silently switch to the new stack), and when the gateway's port is taken (a gateway that cannot
 bind would leave the stack without its HTTP API); `--gateway-port 0` picks a free port and says
 which. `--processes` runs each service as a supervised child process (quipu.deploy.local.services).
-`--app mod:attr` adds the user's App (services/cli/apps.py): an executor for each of its toolsets.
+`--app mod:attr` serves the user's App (services/cli/apps.py): its agents published on
+`agents.registry`, an executor for each of its toolsets; without it, the built-in assistant's
+App (quipu/assistant.py) is served the same way.
 """
 
 from __future__ import annotations
@@ -95,21 +97,20 @@ class Started:
     stop: Callable[[], Any]
 
 
-def in_process_services(user_app: App | None) -> list[tuple[str, ServiceDefinition[Any]]]:
+def in_process_services(user_app: App) -> list[tuple[str, ServiceDefinition[Any]]]:
     """What `quipu up` starts in its own process before the gateway: every consuming service of the
-    catalog, then an executor for each toolset of the user's app."""
+    catalog, then an executor for each toolset of the app."""
     services = [(service.name, service.definition()) for service in catalog.CONSUMING]
-    for toolset in user_app.toolsets if user_app is not None else ():
+    for toolset in user_app.toolsets:
         services.append((apps.executor_name(toolset), apps.toolset_definition(toolset)))
     return services
 
 
-def supervised_services(spec: str | None, user_app: App | None) -> list[tuple[str, str | tuple[str, ...]]]:
+def supervised_services(spec: str, user_app: App) -> list[tuple[str, str | tuple[str, ...]]]:
     """What `quipu up --processes` runs: each service of the catalog as `python -m <module>`, and each
-    toolset of the user's app as `quipu serve tools --app SPEC --toolset NAME` (before the gateway)."""
+    toolset of the app as `quipu serve tools --app SPEC --toolset NAME` (before the gateway)."""
     services: list[tuple[str, str | tuple[str, ...]]] = [(s.name, s.module) for s in catalog.CONSUMING]
-    if spec is not None and user_app is not None:
-        services += [(apps.executor_name(ts), apps.serve_tools_command(spec, ts)) for ts in user_app.toolsets]
+    services += [(apps.executor_name(ts), apps.serve_tools_command(spec, ts)) for ts in user_app.toolsets]
     return services + [(s.name, s.module) for s in catalog.SERVICES if s.http]
 
 
@@ -119,7 +120,7 @@ async def _start_in_process(
     gateway_port: int,
     started: list[Started],
     keys_file: Path,
-    user_app: App | None,
+    user_app: App,
 ) -> str:
     connections = Connections(kafka, mongo)
     for name, definition in in_process_services(user_app):
@@ -245,7 +246,8 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
 
     path = state_file()
     refuse_a_second_stack(path)
-    user_app = apps.loaded(spec) if spec is not None else None  # a mistake in it: nothing starts
+    spec = spec or apps.BUILT_IN_APP
+    user_app = apps.loaded(spec)  # a mistake in it: nothing starts
     # In this process the gateway binds port 0 itself; a child process is told the port up front.
     port = gateway_port_to_use(gateway_port) if gateway_port or processes else 0
     if processes and not gateway_port:
@@ -255,8 +257,9 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
     async with EmbeddedStack() as stack:
         kafka = KafkaSettings(bootstrap=stack.bootstrap, flavour=stack.kafka_flavour, client_id="quipu")
         mongo = MongoSettings(uri=stack.mongo_uri)
-        toolsets = [toolset.name for toolset in user_app.toolsets] if user_app is not None else []
+        toolsets = [toolset.name for toolset in user_app.toolsets]
         await create_topics(stack.bootstrap, kafka.topic_prefix, toolsets=toolsets)
+        await apps.publish_agents(kafka, user_app)  # before any planner starts: it reads them first
         keys_file, local_key = local_gateway_access()  # the embedded default lets its own user in
         environment = {
             **stack.environment(),
@@ -272,9 +275,7 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
         try:
             if processes:
                 state |= {"mode": "processes", "gateway_url": f"http://{GATEWAY_HOST}:{port}"}
-                children = {**environment, "QUIPU_GATEWAY_PORT": str(port)}
-                if user_app is not None:
-                    children |= apps.user_code_environment()
+                children = {**environment, "QUIPU_GATEWAY_PORT": str(port), **apps.user_code_environment()}
                 supervisor = await _start_supervised(
                     supervised_services(spec, user_app),
                     child_environment(children, verbose),
@@ -287,8 +288,7 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
                 )
                 since = time.time()
                 state["services"] = {s.name: {"pid": os.getpid(), "started_at": since} for s in started}
-            if user_app is not None:
-                await _app_ready(kafka, user_app)
+            await _app_ready(kafka, user_app)
             _publish(path, state, supervisor)
             _show_up(stack.bootstrap, stack.mongo_uri, state, path, local_key)
             await stop.wait()
@@ -342,7 +342,8 @@ def _panel(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, lo
 
 
 def up(gateway_port: int, processes: bool, verbose: bool, spec: str | None = None) -> None:
-    """Run `quipu up` until Ctrl-C or SIGTERM; with `spec` (`mod:attr`), the user's App as well."""
+    """Run `quipu up` until Ctrl-C or SIGTERM, serving the App `spec` (`mod:attr`; default: the
+    built-in assistant, `quipu.assistant:app`)."""
     # Each service's lines and each exit are shown as they happen, even through a pipe or a file.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quipu.assistant import assistant, math_agent
 from quipu.contracts.agents import AgentChanged, AgentDefinition
 from quipu.contracts.envelope import derive_id
 from quipu.contracts.errors import QuipuError
@@ -170,28 +171,8 @@ class AgentRegistry(Mapping[str, AgentSpec]):
         return name in self._agents
 
 
-ASSISTANT = AgentSpec(
-    agent_id="assistant",
-    description="A general assistant that can tell the time, calculate, keep notes and ask the user.",
-    system_prompt=(
-        "You are Quipu's assistant. Answer briefly and precisely. Use the tools when they help: "
-        "current_time for the date and time, calculator for arithmetic, notes to remember or recall "
-        "short notes, ask_user when you need the user's confirmation or a missing detail, and "
-        "math_agent to delegate a mathematical task."
-    ),
-    tools=("current_time", "calculator", "notes", "ask_user", "math_agent"),
-)
-
-MATH_AGENT = AgentSpec(
-    agent_id="math_agent",
-    description="Solves a mathematical task with a calculator and answers with the result.",
-    system_prompt=(
-        "You are a careful mathematician. Use the calculator for every computation and answer "
-        "with the result and one sentence of explanation."
-    ),
-    tools=("calculator",),
-    max_steps=4,
-)
+# The built-in agents are the public example's (quipu/assistant.py), written once, as a user writes hers.
+ASSISTANT, MATH_AGENT = AgentSpec.of(assistant), AgentSpec.of(math_agent)
 
 
 def default_agents() -> AgentRegistry:
