@@ -269,7 +269,13 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
         }
         if not processes:  # the services in this process read their key settings from it
             os.environ.update({name: value for name, value in environment.items() if name in KEY_CHANNEL})
-        state: dict[str, Any] = {"pid": os.getpid(), "environment": environment, "services": {}}
+        state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "environment": environment,
+            "services": {},
+            "app": spec,
+            "agents": [agent.id for agent in user_app.agents],
+        }
         started: list[Started] = []
         supervisor: Supervisor | None = None
         try:
@@ -321,8 +327,15 @@ def _show_up(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, 
         console.print(f"the page, signed in: {state['gateway_url']}/#key={local_key}", soft_wrap=True)
 
 
+def _agent_option(state: dict[str, Any]) -> str:
+    """` --agent ID` naming the app's first agent, unless it serves the default one (`assistant`)."""
+    agents: list[str] = state.get("agents", [])
+    return f" --agent {agents[0]}" if agents and "assistant" not in agents else ""
+
+
 def _panel(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, local_key: str) -> Panel:
     quipu = quipu_command()
+    hint = _agent_option(state)
     environment: dict[str, str] = state["environment"]
     return Panel(
         Group(
@@ -330,7 +343,7 @@ def _panel(bootstrap: str, mongo_uri: str, state: dict[str, Any], path: Path, lo
             Text(f"gateway {state.get('gateway_url') or '(not started)'}"),
             Text("gateway admin key (shown once; `quipu keys` issues others):"),
             Text(local_key, style="bold"),
-            Text(f'in another terminal: {quipu} run "hello"   ·   {quipu} status', style="bold"),
+            Text(f'in another terminal: {quipu} run{hint} "hello"   ·   {quipu} status', style="bold"),
             Text(f"clients find this stack through {shown_path(path)} (QUIPU_STATE_FILE)", style="dim"),
             Text("other programs: " + " ".join(f"{k}={v}" for k, v in environment.items()), style="dim"),
             Text("Ctrl-C stops everything", style="dim"),
