@@ -16,6 +16,7 @@ lives in `adapters`, its decisions in `logic`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +48,7 @@ from quipu.contracts.transcript import (
 )
 from quipu.contracts.wire import to_millisecond, utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, AgentSpec, UnknownAgentError
-from quipu.services.domain.memory.context import ContextSource, history_principal
+from quipu.services.domain.memory.context import ContextSource, history_principal, run_sealing_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.memory.summary import Summarizer, SummaryError, Utterance
 from quipu.services.domain.models.estimate import estimate_request_tokens
@@ -58,6 +59,7 @@ from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.keyed_locks import KeyedLocks
+from quipu.services.kit.sealing import sealing_for
 from quipu.services.planner.adapters import (
     MissingToolsError,
     Publisher,
@@ -187,6 +189,16 @@ def _permanent(what: str, error: StoreError) -> PermanentError:
     return PermanentError(f"{what}: {error.code.value}: {error.message}")
 
 
+def for_its_person(view: RunView) -> contextlib.AbstractContextManager[None]:
+    """What the planner writes and publishes about a run is sealed under the run's person, as its
+    records are at rest (its context record says whose), whatever message woke the planner: a
+    cancel or an answer that names no one, a tool result."""
+    if view.context is None:
+        return contextlib.nullcontext()  # not recorded yet: the request's own person goes on
+    principal = run_sealing_principal(view.context.principal_id, view.session_id, view.run_id)
+    return sealing_for(view.context.tenant_id, principal)
+
+
 class Planner:
     """The agent loop over the store: one method per trigger, each ending in `advance`."""
 
@@ -213,7 +225,8 @@ class Planner:
             if view is None:
                 log.info("run not planned (stopped at start or parent closed)")
                 return
-            await self.advance(view, self._trigger(request.occurred_at, request.event_id))
+            with for_its_person(view):
+                await self.advance(view, self._trigger(request.occurred_at, request.event_id))
 
     async def on_invalid_request(self, body: bytes, reason: str) -> None:
         """A run request that does not validate: its stream, when it names a run, hears why."""
@@ -239,29 +252,34 @@ class Planner:
             if view is None:
                 logger.warning("tool result for an unknown run ignored", run_id=completed.run_id)
                 return
-            trigger = self._trigger(completed.occurred_at, completed.event_id, completed.tool_use_id)
-            if not view.closed and completed.tool_use_id not in view.results:
-                if completed.tool_use_id not in _tool_use_ids(view):
-                    logger.warning(
-                        "result for a tool use the run never made ignored",
-                        run_id=view.run_id,
-                        tool_use_id=completed.tool_use_id,
-                    )
-                    return
-                result = ToolResult.of(completed)
-                record = view.record(
-                    tool_result_key(completed.tool_use_id), TOOL_RESULT_TYPE, result.encode(), trigger.at
+            with for_its_person(view):
+                await self._take_result(view, completed)
+
+    async def _take_result(self, view: RunView, completed: ToolCallCompleted) -> None:
+        """Write the result unless the run has it or never asked for it, then advance."""
+        trigger = self._trigger(completed.occurred_at, completed.event_id, completed.tool_use_id)
+        if not view.closed and completed.tool_use_id not in view.results:
+            if completed.tool_use_id not in _tool_use_ids(view):
+                logger.warning(
+                    "result for a tool use the run never made ignored",
+                    run_id=view.run_id,
+                    tool_use_id=completed.tool_use_id,
                 )
-                view = await self._write(view, record)
-                if not _tool_use_ids(view) <= view.results.keys():
-                    # Others still missing: read again after our own write. Of two results written
-                    # at once by two processes (a rebalance), the later reader sees both, so the
-                    # group is never left waiting. With every result in hand there is nothing to see.
-                    fresh = await load_view(self.deps.store, completed.run_id)
-                    if fresh is not None:
-                        fresh.session_ended = view.session_ended
-                        view = fresh
-            await self.advance(view, trigger)
+                return
+            result = ToolResult.of(completed)
+            record = view.record(
+                tool_result_key(completed.tool_use_id), TOOL_RESULT_TYPE, result.encode(), trigger.at
+            )
+            view = await self._write(view, record)
+            if not _tool_use_ids(view) <= view.results.keys():
+                # Others still missing: read again after our own write. Of two results written
+                # at once by two processes (a rebalance), the later reader sees both, so the
+                # group is never left waiting. With every result in hand there is nothing to see.
+                fresh = await load_view(self.deps.store, completed.run_id)
+                if fresh is not None:
+                    fresh.session_ended = view.session_ended
+                    view = fresh
+        await self.advance(view, trigger)
 
     async def on_cancel(self, cancel: CancelRun) -> None:
         """Record the cancellation intent (the first reason is permanent), then advance to the end."""
@@ -271,15 +289,16 @@ class Planner:
                 logger.warning("cancel for an unknown run ignored", run_id=cancel.run_id)
                 return
             trigger = self._trigger(cancel.occurred_at, cancel.event_id)
-            if not view.closed and not view.cancel_reason:
-                record = view.record(
-                    CANCEL_KEY,
-                    LifecycleType.CANCELLATION_INTENT.value,
-                    encode_cancellation_intent(cancel.reason),
-                    trigger.at,
-                )
-                view = await self._write(view, record, self.deps.store.record_run_cancellation)
-            await self.advance(view, trigger)
+            with for_its_person(view):  # a cancel names no one; what it makes the run say is theirs
+                if not view.closed and not view.cancel_reason:
+                    record = view.record(
+                        CANCEL_KEY,
+                        LifecycleType.CANCELLATION_INTENT.value,
+                        encode_cancellation_intent(cancel.reason),
+                        trigger.at,
+                    )
+                    view = await self._write(view, record, self.deps.store.record_run_cancellation)
+                await self.advance(view, trigger)
 
     # --- starts ---------------------------------------------------------------------------------
 
@@ -407,21 +426,23 @@ class Planner:
         link = (parent, link_key(parent.tool_call_id, run.run_id, continuation=True)) if parent else None
         context = run_context(request, agent, inherited=predecessor.context)
         await self._require_owner(request, predecessor.session_id, context)
-        view = await self._start(start_plan(run, link), request)
-        if view is None or view.closed:
-            return view
-        trigger = self._trigger(request.occurred_at, request.event_id)
-        view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
-        view = await self._write_once(
-            view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(predecessor.messages), trigger
-        )
-        try:
-            answer = answer_message(predecessor, checkpoint.pending, request.answer)
-        except TranscriptError as error:
-            raise PermanentError(f"resume {request.run_id!r}: {error}") from error
-        return await self._write_once(
-            view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
-        )
+        # A continuation is its predecessor's person's run even when the answer names no one.
+        with sealing_for(run.tenant_id, run_sealing_principal(run.principal_id, run.session_id, run.run_id)):
+            view = await self._start(start_plan(run, link), request)
+            if view is None or view.closed:
+                return view
+            trigger = self._trigger(request.occurred_at, request.event_id)
+            view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
+            view = await self._write_once(
+                view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(predecessor.messages), trigger
+            )
+            try:
+                answer = answer_message(predecessor, checkpoint.pending, request.answer)
+            except TranscriptError as error:
+                raise PermanentError(f"resume {request.run_id!r}: {error}") from error
+            return await self._write_once(
+                view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
+            )
 
     async def _start(self, plan: StartPlan, request: RunRequested) -> RunView | None:
         """Start the run (an exact retry on redelivery); None when it must not be planned."""

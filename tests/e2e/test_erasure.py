@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from quipu.contracts.errors import StoreError
-from quipu.contracts.runs import RunRequested
+from quipu.contracts.runs import RunKind, RunRequested
 from quipu.contracts.store import RunStatus
+from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import TranscriptErasedError
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.run_publisher import KafkaRunPublisher
@@ -55,6 +56,27 @@ async def _turn(publisher: KafkaRunPublisher, session_id: str, principal_id: str
     )
     await publisher.publish(request)
     return request
+
+
+async def _answer(publisher: KafkaRunPublisher, suspended: RunRequested, answer: str) -> RunRequested:
+    request = RunRequested(
+        kind=RunKind.RESUME,
+        run_id="r-" + uuid.uuid4().hex,
+        session_id=suspended.session_id,
+        agent_id=suspended.agent_id,
+        tenant_id=TENANT,
+        predecessor_run_id=suspended.run_id,
+        answer=answer,
+    )
+    await publisher.publish(request)
+    return request
+
+
+async def _told_twice(deployment: Deployment, run_id: str) -> bool:
+    """Whether the finished turn of `run_id` is on history.turns twice (once more after the cancel)."""
+    found = await every_record_on_topics(deployment.stack.bootstrap, deployment.prefix)
+    turns = found[deployment.prefix + Topic.HISTORY_TURNS.value]
+    return sum(run_id.encode() in (record.value or b"") for record in turns) >= 2
 
 
 async def _database_dump(stack: EmbeddedStack, database: str) -> bytes:
@@ -110,6 +132,12 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
         await _until_status(deployment, second.run_id, RunStatus.SUSPENDED)
         bystander = await _turn(publisher, other_session, "bruno", f"my locker code is {kept}")
         await _until_status(deployment, bystander.run_id, RunStatus.COMPLETED)
+        # A cancel that comes after the end (the planner tells the end again), and an answer from
+        # a client that names no one (the continuation is still erin's run): both about erin.
+        await deployment.cancel(first.run_id, session_id)
+        await eventually(lambda: _told_twice(deployment, first.run_id), 60, "the end told again")
+        answered = await _answer(publisher, second, "yes")
+        await _until_status(deployment, answered.run_id, RunStatus.COMPLETED)
 
         memory = KafkaMemoryStore(deployment.store)
         # A read by session id names no principal: a reader says whose (the gateway: the session's owner).
