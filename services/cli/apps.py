@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
 from quipu.contracts.tools import ToolsetAnnounced
 from quipu.contracts.topics import Topic
 from quipu.services.cli.output import CliError
-from quipu.services.kit.lifecycle import ServiceDefinition
+from quipu.services.kit.lifecycle import Connections, ServiceDefinition
 from quipu.services.kit.publishing import PublishError
 from quipu.services.kit.run_events import topic_partitions
 from quipu.services.kit.settings import KafkaSettings
@@ -126,3 +127,24 @@ async def publish_agents(kafka: KafkaSettings, app: App) -> None:
         await publish(kafka, app.agents, client_id="quipu-up")
     except PublishError as error:
         raise CliError(f"the app's agents were not published: {error}") from error
+
+
+@contextlib.asynccontextmanager
+async def app_served(connections: Connections, app: App, *, ready_s: float = 60.0) -> AsyncIterator[None]:
+    """Serve `app` in this process beside services already running there (the demo, a test): its
+    toolsets' topics created, its agents published, an executor started for each toolset and
+    announced; they are stopped on exit. CliError when a toolset is not announced within `ready_s`."""
+    from quipu.deploy.local.stack import create_topics  # noqa: PLC0415 - the embedded stack only
+
+    kafka = connections.kafka
+    await create_topics(kafka.bootstrap, kafka.topic_prefix, toolsets=[each.name for each in app.toolsets])
+    await publish_agents(kafka, app)
+    async with contextlib.AsyncExitStack() as running:
+        for toolset in app.toolsets:
+            executor = toolset_definition(toolset).app(connections)
+            await executor.start()
+            running.push_async_callback(executor.stop)
+        late = await unannounced(kafka, [each.name for each in app.toolsets], ready_s)
+        if late:
+            raise CliError(f"not announced within {ready_s:g} s: {', '.join(late)}")
+        yield

@@ -1,4 +1,5 @@
-"""`quipu serve tools --app`: a user's toolset served by copies of its own executor, sharing its calls.
+"""`quipu serve tools --app`: a user's toolset served by copies of its own executor, sharing its calls;
+and `app_served`, the same App served in this process (agents published, executors announced).
 
 The user's module is written to a tmp directory that is not importable from the repository; two
 processes run `quipu serve tools --app shopapp:app` from there, as a user would in two terminals.
@@ -24,9 +25,16 @@ from typing import Any
 
 import pytest
 
+from quipu.agents import Agent
+from quipu.app import App
+from quipu.contracts.agents import AgentChanged
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested, ToolsetAnnounced
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services.cli.apps import app_served
+from quipu.services.kit.lifecycle import Connections
+from quipu.services.kit.settings import KafkaSettings
+from quipu.tools import Toolset
 from tests.owner_support import RawPublisher, TopicReader
 from tests.timing import scaled
 
@@ -191,3 +199,46 @@ async def test_two_copies_of_a_users_toolset_share_its_calls(
     assert {(a.toolset, a.version, a.calls_topic) for a in announced} == {("shop", "3", CALLS_TOPIC)}
     assert len({a.event_id for a in announced}) == 1  # the copies announce the same content
     assert {tool.name for tool in announced[0].tools} == {"price", "stock"}
+
+
+# --- the same, in this process (what the demo does) --------------------------------------------------
+
+counter = Toolset("counter", version="1")
+
+
+@counter.tool
+def letters(word: str) -> int:
+    """How many letters a word has."""
+    return sum(char.isalpha() for char in word)
+
+
+counting = Agent(id="counting", instructions="You count letters.", tools=[letters])
+
+
+async def test_an_app_served_in_process_publishes_its_agents_and_answers_its_tools(
+    stack: EmbeddedStack, kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    call = ToolCallRequested(
+        run_id="run-in-process",
+        session_id="session-in-process",
+        agent_id="counting",
+        tool_use_id="toolu_in_process",
+        tool_name="letters",
+        input={"word": "tama-rind"},
+    )
+    app = App(agents=[counting], toolsets=[counter])
+    async with (
+        app_served(Connections(kafka_settings), app),
+        RawPublisher(stack.bootstrap) as publisher,
+        TopicReader(stack.bootstrap, topic_prefix + Topic.TOOLS_RESULTS) as results,
+        TopicReader(stack.bootstrap, topic_prefix + Topic.AGENTS_REGISTRY) as agents,
+    ):
+        await agents.wait_for(lambda records: len(records) >= 1, within=10.0)
+        await publisher.send(
+            topic_prefix + "tools.calls.counter", call.model_dump_json().encode(), key=call.run_id.encode()
+        )
+        await results.wait_for(lambda records: len(records) >= 1, within=20.0)
+    [answered] = [ToolCallCompleted.model_validate_json(record.value or b"") for record in results.records]
+    assert (answered.tool_use_id, answered.content, answered.is_error) == ("toolu_in_process", 8, False)
+    [entry] = [AgentChanged.model_validate_json(record.value or b"") for record in agents.records]
+    assert entry.agent is not None and (entry.agent_id, entry.agent.tools) == ("counting", ["letters"])
