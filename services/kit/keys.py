@@ -74,22 +74,28 @@ class HttpKeySource:
     """The owner's key endpoint over HTTP; nothing of the exchange is kept or logged."""
 
     def __init__(self, settings: KeySettings) -> None:
-        token = settings.token_value
-        if not settings.url or not token:
+        self._settings = settings
+        self._token = settings.token_value
+        if not settings.url or not self._token:
             raise ValueError("the key channel needs QUIPU_KEYS_URL and QUIPU_KEYS_TOKEN (or _TOKEN_FILE)")
-        self._client = httpx.AsyncClient(
-            base_url=settings.url, timeout=settings.timeout_s, headers={"authorization": f"Bearer {token}"}
-        )
+        self._client = httpx.AsyncClient(base_url=settings.url, timeout=settings.timeout_s)
 
     async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
-        """Ask the owner; KeyUnavailableError when it does not answer as it should."""
+        """Ask the owner; KeyUnavailableError when it does not answer as it should.
+
+        Refused (401), the token is read again: a token file (a mounted Secret) rotated under the
+        running service is picked up at once, without a restart.
+        """
         request = KeyRequest(tenant_id=whose.tenant_id, principal_id=whose.principal_id, create=create)
-        try:
-            response = await self._client.post(
-                KEYS_PATH, content=request.model_dump_json(), headers={"content-type": "application/json"}
-            )
-        except httpx.HTTPError as error:
-            raise KeyUnavailableError(f"the key endpoint did not answer ({type(error).__name__})") from error
+        response = await self._ask(request)
+        if response.status_code == 401 and self._settings.token_file is not None:
+            try:
+                token = self._settings.token_value
+            except OSError:
+                token = ""  # the file is being replaced: the refusal below stands, the caller retries
+            if token and token != self._token:
+                self._token = token
+                response = await self._ask(request)
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -98,6 +104,13 @@ class HttpKeySource:
             return base64.b64decode(DataKey.model_validate_json(response.content).key, validate=True)
         except (ValueError, binascii.Error) as error:
             raise KeyUnavailableError("the key endpoint's answer is not a key") from error
+
+    async def _ask(self, request: KeyRequest) -> httpx.Response:
+        headers = {"content-type": "application/json", "authorization": f"Bearer {self._token}"}
+        try:
+            return await self._client.post(KEYS_PATH, content=request.model_dump_json(), headers=headers)
+        except httpx.HTTPError as error:
+            raise KeyUnavailableError(f"the key endpoint did not answer ({type(error).__name__})") from error
 
     async def close(self) -> None:
         """Close the HTTP client."""

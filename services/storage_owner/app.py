@@ -83,7 +83,7 @@ def create_app(
             # Opened last, so closed first: it never serves from a closed store.
             endpoint = KeyEndpoint(
                 handlers.OwnerKeyring(lambda: serving.memory),
-                keys.token_value,
+                [keys.token_value, owner.previous_keys_token],
                 owner.keys_host,
                 owner.keys_port,
             )

@@ -4,6 +4,9 @@
 answers `{key}` (base64), 404 when the principal has no key (forgotten) and `create` is false, 401
 without the token, 503 when the database is away. Nothing of a request or answer is logged (no
 access log) or written anywhere: a key on a topic or in a log would outlive the forget.
+
+During a rotation the endpoint also accepts the previous token
+(`QUIPU_OWNER_KEYS_PREVIOUS_TOKEN`), so services move to the new one without being refused.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import base64
 import contextlib
 import hmac
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
@@ -21,14 +24,16 @@ from quipu.contracts.errors import StoreError
 from quipu.services.kit.keys import KEYS_PATH, DataKey, KeyRequest, KeySource
 
 
-def key_app(source: KeySource, token: str) -> FastAPI:
-    """The key endpoint over `source`, for callers that present `token`."""
+def key_app(source: KeySource, tokens: Sequence[str]) -> FastAPI:
+    """The key endpoint over `source`, for callers that present one of `tokens` (empty ones never match)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    expected = f"Bearer {token}".encode()
+    expected = [f"Bearer {token}".encode() for token in tokens if token]
 
     @app.post(KEYS_PATH)
     async def data_key(request: KeyRequest, authorization: str = Header(default="")) -> DataKey:
-        if not hmac.compare_digest(authorization.encode(), expected):
+        presented = authorization.encode()
+        # Every token is compared (no early exit), so the time taken says nothing of which matched.
+        if not sum(hmac.compare_digest(presented, token) for token in expected):
             raise HTTPException(status_code=401, detail="a service token is required")
         try:
             key = await source.data_key(request.whose(), create=request.create)
@@ -51,9 +56,9 @@ class _Server(uvicorn.Server):
 class KeyEndpoint:
     """The key endpoint served by uvicorn inside the owner's event loop."""
 
-    def __init__(self, source: KeySource, token: str, host: str, port: int) -> None:
+    def __init__(self, source: KeySource, tokens: Sequence[str], host: str, port: int) -> None:
         config = uvicorn.Config(
-            key_app(source, token), host=host, port=port, log_config=None, access_log=False, lifespan="off"
+            key_app(source, tokens), host=host, port=port, log_config=None, access_log=False, lifespan="off"
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None

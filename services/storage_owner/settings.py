@@ -39,6 +39,13 @@ class OwnerSettings(ConsumerSettings):
     keys_host: str = Field(
         default="127.0.0.1", description="Address the key endpoint listens on (the services' network)."
     )
+    keys_previous_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "The service token being rotated out, still accepted by the key endpoint beside "
+            "QUIPU_KEYS_TOKEN while the services move to the new one; unset it once they have."
+        ),
+    )
     max_in_flight: int = Field(
         default=8,
         ge=1,
@@ -50,3 +57,8 @@ class OwnerSettings(ConsumerSettings):
     retry_attempts: RetryAttempts = Field(
         default=5, description="Tries of one command on a transient database failure."
     )
+
+    @property
+    def previous_keys_token(self) -> str:
+        """The token being rotated out, or "" when none is."""
+        return self.keys_previous_token.get_secret_value() if self.keys_previous_token is not None else ""
