@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from quipu.app import App
 from quipu.contracts.events import RunEvent, StreamEventType, capped_value
 from quipu.contracts.store import RunMeta, RunStatus, SessionOwner, StartOutcome
 from quipu.contracts.wire import utc_now_ms
@@ -29,6 +30,7 @@ from quipu.services.cli import output as cli_output
 from quipu.services.cli.render import EventPrinter
 from quipu.services.cli.settings import CliSettings
 from quipu.services.kit.settings import KafkaSettings
+from quipu.tools import Toolset
 from tests.timing import scaled
 
 runner = CliRunner()
@@ -472,3 +474,52 @@ def test_a_purge_names_the_owner_of_the_facts_that_stay_when_it_is_known() -> No
     assert owned.startswith("facts learned in it stay in ana's memory: `quipu memory list ana --tenant t1`")
     anonymous = render.facts_outlive_purge(None).plain
     assert "the person's memory" in anonymous and "`quipu memory list PRINCIPAL`" in anonymous
+
+
+# --- --app: the user's App ----------------------------------------------------------------------------
+
+
+def test_the_help_says_what_app_and_toolset_take() -> None:
+    serve = invoke("serve", "--help")
+    assert serve.exit_code == 0
+    for said in ("--app MODULE:ATTRIBUTE", "--toolset NAME", "tools (a toolset of --app)", "mypkg.app:app"):
+        assert said in serve.output, serve.output
+    up = invoke("up", "--help")
+    assert "--app MODULE:ATTRIBUTE" in up.output and "quipu.App" in up.output, up.output
+
+
+def test_up_with_an_app_that_does_not_load_fails_before_anything_starts(tmp_path: Path) -> None:
+    result = invoke("up", "--app", "nowhere_to_be_found:app", state_file=tmp_path / "up.json")
+    assert result.exit_code == 1, result.output
+    assert "--app nowhere_to_be_found:app: no module 'nowhere_to_be_found'" in result.output
+    assert "starting the embedded broker" not in result.output
+    assert not (tmp_path / "up.json").exists()
+
+
+def test_serve_tools_needs_an_app_and_other_services_refuse_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "two_toolsets.py").write_text(
+        "import quipu\napp = quipu.App(toolsets=[quipu.Toolset('maps'), quipu.Toolset('files')])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bare = invoke("serve", "tools")
+    assert bare.exit_code == 1 and "give --app MODULE:ATTRIBUTE" in bare.output, bare.output
+    which = invoke("serve", "tools", "--app", "two_toolsets:app")
+    assert which.exit_code == 1 and "2 toolsets (maps, files); name one (--toolset)" in which.output
+    missing = invoke("serve", "tools", "--app", "two_toolsets:app", "--toolset", "mail")
+    assert missing.exit_code == 1 and "no toolset 'mail'; it has: maps, files" in missing.output
+    planner = invoke("serve", "planner", "--app", "two_toolsets:app")
+    assert planner.exit_code == 2 and "planner needs no user code" in planner.output
+
+
+def test_up_processes_runs_each_toolset_as_the_command_a_user_would() -> None:
+    app = App(toolsets=[Toolset("maps"), Toolset("files")])
+    services = launch.supervised_services("mypkg.app:app", app)
+    names = [name for name, _ in services]
+    assert names[-1] == "gateway" and names.index("tools-maps") > names.index("tool_executor")
+    assert dict(services)["tools-files"] == (
+        "-m", "quipu.services.cli", "serve", "tools", "--app", "mypkg.app:app", "--toolset", "files"
+    )
+    assert dict(services)["planner"] == "quipu.services.planner"  # the planner takes no user code
