@@ -295,6 +295,7 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
                 since = time.time()
                 state["services"] = {s.name: {"pid": os.getpid(), "started_at": since} for s in started}
             await _app_ready(kafka, user_app)
+            state["ready"] = True  # with --processes the file was written before: pids as they started
             _publish(path, state, supervisor)
             _show_up(stack.bootstrap, stack.mongo_uri, state, path, local_key)
             await stop.wait()
