@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 EXAMPLE := examples/supportdesk
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test lint typecheck bench clean
+.PHONY: help install demo test lint typecheck bench bench-fleet clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml $(EXAMPLE)/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ typecheck: $(STAMP) ## mypy --strict
 
 bench: $(STAMP) ## print figures and ratios; write bench/results/latest.json
 	$(BIN)/python -m bench
+
+bench-fleet: $(STAMP) ## only the services-in-processes figures (idle CPU, 200 sessions, scaling, isolation)
+	$(BIN)/python -m bench.fleet_bench
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,11 +1,20 @@
-"""`make bench`: figures and ratios on the embedded stack, printed and saved as JSON."""
+"""`make bench`: figures and ratios on the embedded stack, printed and saved as JSON.
+
+Every key of `bench/results/latest.json` comes from this run: the store path, the agent loop in
+this process (bench.run_bench), memory, retrieval and sealing, then the services in processes of
+their own (bench.fleet_bench: idle CPU, 200 sessions, scaling, toolset isolation). A figure that
+could not be measured is printed as such, with the reason, and removed from the file. One part
+alone: `python -m bench.run_bench`, `python -m bench.fleet_bench [idle load scaling executor
+isolation]` (`make bench-fleet`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 
+from bench.fleet_bench import measure_fleet
 from bench.memory_bench import measure_memory
-from bench.report import print_table, save
+from bench.report import Figures, print_table, save
 from bench.retrieval_bench import measure_retrieval
 from bench.run_bench import measure_runs
 from bench.sealing_bench import measure_sealing
@@ -14,11 +23,13 @@ from bench.store_bench import measure_store
 
 async def main() -> None:
     """Run every benchmark and write `bench/results/latest.json`."""
-    figures = await measure_store()
+    figures: Figures = {}
+    figures |= await measure_store()
     figures |= await measure_runs()
     figures |= await measure_memory()
     figures |= await measure_retrieval()
     figures |= await measure_sealing()
+    figures |= await measure_fleet()
     print_table(figures)
     path = save(figures)
     print(f"\nwritten to {path}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,24 +13,28 @@ from rich.table import Table
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 
+Figures = dict[str, float | None]
+"""Figures by key; None is a figure that could not be measured in this run (the bench prints why)."""
 
-def print_table(figures: dict[str, float]) -> None:
+
+def print_table(figures: Mapping[str, float | None]) -> None:
     """One row per figure."""
     table = Table(title="Quipu benchmark")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for name, value in figures.items():
-        table.add_row(name, f"{value:,.2f}")
+        table.add_row(name, "not measured" if value is None else f"{value:,.2f}")
     Console().print(table)
 
 
-def save(figures: dict[str, float], path: Path = RESULTS) -> Path:
-    """Merge `figures` into the results file, so each benchmark keeps the others' keys."""
+def save(figures: Mapping[str, float | None], path: Path = RESULTS) -> Path:
+    """Merge `figures` into the results file, so each benchmark keeps the others' keys; a figure
+    not measured this time is removed (an old value would pass for a new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(path.read_text()) if path.exists() else {}
     merged = {
-        **previous,
-        **figures,
+        **{name: value for name, value in previous.items() if figures.get(name, 0) is not None},
+        **{name: value for name, value in figures.items() if value is not None},
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {platform.python_implementation()} {platform.python_version()}",
     }

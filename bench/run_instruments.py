@@ -7,8 +7,9 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -132,7 +133,7 @@ class TerminalWatcher:
         self._topic = settings.topic_prefix + Topic.RUNS_EVENTS.value
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._ends: dict[str, asyncio.Future[float]] = {}
+        self._ends: dict[str, asyncio.Future[tuple[float, None]]] = {}
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(
@@ -149,23 +150,22 @@ class TerminalWatcher:
         await self._consumer.seek_to_beginning(*partitions)  # a fresh topic: nothing old to skip
         self._task = asyncio.create_task(self._read())
 
-    def expect(self, run_id: str) -> asyncio.Future[float]:
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    def expect(self, run_id: str) -> asyncio.Future[tuple[float, None]]:
+        """Resolved with (perf_counter, None) when the run's terminal event is read."""
+        future: asyncio.Future[tuple[float, None]] = asyncio.get_running_loop().create_future()
         self._ends[run_id] = future
         return future
 
     async def _read(self) -> None:
         assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=1000)
-            now = time.perf_counter()
-            for records in batches.values():
-                for record in records:
-                    event = RunEvent.model_validate_json(record.value or b"")
-                    if event.type is StreamEventType.WORKFLOW and RunPhase(event.payload["phase"]).terminal:
-                        future = self._ends.pop(event.run_id, None)
-                        if future is not None and not future.done():
-                            future.set_result(now)
+
+        def ended(value: bytes) -> tuple[str, None] | None:
+            event = RunEvent.model_validate_json(value)
+            if event.type is StreamEventType.WORKFLOW and RunPhase(event.payload["phase"]).terminal:
+                return event.run_id, None
+            return None
+
+        await resolve_each(self._consumer, ended, self._ends)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -173,6 +173,27 @@ class TerminalWatcher:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+
+
+T = TypeVar("T")
+
+
+async def resolve_each(
+    consumer: AIOKafkaConsumer,
+    match: Callable[[bytes], tuple[str, T] | None],
+    waiting: dict[str, asyncio.Future[tuple[float, T]]],
+) -> None:
+    """Forever: each record `match` names (id, value) resolves the future waiting for that id
+    with (perf_counter when read, value)."""
+    while True:
+        batches = await consumer.getmany(timeout_ms=1000)
+        now = time.perf_counter()
+        for records in batches.values():
+            for record in records:
+                matched = match(record.value or b"")
+                future = waiting.pop(matched[0], None) if matched is not None else None
+                if matched is not None and future is not None and not future.done():
+                    future.set_result((now, matched[1]))
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:

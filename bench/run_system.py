@@ -94,7 +94,8 @@ class System:
         end = self.watcher.expect(request.run_id)
         published = time.perf_counter()
         await producer_publisher(self.producer, self.settings).publish(request)
-        return Run(request.run_id, session_id, published, await asyncio.wait_for(end, RUN_TIMEOUT_S))
+        ended, _ = await asyncio.wait_for(end, RUN_TIMEOUT_S)
+        return Run(request.run_id, session_id, published, ended)
 
     def cpu(self) -> dict[str, float]:
         return {name: process_cpu_s(pid) for name, pid in self.pids.items()}
