@@ -6,7 +6,8 @@ Everything installs under this one import root: the wire (`quipu.contracts`), th
 (`quipu.deploy.local`). The names below are the stable surface: what a program that publishes run
 requests and reads run events needs (`Client`, see `quipu.client`), what your own tools are
 written with (`tool`, `Toolset`, `ToolContext`, `ToolError`; see `quipu.tools`), your own agents
-(`Agent`, `load_agents`; see `quipu.agents`), and the `App` that puts your agents and toolsets
+(`Agent`, `load_agents`; see `quipu.agents`), an MCP server served as a toolset
+(`McpToolset`, see `quipu.mcp`), and the `App` that puts your agents and toolsets
 together for `quipu up --app` (see `quipu.app`). They load on first use, so `import quipu` stays
 cheap. `quipu.testing` holds the offline models for your own tests.
 """
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
     from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
     from quipu.contracts.topics import TOPICS, Topic, TopicSpec
+    from quipu.mcp import McpToolset
     from quipu.tools import (
         AwaitInput,
         AwaitKind,
@@ -66,10 +68,12 @@ _PUBLIC: dict[str, str] = {
     "Cancellation": "quipu.tools",
     "AwaitInput": "quipu.tools",
     "AwaitKind": "quipu.tools",
+    "McpToolset": "quipu.mcp",
 }
 
 __all__ = ["TOPICS", "Agent", "AgentFileError", "App", "AppError", "AppLoadError", "AwaitInput", "AwaitKind",
-           "CancelRun", "Cancellation", "Client", "RunEvent", "RunEvents", "RunPhase", "RunRequested",
+           "CancelRun", "Cancellation", "Client", "McpToolset",
+           "RunEvent", "RunEvents", "RunPhase", "RunRequested",
            "RunResult", "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset",
            "Topic", "TopicSpec", "TurnCompleted", "__version__", "load_agents", "load_app", "tool"]
 

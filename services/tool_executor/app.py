@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
@@ -14,11 +14,12 @@ from quipu import __version__
 from quipu.contracts.tools import DEFAULT_TOOLSET
 from quipu.contracts.topics import toolset_calls_topic
 from quipu.contracts.wire import utc_now_ms
+from quipu.mcp import McpToolset
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import announce
 from quipu.services.kit.keys import message_seals
-from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
+from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, service_app
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
@@ -28,6 +29,14 @@ from quipu.services.tool_executor.settings import ToolExecutorSettings
 from quipu.tools import ToolImplementation, Toolset
 
 SERVICE = "tool-executor"
+
+
+class ToolSource(Protocol):
+    """Tools an executor learns only when it opens (an MCP server's): what it announces and runs."""
+
+    async def open(self, opened: Opened) -> tuple[ToolCatalog, Mapping[str, ToolImplementation]]:
+        """Connect (closing through `opened`) and return the tools' catalog and implementations."""
+        ...
 
 
 @dataclass
@@ -41,6 +50,8 @@ class ToolExecutorDeps:
     toolset: str = DEFAULT_TOOLSET
     """Announced on `tools.registry`; its calls come on `toolset_calls_topic(toolset)`."""
     version: str = __version__
+    source: ToolSource | None = None
+    """When set, the catalog and implementations come from it at start-up instead."""
 
     @classmethod
     def serving(cls, *toolsets: Toolset, completed_calls: CompletedCalls | None = None) -> ToolExecutorDeps:
@@ -52,8 +63,24 @@ class ToolExecutorDeps:
         return cls(default_catalog(*toolsets), implementations, completed_calls)
 
     @classmethod
-    def dedicated(cls, toolset: Toolset, completed_calls: CompletedCalls | None = None) -> ToolExecutorDeps:
-        """`toolset` alone, on its own topic `tools.calls.<name>`: it scales apart from the rest."""
+    def dedicated(
+        cls, toolset: Toolset | McpToolset, completed_calls: CompletedCalls | None = None
+    ) -> ToolExecutorDeps:
+        """`toolset` alone, on its own topic `tools.calls.<name>`: it scales apart from the rest.
+
+        An `McpToolset`'s server is connected when the executor starts, and its tools announced.
+        """
+        if isinstance(toolset, McpToolset):
+            from quipu.services.tool_executor.mcp_client import McpTools  # noqa: PLC0415 - the SDK is heavy
+
+            return cls(
+                ToolCatalog(),
+                {},
+                completed_calls,
+                toolset=toolset.name,
+                version=toolset.version,
+                source=McpTools(toolset),
+            )
         return cls(
             ToolCatalog(toolset.definitions()),
             toolset.implementations(),
@@ -76,10 +103,13 @@ def create_app(
     # A call's input and its result are the run's principal's words: sealed under their key.
     seals = message_seals(settings.keys)
 
-    async def open_runner(_: KafkaBroker, __: Opened) -> ToolRunner:
+    async def open_runner(_: KafkaBroker, opened: Opened) -> ToolRunner:
+        catalog, implementations = given.catalog, given.implementations
+        if given.source is not None:
+            catalog, implementations = await given.source.open(opened)
         return ToolRunner(
-            given.catalog,
-            given.implementations,
+            catalog,
+            implementations,
             given.completed_calls or RememberedResults(settings.remembered_results),
             max_timeout_s=settings.max_timeout_s,
             canceled_runs_capacity=settings.remembered_cancels,
@@ -88,10 +118,12 @@ def create_app(
     calls_topic = toolset_calls_topic(given.toolset)
     # A toolset's copies form a group of their own: one toolset's rebalances never pause another's.
     group = settings.group if given.toolset == DEFAULT_TOOLSET else f"{settings.group}-{given.toolset}"
+    running: Running[ToolRunner] = Running(SERVICE.replace("-", " "))
     app = service_app(
         kafka,
         settings,
         name=SERVICE,
+        running=running,
         # The pid in the client id tells the copies apart in the broker's view of the group.
         client_id=f"{SERVICE}-{os.getpid()}",
         attempts=settings.retry_attempts,
@@ -103,12 +135,12 @@ def create_app(
             )
         ],
     )
-    announcement = given.toolset, given.version, given.catalog
 
     async def announce_toolset() -> None:
         # Once subscribed: every copy announces the same content at start-up (idempotent).
         broker = cast(KafkaBroker, app.broker)  # service_app built it: always a KafkaBroker
-        await broker_publisher(broker, kafka).publish(announce(*announcement, at=utc_now_ms()))
+        announcement = announce(given.toolset, given.version, running.get().catalog, at=utc_now_ms())
+        await broker_publisher(broker, kafka).publish(announcement)
 
     app.after_startup(announce_toolset)
     return app

@@ -212,6 +212,11 @@ class ToolRunner:
         self._running: dict[CallKey, _Execution] = {}
         self._running_by_run: dict[str, set[CallKey]] = {}
 
+    @property
+    def catalog(self) -> ToolCatalog:
+        """The tools this runner runs."""
+        return self._catalog
+
     # -- cancellation --
 
     def cancel_run(self, run_id: str) -> int:

@@ -1,0 +1,369 @@
+"""An MCP server as the executor's tools: the one module that imports the `mcp` SDK.
+
+`McpTools(toolset).open(opened)` connects (stdio: the command as a subprocess; else streamable
+HTTP), lists the server's tools and returns the catalog and implementations the `ToolRunner`
+runs, so an MCP tool goes through the same validation, deadline, cancellation, concurrency limit
+and record of results as any other (see `quipu.mcp` for what a user is promised).
+
+One task owns the connection (`McpConnection`): the SDK's client is an anyio context that must be
+entered and left by the same task, and the owner is also what connects again when it drops. It
+learns that the connection dropped from the transport's read side ending (a stdio server that
+exits, even while idle) or from a call failing on it; it then leaves the old client and enters a
+new one, waiting between failed attempts (doubling, capped). Calls wait for a connection, bounded
+by their deadline.
+
+Nothing here logs arguments, results or the server's error texts: only tool names, error types
+and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from typing import Any, ClassVar
+
+import anyio
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client._transport import TransportStreams
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+from mcp_types import CallToolResult, EmbeddedResource, TextContent
+from mcp_types import Tool as McpTool
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from quipu.contracts.errors import QuipuError
+from quipu.mcp import McpToolset
+from quipu.services.domain.tool_catalog import TOOL_NAME_PATTERN, ToolCatalog, ToolDefinition
+from quipu.services.kit.lifecycle import Opened
+from quipu.services.kit.logging import get_logger
+from quipu.tools import ToolContext, ToolError, ToolImplementation
+
+logger = get_logger(__name__)
+
+FIRST_RECONNECT_DELAY_S = 0.1
+MAX_RECONNECT_DELAY_S = 5.0
+"""Waits between failed connection attempts double from the first up to this."""
+
+CLOSE_GRACE_S = 5.0
+"""How long closing waits for the SDK to end the session (it stops a stdio server within ~4 s)."""
+
+MAX_TOOL_PAGES = 100
+"""A server whose `tools/list` pages never end is cut here."""
+
+
+class McpUnavailableError(QuipuError):
+    """Raised when an executor cannot reach its MCP server at start-up within `connect_timeout_s`."""
+
+
+# --- what the model sees: an MCP tool as a definition --------------------------------------------
+
+
+class McpArguments(BaseModel):
+    """Arguments of an MCP tool: passed to the server as given; the server validates them.
+
+    Each MCP tool gets a subclass whose JSON schema is the tool's own `inputSchema`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The MCP tool's `inputSchema`, unchanged (pydantic's own would describe no field)."""
+        return copy.deepcopy(cls.input_schema)
+
+    def values(self) -> dict[str, Any]:
+        """The arguments as the model gave them."""
+        return dict(self.__pydantic_extra__ or {})
+
+
+def arguments_model(tool_name: str, input_schema: Mapping[str, Any]) -> type[McpArguments]:
+    """The arguments model of one MCP tool."""
+    return type(
+        f"{tool_name}Arguments",
+        (McpArguments,),
+        {"input_schema": dict(input_schema), "__doc__": f"Arguments of the MCP tool `{tool_name}`."},
+    )
+
+
+def definition_of(tool: McpTool, toolset: McpToolset) -> ToolDefinition | None:
+    """The definition of an MCP tool, or None (with a warning) for a name Quipu's models refuse."""
+    if not TOOL_NAME_PATTERN.fullmatch(tool.name):
+        logger.warning(
+            "MCP tool left out: its name does not match the tool name pattern",
+            toolset=toolset.name,
+            tool_name=tool.name[:128],
+            pattern=TOOL_NAME_PATTERN.pattern,
+        )
+        return None
+    description = (tool.description or tool.title or "").strip() or f"The MCP tool {tool.name}."
+    return ToolDefinition(
+        name=tool.name,
+        description=description,
+        arguments=arguments_model(tool.name, tool.input_schema),
+        timeout_s=toolset.timeout_s,
+        max_concurrency=toolset.max_concurrency,
+    )
+
+
+def may_resend(tool: McpTool) -> bool:
+    """Whether a call whose connection dropped may be sent again: the server says it is read-only
+    or idempotent (hints, but the only word the server gives on it)."""
+    hints = tool.annotations
+    return hints is not None and bool(hints.read_only_hint or hints.idempotent_hint)
+
+
+# --- what the model reads: a tool result as content -----------------------------------------------
+
+
+def block_content(block: Any) -> Any:
+    """One content block: its text, or its description without inline binary data."""
+    if isinstance(block, TextContent):
+        return block.text
+    if isinstance(block, EmbeddedResource):
+        text = getattr(block.resource, "text", None)
+        if text is not None:
+            return {"type": "resource", "uri": str(block.resource.uri), "text": text}
+    described: dict[str, Any] = block.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data = described.pop("data", None)
+    if isinstance(data, str):
+        described["omitted"] = f"{len(data)} characters of base64 data not shown"
+    return described
+
+
+def result_value(tool_name: str, result: CallToolResult) -> Any:
+    """The result the model reads: structured content if any, else the text; raises ToolError for
+    a result the server marks as an error (the model reads its text)."""
+    parts = [block_content(block) for block in result.content]
+    texts = [part for part in parts if isinstance(part, str)]
+    if result.is_error:
+        raise ToolError("\n".join(texts) or (json.dumps(parts) if parts else f"{tool_name} failed"))
+    if result.structured_content is not None:
+        return result.structured_content
+    if len(texts) == len(parts):
+        return "\n".join(texts)
+    return parts
+
+
+# --- the connection ---------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def watched(
+    transport: AbstractAsyncContextManager[TransportStreams], on_end: Callable[[], None]
+) -> AsyncIterator[TransportStreams]:
+    """`transport`, calling `on_end` when its read side ends (the server exited or hung up)."""
+    async with transport as (read, write):
+        forward, received = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def pump() -> None:
+            try:
+                async with forward:
+                    async for item in read:
+                        await forward.send(item)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the session closed first: we are leaving anyway
+            finally:
+                on_end()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(pump)
+            try:
+                yield received, write
+            finally:
+                group.cancel_scope.cancel()
+
+
+class ConnectionLostError(Exception):
+    """The connection a call was sent on dropped before its answer."""
+
+
+class McpConnection:
+    """One MCP server's session, held by a task of its own and entered again when it drops."""
+
+    def __init__(self, toolset: McpToolset) -> None:
+        self._toolset = toolset
+        self._client: Client | None = None
+        self._connected = asyncio.Event()
+        """Set while `_client` is a live session."""
+        self._lost = asyncio.Event()
+        """Set when the session in use dropped (or is being closed): the owner leaves it."""
+        self._closing = False
+        self._owner: asyncio.Task[None] | None = None
+        self._last_error: BaseException | None = None
+        self.connections = 0
+        """How many sessions were established (1 + reconnections); each is a generation."""
+
+    def _transport(self) -> AbstractAsyncContextManager[TransportStreams]:
+        toolset = self._toolset
+        if toolset.url:
+            return streamable_http_client(toolset.url)
+        command, *args = toolset.command
+        parameters = StdioServerParameters(command=command, args=args, env=dict(toolset.env), cwd=toolset.cwd)
+        return stdio_client(parameters)
+
+    async def start(self) -> None:
+        """Connect; raises McpUnavailableError when no session is up within `connect_timeout_s`."""
+        self._owner = asyncio.create_task(self._hold(), name=f"mcp {self._toolset.name}")
+        try:
+            async with asyncio.timeout(self._toolset.connect_timeout_s):
+                await self._connected.wait()
+        except TimeoutError:
+            await self.stop()
+            error = self._last_error
+            why = f": {type(error).__name__}: {error}" if error is not None else ""
+            raise McpUnavailableError(
+                f"MCP server of toolset {self._toolset.name!r} ({self._toolset.transport}) not reachable "
+                f"within {self._toolset.connect_timeout_s:g} s{why}"
+            ) from None
+
+    async def stop(self) -> None:
+        """Leave the session (a stdio server is stopped) and stop connecting."""
+        self._closing = True
+        self._lose(self.connections)
+        owner, self._owner = self._owner, None
+        if owner is None:
+            return
+        try:
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await asyncio.shield(owner)
+        except TimeoutError:
+            owner.cancel()
+            await asyncio.gather(owner, return_exceptions=True)
+
+    def _lose(self, generation: int) -> None:
+        """The session of `generation` dropped: stop handing it out, and have the owner leave it."""
+        if generation == self.connections:
+            self._client = None
+            self._connected.clear()
+            self._lost.set()
+
+    async def _hold(self) -> None:
+        delay = FIRST_RECONNECT_DELAY_S
+        while not self._closing:
+            self._lost.clear()
+            generation = self.connections + 1
+            try:
+                transport = watched(self._transport(), partial(self._lose, generation))
+                async with Client(transport, cache=None) as client:
+                    self.connections = generation
+                    self._client = client
+                    self._connected.set()
+                    delay = FIRST_RECONNECT_DELAY_S
+                    if generation > 1:
+                        logger.info("reconnected to the MCP server", toolset=self._toolset.name)
+                    await self._lost.wait()
+            except Exception as error:  # whatever the transport raises, the answer is to connect again
+                self._last_error = error
+            finally:
+                self._lose(generation)
+            if self._closing:
+                return
+            logger.warning(
+                "MCP server connection lost; connecting again",
+                toolset=self._toolset.name,
+                error_type=type(self._last_error).__name__ if self._last_error else None,
+                retry_in_s=delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
+
+    async def _session(self) -> tuple[Client, int]:
+        """The live client and its generation, once there is one (callers' deadlines bound the wait)."""
+        while True:
+            if self._closing:
+                raise ToolError(f"the MCP server of toolset {self._toolset.name!r} is shutting down")
+            await self._connected.wait()
+            client = self._client
+            if client is not None:
+                return client, self.connections
+
+    async def list_tools(self) -> list[McpTool]:
+        """Every tool the server lists (all pages)."""
+        client, _ = await self._session()
+        tools: list[McpTool] = []
+        cursor: str | None = None
+        for _ in range(MAX_TOOL_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], *, resend: bool) -> CallToolResult:
+        """`tools/call`; sent once more on a new connection when `resend` and the first one dropped.
+
+        Raises ConnectionLostError when the connection dropped and the call may not be sent again,
+        MCPError for the server's refusal, ValidationError for an answer that is not MCP.
+        """
+        for attempt in (1, 2):
+            client, generation = await self._session()
+            try:
+                return await client.call_tool(name, arguments)
+            except MCPError as error:
+                if error.code != CONNECTION_CLOSED:
+                    raise
+            except ValidationError:
+                raise
+            except Exception:  # a transport failure: the session is in an unknown state
+                pass
+            self._lose(generation)
+            if not resend or attempt == 2:
+                raise ConnectionLostError(name)
+            logger.info("MCP call sent again after its connection dropped", toolset=self._toolset.name)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class McpTools:
+    """The tools of one MCP server, for a `ToolExecutorDeps.source`."""
+
+    def __init__(self, toolset: McpToolset) -> None:
+        self.toolset = toolset
+        self.connection = McpConnection(toolset)
+
+    async def open(self, opened: Opened) -> tuple[ToolCatalog, dict[str, ToolImplementation]]:
+        """Connect, list the server's tools, and say how each is called (closed with the executor)."""
+        await self.connection.start()
+        opened.on_close(self.connection.stop)
+        listed = await self.connection.list_tools()
+        catalog = ToolCatalog()
+        implementations: dict[str, ToolImplementation] = {}
+        for tool in listed:
+            definition = definition_of(tool, self.toolset)
+            if definition is None or definition.name in catalog:
+                continue
+            catalog.register(definition)
+            implementations[definition.name] = self._caller(definition.name, resend=may_resend(tool))
+        logger.info(
+            "MCP server connected",
+            toolset=self.toolset.name,
+            transport=self.toolset.transport,
+            tools=len(catalog),
+            left_out=len(listed) - len(catalog),
+        )
+        return catalog, implementations
+
+    def _caller(self, name: str, *, resend: bool) -> ToolImplementation:
+        connection, toolset = self.connection, self.toolset.name
+
+        async def call(arguments: McpArguments, _context: ToolContext) -> Any:
+            try:
+                result = await connection.call_tool(name, arguments.values(), resend=resend)
+            except ConnectionLostError:
+                raise ToolError(
+                    f"the MCP server of toolset {toolset!r} went away during the call to {name}; the call "
+                    "may or may not have taken effect and was not sent again"
+                ) from None
+            except MCPError as error:
+                raise ToolError(f"the MCP server refused the call to {name}: {error.message}") from None
+            except ValidationError:
+                raise ToolError(f"the MCP server answered {name} with a result that is not MCP") from None
+            return result_value(name, result)
+
+        return call

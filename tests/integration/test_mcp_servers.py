@@ -1,0 +1,202 @@
+"""The executor's MCP client against a real MCP server process (tests/mcp_servers/files_server.py).
+
+The server is written with the SDK's server API and started as a subprocess: over stdio (the
+executor starts it) and over streamable HTTP on a loopback port (started here, as an operator
+would). Each call goes through the `ToolRunner`, as the executor runs it: arguments, deadline,
+cancellation and the result or error the model reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
+from quipu.mcp import McpToolset
+from quipu.services.kit.lifecycle import Opened
+from quipu.services.tool_executor.adapters import RememberedResults
+from quipu.services.tool_executor.logic import ToolRunner
+from quipu.services.tool_executor.mcp_client import McpTools, McpUnavailableError
+from tests.timing import eventually, scaled
+
+SERVER = Path(__file__).parents[1] / "mcp_servers" / "files_server.py"
+
+pytestmark = pytest.mark.slow
+
+
+def served_folder(path: Path) -> Path:
+    (path / "poem.txt").write_text("the river keeps its knots")
+    return path
+
+
+@dataclass
+class Served:
+    """An MCP server's tools as the executor runs them."""
+
+    tools: McpTools
+    runner: ToolRunner
+    root: Path
+
+    async def call(self, tool_name: str, arguments: dict[str, Any], run_id: str = "") -> ToolCallCompleted:
+        request = ToolCallRequested(
+            run_id=run_id or "r-" + uuid.uuid4().hex,
+            agent_id="librarian",
+            tool_use_id="toolu_" + uuid.uuid4().hex[:12],
+            tool_name=tool_name,
+            input=arguments,
+        )
+        result = await self.runner.run(request)
+        assert result is not None
+        return result
+
+
+async def serve(toolset: McpToolset, opened: Opened, root: Path) -> Served:
+    tools = McpTools(toolset)
+    catalog, implementations = await tools.open(opened)
+    runner = ToolRunner(catalog, implementations, RememberedResults(100), max_timeout_s=scaled(20.0))
+    return Served(tools, runner, root)
+
+
+@pytest.fixture(scope="module")
+async def stdio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    root = served_folder(tmp_path_factory.mktemp("stdio"))
+    toolset = McpToolset("files", command=[sys.executable, str(SERVER), str(root)], timeout_s=scaled(15.0))
+    opened = Opened()
+    try:
+        yield await serve(toolset, opened, root)
+    finally:
+        await opened.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    root = served_folder(tmp_path_factory.mktemp("http"))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(SERVER), str(root), "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", root
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def listening(url: str) -> None:
+    port = int(url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
+
+    async def accepts() -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        await writer.wait_closed()
+        return True
+
+    await eventually(accepts, within=30.0, what="the MCP server listening on its port", interval=0.1)
+
+
+async def test_the_servers_tools_are_listed_with_their_schemas(stdio: Served) -> None:
+    catalog = stdio.runner.catalog
+    assert set(catalog.names()) == {"read_file", "file_size", "crash", "read_once_flaky", "wait_forever"}
+    # files.list is left out: Quipu's (and the models') tool names have no dots.
+    read_file = catalog.get("read_file")
+    assert read_file.description == "The text of a file in the served folder."
+    schema = read_file.spec().input_schema
+    assert schema["required"] == ["name"] and schema["properties"]["name"]["type"] == "string"
+
+
+async def test_a_call_answers_with_the_servers_result(stdio: Served) -> None:
+    read = await stdio.call("read_file", {"name": "poem.txt"})
+    size = await stdio.call("file_size", {"name": "poem.txt"})
+
+    assert not read.is_error and read.content == {"result": "the river keeps its knots"}
+    assert not size.is_error and size.content == {"bytes": 25}
+
+
+async def test_an_is_error_result_is_an_error_for_the_model(stdio: Served) -> None:
+    missing = await stdio.call("read_file", {"name": "nowhere.txt"})
+    misfit = await stdio.call("read_file", {"path": "poem.txt"})
+
+    assert missing.is_error and "no file named nowhere.txt" in missing.content
+    assert misfit.is_error and "name" in misfit.content  # the server's own validation, for the model
+
+
+async def test_a_server_that_dies_mid_call_settles_the_call_and_comes_back(stdio: Served) -> None:
+    crashed = await stdio.call("crash", {})
+
+    assert crashed.is_error and "went away during the call to crash" in crashed.content
+    assert (stdio.root / "crashed").exists()
+    # The executor is not wedged: the next call reaches a new server process.
+    after = await stdio.call("read_file", {"name": "poem.txt"})
+    assert not after.is_error and after.content == {"result": "the river keeps its knots"}
+    assert stdio.tools.connection.connections >= 2
+
+
+async def test_a_read_only_call_whose_server_died_is_sent_once_more(stdio: Served) -> None:
+    result = await stdio.call("read_once_flaky", {"name": "poem.txt"})
+
+    assert (stdio.root / "flaked").exists()  # the first sending ended the server
+    assert not result.is_error and result.content == {"result": "the river keeps its knots"}
+
+
+async def test_canceling_the_run_cancels_the_mcp_request(stdio: Served) -> None:
+    run_id = "r-" + uuid.uuid4().hex
+    call = asyncio.create_task(stdio.call("wait_forever", {}, run_id=run_id))
+
+    async def waiting() -> bool:
+        return (stdio.root / "waiting").exists()
+
+    await eventually(waiting, within=20.0, what="the server running the call")
+    stdio.runner.cancel_run(run_id)
+
+    async def canceled() -> bool:
+        return (stdio.root / "canceled").exists()
+
+    await eventually(canceled, within=20.0, what="the server told the request was canceled")
+    with pytest.raises(AssertionError):  # a canceled call answers nothing
+        await call
+
+
+async def test_a_streamable_http_server_is_served_the_same_way(
+    http_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, root = http_server
+    await listening(url)
+    opened = Opened()
+    try:
+        served = await serve(McpToolset("remote", url=url, timeout_s=scaled(15.0)), opened, root)
+        read = await served.call("read_file", {"name": "poem.txt"})
+        missing = await served.call("file_size", {"name": "nowhere.txt"})
+    finally:
+        await opened.close()
+
+    assert "read_file" in served.runner.catalog and "files.list" not in served.runner.catalog
+    assert read.content == {"result": "the river keeps its knots"}
+    assert missing.is_error and "no file named nowhere.txt" in missing.content
+
+
+async def test_a_server_that_cannot_start_is_a_clear_error_at_start_up(tmp_path: Path) -> None:
+    toolset = McpToolset("ghost", command=[str(tmp_path / "no-such-server")], connect_timeout_s=scaled(1.0))
+
+    with pytest.raises(McpUnavailableError, match=r"'ghost' .* not reachable"):
+        await McpTools(toolset).open(Opened())

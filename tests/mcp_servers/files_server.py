@@ -1,0 +1,98 @@
+"""A small MCP server written with the SDK's server API, run as a real process by the MCP tests.
+
+    python tests/mcp_servers/files_server.py ROOT                 # stdio
+    python tests/mcp_servers/files_server.py ROOT --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
+
+It serves the files under ROOT. Besides the tools a user would write (read a file, its size), it
+has the ones the tests need to misbehave on purpose: one that kills the server mid-call, one that
+does so only on its first call (and says it is read-only, so a dropped call may be sent again),
+one that waits until it is canceled and leaves a mark when it is, and one whose name Quipu refuses.
+Each mark is a file under ROOT, so the test reads what happened in the server process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+
+def build(root: Path) -> MCPServer:
+    """The server over the files of `root`."""
+    server = MCPServer("files")
+
+    def inside(name: str) -> Path:
+        path = (root / name).resolve()
+        if root.resolve() not in path.parents:
+            raise ToolError(f"{name} is outside the served folder")
+        return path
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def read_file(name: str) -> str:
+        """The text of a file in the served folder."""
+        path = inside(name)
+        if not path.is_file():
+            raise ToolError(f"no file named {name}")
+        return path.read_text()
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def file_size(name: str) -> dict[str, int]:
+        """How many bytes a file in the served folder holds."""
+        path = inside(name)
+        if not path.is_file():
+            raise ToolError(f"no file named {name}")
+        return {"bytes": path.stat().st_size}
+
+    @server.tool()
+    def crash() -> str:
+        """Ends the server process abruptly, mid-call."""
+        (root / "crashed").write_text("")
+        os._exit(3)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def read_once_flaky(name: str) -> str:
+        """Like read_file, but the first call ends the server mid-call."""
+        mark = root / "flaked"
+        if not mark.exists():
+            mark.write_text("")
+            os._exit(3)
+        return inside(name).read_text()
+
+    @server.tool()
+    async def wait_forever() -> str:
+        """Waits until the call is canceled; leaves the mark `canceled` when it is."""
+        (root / "waiting").write_text("")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            (root / "canceled").write_text("")
+        return "never"
+
+    @server.tool(name="files.list")
+    def list_files() -> list[str]:
+        """Every file's name (its name has a dot, which Quipu's tool names refuse)."""
+        return sorted(path.name for path in root.iterdir())
+
+    return server
+
+
+def main() -> None:
+    """Serve on stdio, or on streamable HTTP with --http PORT."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--http", type=int, default=0, help="Serve streamable HTTP on this loopback port.")
+    arguments = parser.parse_args()
+    server = build(arguments.root)
+    if arguments.http:
+        server.run("streamable-http", host="127.0.0.1", port=arguments.http)
+    else:
+        server.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""`quipu.McpToolset` and how an MCP tool and its results become Quipu's (no server; see
+tests/integration/test_mcp_servers.py for the real process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+from mcp_types import Tool as McpTool
+
+import quipu
+from quipu.contracts.wire import utc_now_ms
+from quipu.mcp import McpToolset
+from quipu.services.domain.tool_catalog import ToolCatalog
+from quipu.services.domain.toolset_registry import announce
+from quipu.services.tool_executor.mcp_client import definition_of, may_resend, result_value
+from quipu.tools import ToolError
+
+FILES = McpToolset("files", command=["python", "-m", "files_server"], timeout_s=7.0)
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "description": "A file's name."}},
+    "required": ["name"],
+}
+
+
+def test_a_declaration_names_one_way_to_reach_its_server() -> None:
+    assert quipu.McpToolset is McpToolset and "McpToolset" in quipu.__all__
+    assert FILES.command == ("python", "-m", "files_server") and FILES.transport == "stdio"
+    assert McpToolset("search", url="https://search.internal/mcp").transport == "streamable-http"
+    with pytest.raises(ValueError, match="exactly one of"):
+        McpToolset("files")
+    with pytest.raises(ValueError, match="exactly one of"):
+        McpToolset("files", command=["x"], url="http://h/mcp")
+    with pytest.raises(ValueError, match="list of arguments"):
+        McpToolset("files", command="python -m files_server")
+    with pytest.raises(ValueError, match="http"):
+        McpToolset("files", url="file:///etc/passwd")
+    with pytest.raises(ValueError, match="must match"):
+        McpToolset("my files", command=["x"])
+    with pytest.raises(ValueError, match="for a command"):
+        McpToolset("files", url="http://h/mcp", env={"TOKEN": "t"})
+
+
+def test_its_repr_shows_neither_the_url_nor_the_environment() -> None:
+    toolset = McpToolset("files", url="https://user:secret@h/mcp")
+    assert "secret" not in repr(toolset)
+    assert "hunter2" not in repr(McpToolset("files", command=["x"], env={"PASSWORD": "hunter2"}))
+
+
+def test_importing_quipu_leaves_the_mcp_sdk_unloaded() -> None:
+    code = "import sys, quipu; quipu.McpToolset('f', command=['x']); print('mcp' in sys.modules)"
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert output.stdout.strip() == "False"
+
+
+def test_an_mcp_tool_is_announced_with_its_own_schema_and_description() -> None:
+    tool = McpTool(name="read_file", description="Reads a file.", input_schema=SCHEMA)
+    definition = definition_of(tool, FILES)
+    assert definition is not None
+
+    [announced] = announce("files", "1", ToolCatalog([definition]), at=utc_now_ms()).tools
+
+    assert announced.name == "read_file" and announced.description == "Reads a file."
+    assert announced.input_schema == SCHEMA and announced.timeout_s == 7.0
+    # The server validates; the executor passes the model's arguments through unchanged.
+    assert definition.parse_arguments({"name": "a.txt", "extra": [1]}).values() == {  # type: ignore[attr-defined]
+        "name": "a.txt",
+        "extra": [1],
+    }
+
+
+def test_a_tool_name_quipu_refuses_is_left_out() -> None:
+    for name in ("files.list", "x" * 65, "read file"):
+        assert definition_of(McpTool(name=name, description="d", input_schema=SCHEMA), FILES) is None
+    untitled = definition_of(McpTool(name="stat", input_schema={"type": "object"}), FILES)
+    assert untitled is not None and untitled.description  # the model picks tools by it: never empty
+
+
+def test_only_a_read_only_or_idempotent_tool_is_sent_again() -> None:
+    def hinted(**hints: bool) -> McpTool:
+        return McpTool(name="t", input_schema=SCHEMA, annotations=ToolAnnotations(**hints))
+
+    assert may_resend(hinted(read_only_hint=True)) and may_resend(hinted(idempotent_hint=True))
+    assert not may_resend(hinted(destructive_hint=False))
+    assert not may_resend(McpTool(name="t", input_schema=SCHEMA))
+
+
+def test_a_result_is_its_structured_content_else_its_text() -> None:
+    text = CallToolResult(content=[TextContent(text="line one"), TextContent(text="line two")])
+    structured = CallToolResult(content=[TextContent(text="{}")], structured_content={"bytes": 3})
+    image = CallToolResult(
+        content=[TextContent(text="a chart"), ImageContent(data="QUJD", mime_type="image/png")]
+    )
+
+    assert result_value("t", text) == "line one\nline two"
+    assert result_value("t", structured) == {"bytes": 3}
+    chart, picture = result_value("t", image)
+    assert chart == "a chart" and picture["mimeType"] == "image/png" and "data" not in picture
+
+
+def test_an_is_error_result_raises_its_text_for_the_model() -> None:
+    failed = CallToolResult(content=[TextContent(text="no file named a.txt")], is_error=True)
+
+    with pytest.raises(ToolError, match=r"no file named a\.txt"):
+        result_value("read_file", failed)
+    with pytest.raises(ToolError, match="read_file failed"):
+        result_value("read_file", CallToolResult(content=[], is_error=True))
