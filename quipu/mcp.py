@@ -51,8 +51,10 @@ class McpToolset:
 
     `version` is announced with its tools; `timeout_s` bounds each call (the executor's
     `max_timeout_s` caps it), `max_concurrency` the calls of one tool running at once in one
-    executor; `env` and `cwd` are the subprocess's (stdio only); `connect_timeout_s` bounds the first
-    connection at start-up. Raises ValueError for a declaration no executor could serve.
+    executor; `env` and `cwd` are the subprocess's (stdio only), and its stderr is appended to the file
+    `server_log` (else discarded: a server's own log may quote its arguments, and the executor's
+    never does); `connect_timeout_s` bounds the first connection at start-up. Raises ValueError for
+    a declaration no executor could serve.
     """
 
     name: str
@@ -63,6 +65,7 @@ class McpToolset:
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | Path | None = None
+    server_log: str | Path | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
 
     def __post_init__(self) -> None:
@@ -82,12 +85,18 @@ class McpToolset:
                 raise ValueError(
                     f"toolset {self.name!r}: url must be an http(s) URL such as http://host:8000/mcp"
                 )
-            if self.env or self.cwd is not None:
-                raise ValueError(f"toolset {self.name!r}: env and cwd are for a command, not a url")
+            if self.env or self.cwd is not None or self.server_log is not None:
+                raise ValueError(
+                    f"toolset {self.name!r}: env, cwd and server_log are for a command, not a url"
+                )
         if not self.timeout_s > 0 or not self.connect_timeout_s > 0:
             raise ValueError(f"toolset {self.name!r}: timeout_s and connect_timeout_s must be positive")
         if self.max_concurrency < 1:
             raise ValueError(f"toolset {self.name!r}: max_concurrency must be at least 1")
+
+    def tool_names(self) -> frozenset[str] | None:
+        """None: the server says which tools it has once an executor connects (`quipu.App` reads this)."""
+        return None
 
     @property
     def transport(self) -> str:

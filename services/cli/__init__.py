@@ -346,24 +346,70 @@ def serve(
     service: Annotated[
         str,
         typer.Argument(
-            help="tools (a toolset of --app), or a service: storage-owner, planner, tool-executor, gateway, …"
+            help=(
+                "tools (a toolset of --app), mcp (an MCP server as a toolset), or a service: "
+                "storage-owner, planner, tool-executor, gateway, …"
+            )
         ),
     ],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[-- COMMAND ARGS...]",
+            help="mcp: the MCP server's command, after `--`; it is started as a subprocess (stdio).",
+        ),
+    ] = None,
     app_spec: AppOption = None,
     toolset: Annotated[
         str | None,
-        typer.Option("--toolset", metavar="NAME", help="Which toolset of --app (default: its only one)."),
+        typer.Option(
+            "--toolset",
+            metavar="NAME",
+            help="tools: which toolset of --app (default: its only one). mcp: the toolset's name.",
+        ),
     ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", metavar="URL", help="mcp: the server's streamable HTTP URL, e.g. http://host:8000/mcp."
+        ),
+    ] = None,
+    version: Annotated[str, typer.Option("--version", help="mcp: announced with its tools.")] = "1",
+    server_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--server-log", metavar="FILE", help="mcp: append the server's stderr here (else dropped)."
+        ),
+    ] = None,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", min=0.001, help="mcp: the deadline of one call, in seconds.")
+    ] = 10.0,
 ) -> None:
     """Run one service alone against QUIPU_KAFKA_* (and QUIPU_MONGO_* for the owner).
 
     `quipu serve tools --app mypkg.app:app [--toolset NAME]` runs the executor of one toolset of
-    your app on its own topic; start as many copies as you like, they share its calls. Every
-    other service needs no user code.
+    your app on its own topic; `quipu serve mcp --toolset files -- python -m files_server` (or
+    `--url http://host:8000/mcp`) serves an MCP server's tools as toolset `files`. Start as many
+    copies as you like: they share the toolset's calls. Every other service needs no user code.
     """
     from quipu.services import catalog  # noqa: PLC0415 - not for --help
     from quipu.services.cli.output import CliError, fail  # noqa: PLC0415
 
+    if service == "mcp":
+        from quipu.services.cli import apps  # noqa: PLC0415
+
+        if app_spec is not None:
+            raise typer.BadParameter(
+                "an MCP server is no Python code of yours: give --toolset NAME and -- COMMAND"
+            )
+
+        try:
+            apps.serve_mcp(toolset, url, command or [], version, timeout_s, server_log)
+        except CliError as error:
+            fail(str(error))
+        return
+    if command or url is not None:
+        raise typer.BadParameter(f"{service} takes no command or --url; they go with `quipu serve mcp`")
     if service == "tools":
         from quipu.services.cli import apps  # noqa: PLC0415
 

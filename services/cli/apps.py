@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
 from quipu.contracts.tools import ToolsetAnnounced
 from quipu.contracts.topics import Topic
+from quipu.mcp import McpToolset
 from quipu.services.cli.output import CliError
 from quipu.services.kit.lifecycle import Connections, ServiceDefinition
 from quipu.services.kit.publishing import PublishError
@@ -55,8 +56,8 @@ def toolset_definition(toolset: AnyToolset) -> ServiceDefinition[Any]:
     """How the executor of `toolset` is built and run, alone or beside the other services."""
     from quipu.services.tool_executor.app import dedicated_definition  # noqa: PLC0415 - lazily
 
-    if not isinstance(toolset, Toolset):
-        raise CliError(f"toolset {toolset.name!r}: this executor serves quipu.Toolset only")
+    if not isinstance(toolset, Toolset | McpToolset):
+        raise CliError(f"toolset {toolset.name!r}: an executor serves a quipu.Toolset or a quipu.McpToolset")
     return dedicated_definition(toolset)
 
 
@@ -65,6 +66,33 @@ def serve_tools(spec: str | None, toolset: str | None) -> None:
     if spec is None:
         raise CliError("`quipu serve tools` serves a toolset of your app: give --app MODULE:ATTRIBUTE")
     toolset_definition(chosen_toolset(loaded(spec), spec, toolset)).main()
+
+
+def serve_mcp(
+    toolset: str | None,
+    url: str | None,
+    command: list[str],
+    version: str,
+    timeout_s: float,
+    server_log: Path | None = None,
+) -> None:
+    """`quipu serve mcp --toolset NAME (--url URL | -- COMMAND ...)`: an MCP server as toolset NAME."""
+    if toolset is None:
+        raise CliError("`quipu serve mcp` serves an MCP server as a toolset: give --toolset NAME")
+    try:
+        served = McpToolset(
+            toolset,
+            command=command,
+            url=url or "",
+            version=version,
+            timeout_s=timeout_s,
+            server_log=server_log,
+        )
+    except ValueError as error:
+        raise CliError(
+            f"{error} (the command goes after `--`: quipu serve mcp --toolset {toolset} -- CMD)"
+        ) from None
+    toolset_definition(served).main()
 
 
 def executor_name(toolset: AnyToolset) -> str:

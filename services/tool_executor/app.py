@@ -151,7 +151,7 @@ DEFINITION = ServiceDefinition(
 )
 
 
-def dedicated_definition(toolset: Toolset) -> ServiceDefinition[ToolExecutorSettings]:
+def dedicated_definition(toolset: Toolset | McpToolset) -> ServiceDefinition[ToolExecutorSettings]:
     """`toolset`'s own executor (`quipu serve tools --app`): its topic, its group, its announcement;
     any number of copies share its calls."""
     return ServiceDefinition(

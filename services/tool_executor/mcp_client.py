@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TextIO
 
 import anyio
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
@@ -196,6 +197,7 @@ class McpConnection:
         self._closing = False
         self._owner: asyncio.Task[None] | None = None
         self._last_error: BaseException | None = None
+        self._server_log_file: TextIO | None = None
         self.connections = 0
         """How many sessions were established (1 + reconnections); each is a generation."""
 
@@ -205,7 +207,14 @@ class McpConnection:
             return streamable_http_client(toolset.url)
         command, *args = toolset.command
         parameters = StdioServerParameters(command=command, args=args, env=dict(toolset.env), cwd=toolset.cwd)
-        return stdio_client(parameters)
+        # The server's stderr is its own log, which may quote what it was called with: never ours.
+        return stdio_client(parameters, errlog=self._server_log())
+
+    def _server_log(self) -> TextIO:
+        if self._server_log_file is None:
+            where = self._toolset.server_log or os.devnull
+            self._server_log_file = open(where, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        return self._server_log_file
 
     async def start(self) -> None:
         """Connect; raises McpUnavailableError when no session is up within `connect_timeout_s`."""
@@ -227,14 +236,16 @@ class McpConnection:
         self._closing = True
         self._lose(self.connections)
         owner, self._owner = self._owner, None
-        if owner is None:
-            return
-        try:
-            async with asyncio.timeout(CLOSE_GRACE_S):
-                await asyncio.shield(owner)
-        except TimeoutError:
-            owner.cancel()
-            await asyncio.gather(owner, return_exceptions=True)
+        if owner is not None:
+            try:
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    await asyncio.shield(owner)
+            except TimeoutError:
+                owner.cancel()
+                await asyncio.gather(owner, return_exceptions=True)
+        if self._server_log_file is not None:
+            self._server_log_file.close()
+            self._server_log_file = None
 
     def _lose(self, generation: int) -> None:
         """The session of `generation` dropped: stop handing it out, and have the owner leave it."""
@@ -253,6 +264,7 @@ class McpConnection:
                 async with Client(transport, cache=None) as client:
                     self.connections = generation
                     self._client = client
+                    self._last_error = None
                     self._connected.set()
                     delay = FIRST_RECONNECT_DELAY_S
                     if generation > 1:

@@ -29,6 +29,8 @@ from quipu.services.tool_executor.mcp_client import McpTools, McpUnavailableErro
 from tests.timing import eventually, scaled
 
 SERVER = Path(__file__).parents[1] / "mcp_servers" / "files_server.py"
+SERVER_START_S = 60.0
+"""A call after a crash waits for a new server: its start imports the SDK, ~25 s on a busy 2-core box."""
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +64,19 @@ class Served:
 async def serve(toolset: McpToolset, opened: Opened, root: Path) -> Served:
     tools = McpTools(toolset)
     catalog, implementations = await tools.open(opened)
-    runner = ToolRunner(catalog, implementations, RememberedResults(100), max_timeout_s=scaled(20.0))
+    runner = ToolRunner(
+        catalog, implementations, RememberedResults(100), max_timeout_s=scaled(SERVER_START_S)
+    )
     return Served(tools, runner, root)
 
 
 @pytest.fixture(scope="module")
 async def stdio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
     root = served_folder(tmp_path_factory.mktemp("stdio"))
-    toolset = McpToolset("files", command=[sys.executable, str(SERVER), str(root)], timeout_s=scaled(15.0))
+    command = [sys.executable, str(SERVER), str(root)]
+    toolset = McpToolset(
+        "files", command=command, timeout_s=scaled(SERVER_START_S), connect_timeout_s=scaled(SERVER_START_S)
+    )
     opened = Opened()
     try:
         yield await serve(toolset, opened, root)
@@ -184,7 +191,7 @@ async def test_a_streamable_http_server_is_served_the_same_way(
     await listening(url)
     opened = Opened()
     try:
-        served = await serve(McpToolset("remote", url=url, timeout_s=scaled(15.0)), opened, root)
+        served = await serve(McpToolset("remote", url=url, timeout_s=scaled(SERVER_START_S)), opened, root)
         read = await served.call("read_file", {"name": "poem.txt"})
         missing = await served.call("file_size", {"name": "nowhere.txt"})
     finally:

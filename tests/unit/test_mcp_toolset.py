@@ -9,10 +9,12 @@ import sys
 import pytest
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from mcp_types import Tool as McpTool
+from typer.testing import CliRunner, Result
 
 import quipu
 from quipu.contracts.wire import utc_now_ms
 from quipu.mcp import McpToolset
+from quipu.services import cli
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import announce
 from quipu.services.tool_executor.mcp_client import definition_of, may_resend, result_value
@@ -108,3 +110,37 @@ def test_an_is_error_result_raises_its_text_for_the_model() -> None:
         result_value("read_file", failed)
     with pytest.raises(ToolError, match="read_file failed"):
         result_value("read_file", CallToolResult(content=[], is_error=True))
+
+
+# --- quipu serve mcp: what it takes ------------------------------------------------------------------
+
+
+def serve(*args: str) -> Result:
+    return CliRunner().invoke(cli.app, ["serve", *args], env={"QUIPU_KAFKA_BOOTSTRAP_SERVERS": ""})
+
+
+def test_serve_mcp_help_says_what_each_form_takes() -> None:
+    said = serve("--help").output
+    for words in ("mcp", "--toolset", "--url", "COMMAND", "--server-log", "--timeout-s"):
+        assert words in said
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("mcp", "--", "python", "server.py"), "give --toolset NAME"),
+        (("mcp", "--toolset", "files"), "exactly one of"),
+        (("mcp", "--toolset", "files", "--url", "http://h/mcp", "--", "python"), "exactly one of"),
+        (("mcp", "--toolset", "files", "--url", "ftp://h/mcp"), "http(s) URL"),
+        (("mcp", "--toolset", "my files", "--", "python"), "must match"),
+    ],
+)
+def test_serve_mcp_refuses_what_no_executor_could_serve(args: tuple[str, ...], says: str) -> None:
+    result = serve(*args)
+    assert result.exit_code == 1 and says in result.output, result.output
+
+
+def test_a_command_or_url_belongs_to_serve_mcp_only() -> None:
+    assert serve("planner", "--url", "http://h/mcp").exit_code == 2
+    assert serve("planner", "--", "python", "server.py").exit_code == 2
+    assert serve("mcp", "--app", "mod:app", "--toolset", "files", "--", "python").exit_code == 2
