@@ -25,7 +25,7 @@ from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.tool_catalog import ToolCatalog, agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
-from quipu.services.kit.delivery import PermanentError
+from quipu.services.kit.delivery import PermanentError, describe_error
 from quipu.services.kit.publishing import TopicPublisher
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.context import history_window
@@ -77,7 +77,10 @@ async def load_view(store: Store, run_id: str) -> RunView | None:
     try:
         return RunView.of(records)
     except (TranscriptError, ValueError, KeyError) as error:
-        raise PermanentError(f"run {run_id!r}: its records cannot be read: {error}") from error
+        # Not the error's own text: a decoder's message may quote the record, someone's words.
+        raise PermanentError(
+            f"run {run_id!r}: its records cannot be read ({describe_error(error)})"
+        ) from error
 
 
 # --- publishing ---------------------------------------------------------------------------------

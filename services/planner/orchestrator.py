@@ -57,7 +57,7 @@ from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import validate_planner_transcript
-from quipu.services.kit.delivery import PermanentError, RetryableError
+from quipu.services.kit.delivery import PermanentError, RetryableError, describe_error
 from quipu.services.kit.keyed_locks import KeyedLocks
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.planner.adapters import (
@@ -439,7 +439,7 @@ class Planner:
             try:
                 answer = answer_message(predecessor, checkpoint.pending, request.answer)
             except TranscriptError as error:
-                raise PermanentError(f"resume {request.run_id!r}: {error}") from error
+                raise PermanentError(f"resume {request.run_id!r}: {describe_error(error)}") from error
             return await self._write_once(
                 view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
             )

@@ -536,3 +536,30 @@ async def test_the_deadline_bounds_the_sdk_waiting_on_retry_after(server: Messag
         await bounded.aclose()
     assert (caught.value.kind, caught.value.retryable) == ("timeout", True)
     assert len(server.message_requests) == 1
+
+
+async def test_a_tool_input_the_sdk_cannot_parse_is_an_invalid_response_that_does_not_quote_it(
+    server: MessagesApiServer, model: AnthropicModel
+) -> None:
+    # The SDK's own message quotes the model's JSON; a ModelError reaches logs, so it must not.
+    marker = "the model's words about the blue flowerpot"
+    events = message_events(
+        MessageReply(content=[tool_use("tu_1", "calculator", {"expression": marker})]), "claude-test", "msg_1"
+    )
+    broken = [
+        (
+            name,
+            {
+                **data,
+                "delta": {"type": "input_json_delta", "partial_json": '{"expression": "' + marker + '", ]'},
+            },
+        )
+        if data.get("type") == "content_block_delta"
+        else (name, data)
+        for name, data in events
+    ]
+    server.enqueue(StreamReply(events=broken))
+    with pytest.raises(ModelError) as caught:
+        await model.complete(ask(tools=[CALCULATOR]))
+    assert caught.value.kind == "invalid_response"
+    assert marker not in str(caught.value)

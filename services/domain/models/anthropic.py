@@ -258,8 +258,14 @@ async def _sdk_events(stream: anthropic.AsyncMessageStream[Any]) -> AsyncIterato
             return
         except (anthropic.APIError, httpx2.HTTPError) as error:
             raise model_error(error) from error
-        except ValueError as error:  # the SDK's "Unable to parse tool parameter JSON"
-            raise ModelError(f"malformed stream: {error}", kind="invalid_response", retryable=True) from error
+        except ValueError as error:
+            # The SDK's "Unable to parse tool parameter JSON" quotes the model's JSON: a ModelError
+            # reaches logs, so it says what failed without repeating the model's words.
+            raise ModelError(
+                "malformed stream: the SDK could not parse an event (a tool input that is not JSON)",
+                kind="invalid_response",
+                retryable=True,
+            ) from error
         yield event
 
 
