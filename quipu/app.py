@@ -24,8 +24,9 @@ default executor every `quipu up` runs), another agent (an agent-tool: a child r
 listed in `external_tools` (served by a toolset deployed elsewhere, e.g. another team's
 `quipu serve tools`). A name that is none of these is an `AppError`, since it is almost always a
 typo and the run would fail with `missing_tool`; the one exception is an app with a toolset whose
-tools are only known once it is served (an MCP server): there an unknown name is accepted with a
-warning. An agent listed by object in another agent's tools belongs to the app too.
+tools are only known once it is served (an MCP server): there an unknown name is accepted, and
+`quipu up` checks it once the toolsets have announced their tools (`unserved_tools`). An agent
+listed by object in another agent's tools belongs to the app too.
 
 A toolset is a `quipu.Toolset`, or any object with the toolset protocol (`ServedToolset`): a
 `name` and `version`, and `tool_names()` (a frozenset, or None when only the running server
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -131,6 +131,16 @@ class App:
                 return each
         raise AppError(f"the app has no toolset {name!r}; it has: {', '.join(names) or 'none'}")
 
+    def unserved_tools(self, announced: Iterable[str]) -> dict[str, list[str]]:
+        """By agent id, the tools it names that nothing serves, once the tools `announced` (by the
+        app's running toolsets) are known: what a toolset known only once served (an MCP server)
+        turned out not to have. Empty when every agent can be served."""
+        known = set(announced) | shipped_tool_names() | self.external_tools | {a.id for a in self.agents}
+        for toolset in self.toolsets:
+            known |= tool_names(toolset) or set()
+        unserved = {agent.id: sorted(set(agent.tools) - known) for agent in self.agents}
+        return {agent: tools for agent, tools in unserved.items() if tools}
+
     def __repr__(self) -> str:
         agents = [agent.id for agent in self.agents]
         return f"App(agents={agents}, toolsets={[each.name for each in self.toolsets]})"
@@ -213,12 +223,7 @@ def _check_tool(
     if tool in served or tool in known:
         return
     if open_ended:
-        warnings.warn(
-            f"agent {agent!r} uses tool {tool!r}; no toolset of the app is known to have it, unless "
-            f"{', '.join(open_ended)} does once served",
-            stacklevel=4,
-        )
-        return
+        return  # perhaps a tool of theirs: `quipu up` checks once they are served (`unserved_tools`)
     offered = sorted({*served, *known} - {agent})
     raise AppError(
         f"agent {agent!r} uses tool {tool!r}, which nothing serves: not a tool of the app's toolsets, "

@@ -113,16 +113,18 @@ def user_code_environment() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
-async def unannounced(kafka: KafkaSettings, toolsets: list[str], within_s: float) -> list[str]:
-    """Which of `toolsets` have not been announced on `tools.registry` within `within_s` seconds.
+async def announced(
+    kafka: KafkaSettings, toolsets: list[str], within_s: float
+) -> dict[str, ToolsetAnnounced]:
+    """The announcements of `toolsets` on `tools.registry`, once each has one or `within_s` passed.
 
     `quipu up --app` says it is up once every toolset of the app can be called: with `--processes`
     a toolset's executor is a process of its own, which may announce after the planner is up, and
     a run arriving before would fail with `missing_tool`.
     """
-    waiting = set(toolsets)
-    if not waiting:
-        return []
+    found: dict[str, ToolsetAnnounced] = {}
+    if not toolsets:
+        return found
     registry = kafka.topic_prefix + Topic.TOOLS_REGISTRY
     reader = AIOKafkaConsumer(
         bootstrap_servers=kafka.bootstrap,
@@ -137,14 +139,30 @@ async def unannounced(kafka: KafkaSettings, toolsets: list[str], within_s: float
         reader.assign(partitions)
         await reader.seek_to_beginning(*partitions)
         deadline = time.monotonic() + within_s
-        while waiting and time.monotonic() < deadline:
+        while set(toolsets) - set(found) and time.monotonic() < deadline:
             batches = await reader.getmany(timeout_ms=200)
             for record in (record for batch in batches.values() for record in batch):
                 with contextlib.suppress(ValueError):
-                    waiting.discard(ToolsetAnnounced.model_validate_json(record.value or b"").toolset)
+                    announcement = ToolsetAnnounced.model_validate_json(record.value or b"")
+                    if announcement.toolset in toolsets:
+                        found[announcement.toolset] = announcement
     finally:
         await reader.stop()
-    return sorted(waiting)
+    return found
+
+
+def readiness(app: App, announcements: dict[str, ToolsetAnnounced]) -> list[str]:
+    """What stands between the app and its runs, in lines to show: toolsets not announced, and
+    agents naming tools no toolset announced (a run of theirs would fail with `missing_tool`)."""
+    late = [each.name for each in app.toolsets if each.name not in announcements]
+    problems = [f"not announced (its executor is still starting?): {name}" for name in late]
+    if not late:
+        tools = [tool.name for announcement in announcements.values() for tool in announcement.tools]
+        problems += [
+            f"agent {agent!r} names tools no toolset announced: {', '.join(missing)}"
+            for agent, missing in app.unserved_tools(tools).items()
+        ]
+    return problems
 
 
 async def publish_agents(kafka: KafkaSettings, app: App) -> None:
@@ -172,7 +190,7 @@ async def app_served(connections: Connections, app: App, *, ready_s: float = 60.
             executor = toolset_definition(toolset).app(connections)
             await executor.start()
             running.push_async_callback(executor.stop)
-        late = await unannounced(kafka, [each.name for each in app.toolsets], ready_s)
-        if late:
-            raise CliError(f"not announced within {ready_s:g} s: {', '.join(late)}")
+        problems = readiness(app, await announced(kafka, [each.name for each in app.toolsets], ready_s))
+        if problems:
+            raise CliError("; ".join(problems))
         yield

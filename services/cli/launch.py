@@ -225,10 +225,10 @@ async def _app_ready(kafka: KafkaSettings, user_app: App) -> None:
     from quipu.services.cli.settings import CliSettings  # noqa: PLC0415
 
     names = [toolset.name for toolset in user_app.toolsets]
-    late = await apps.unannounced(kafka, names, CliSettings().toolsets_ready_s)
-    if late:
-        warn(f"not announced yet (their executors are still starting?): {', '.join(late)}")
-    elif names:
+    problems = apps.readiness(user_app, await apps.announced(kafka, names, CliSettings().toolsets_ready_s))
+    for problem in problems:
+        warn(problem)
+    if names and not problems:
         console.print(Text(f"  ✓ announced: {', '.join(names)}", style="green"))
 
 

@@ -131,10 +131,14 @@ class Served:
         return None
 
 
-def test_with_a_toolset_known_only_once_served_an_unknown_name_is_a_warning() -> None:
-    with pytest.warns(UserWarning, match="unless files does once served"):
-        app = App(agents=[Agent("a", ["read_file"])], toolsets=[Served("files")])
-    assert app.toolset("files").name == "files"
+def test_with_a_toolset_known_only_once_served_an_unknown_name_is_checked_when_served() -> None:
+    app = App(
+        agents=[Agent("a", ["read_file", "forecast", "b"]), Agent("b", ["write_file", "notes"])],
+        toolsets=[Served("files"), weather],
+    )
+    assert app.unserved_tools(["read_file", "write_file"]) == {}
+    assert app.unserved_tools(["read_file"]) == {"b": ["write_file"]}
+    assert app.unserved_tools([]) == {"a": ["read_file"], "b": ["write_file"]}
 
 
 def test_choosing_a_toolset() -> None:

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from quipu.agents import Agent
 from quipu.app import App
 from quipu.contracts.events import RunEvent, StreamEventType, capped_value
 from quipu.contracts.store import RunMeta, RunStatus, SessionOwner, StartOutcome
@@ -27,8 +28,10 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services import cli
 from quipu.services.cli import app, client, launch, render, state
 from quipu.services.cli import output as cli_output
+from quipu.services.cli.apps import readiness
 from quipu.services.cli.render import EventPrinter
 from quipu.services.cli.settings import CliSettings
+from quipu.services.domain.toolset_registry import announce
 from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import Toolset
 from tests.timing import scaled
@@ -523,3 +526,31 @@ def test_up_processes_runs_each_toolset_as_the_command_a_user_would() -> None:
         "-m", "quipu.services.cli", "serve", "tools", "--app", "mypkg.app:app", "--toolset", "files"
     )
     assert dict(services)["planner"] == "quipu.services.planner"  # the planner takes no user code
+
+
+def test_up_names_what_keeps_an_app_from_its_runs() -> None:
+    maps = Toolset("maps")
+
+    @maps.tool
+    def distance(origin: str, destination: str) -> float:
+        """Kilometres between two places."""
+        return 1.0
+
+    class Served:  # a toolset whose tools only its server knows (an MCP server)
+        name, version = "files", "1"
+
+        def tool_names(self) -> frozenset[str] | None:
+            return None
+
+    walker = Agent(id="walker", instructions="You walk.", tools=[distance, "read_file", "grep"])
+    app = App(agents=[walker], toolsets=[maps, Served()])
+    maps_announced = announce("maps", "1", maps.catalog(), at=utc_now_ms())
+    assert readiness(app, {"maps": maps_announced}) == [
+        "not announced (its executor is still starting?): files"
+    ]
+    files = Toolset("files")
+    files.tool(name="read_file", description="Reads a file.")(distance.function)
+    files_announced = announce("files", "1", files.catalog(), at=utc_now_ms())
+    assert readiness(app, {"maps": maps_announced, "files": files_announced}) == [
+        "agent 'walker' names tools no toolset announced: grep"
+    ]
