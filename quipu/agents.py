@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -232,6 +233,9 @@ def _position(error: tomllib.TOMLDecodeError) -> str:
 
 
 def _imported(module: str, attribute: str, source: str) -> Any:
+    here = str(Path.cwd())
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)  # as `python -m` does (and load_app): the user's module is where they are
     try:
         found: Any = importlib.import_module(module)
     except ImportError as error:

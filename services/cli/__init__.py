@@ -10,6 +10,7 @@
     quipu sessions end|purge|show ID       # session administration
     quipu memory list|export|forget P      # what Quipu remembers about a person; delete P FACT; reindex
     quipu keys create|list|revoke          # the gateway's API keys (services/cli/keys.py)
+    quipu agents apply|list|delete         # your agents on agents.registry (services/cli/agents.py)
     quipu serve planner                    # one service alone, against QUIPU_KAFKA_* / QUIPU_MONGO_*
     quipu up --app mypkg.app:app           # your agents and toolsets too (quipu.App, quipu/app.py)
     quipu serve tools --app mypkg.app:app  # one toolset's executor (--toolset NAME); copies share calls
@@ -55,6 +56,9 @@ app.add_typer(memory_app, name="memory")
 from quipu.services.cli.keys import keys_app  # noqa: E402 - declared in its own module, registered here
 
 app.add_typer(keys_app, name="keys")
+from quipu.services.cli.agents import agents_app  # noqa: E402 - declared in its own module, registered here
+
+app.add_typer(agents_app, name="agents")
 
 CANCELLATION_REASONS = ("user_requested", "engine_canceled")
 """What `quipu cancel --reason` accepts (`CancellationReason` without the store's own)."""

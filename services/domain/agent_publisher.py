@@ -1,7 +1,9 @@
-"""Publishing agents on `agents.registry`: what `quipu agents apply|delete` and an App at start-up do.
+"""Publishing agents on `agents.registry` (`quipu agents apply|delete`, an App at start-up), and
+reading what it holds (`quipu agents list`).
 
     await publish_agents(kafka_settings, [forecaster, helper])      # quipu.Agent or AgentDefinition
     await remove_agents(kafka_settings, ["forecaster"])
+    registry = await registered_agents(kafka_settings)              # registry.registered(): the ids
 
 Every planner copy follows the registry, so an agent published here is served from then on, with
 no restart. The same definition always gives the same `event_id` (`domain.agents.defined`), so
@@ -15,10 +17,12 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaProducer
 
 from quipu.contracts.agents import AgentChanged, AgentDefinition
+from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.agents import defined, removed
+from quipu.services.domain.agents import AgentRegistry, InvalidAgentEntryError, defined, removed
 from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.topic_replay import read_to_end
 
 
 async def publish_agents(
@@ -36,6 +40,26 @@ async def remove_agents(
     """Remove each agent from `agents.registry`: runs for it are refused from then on."""
     at = utc_now_ms()
     return await _publish(settings, [removed(agent_id, at=at) for agent_id in agent_ids], client_id)
+
+
+async def registered_agents(
+    settings: KafkaSettings, *, within_s: float = 30.0, client_id: str = "quipu-agents"
+) -> tuple[AgentRegistry, int]:
+    """What `agents.registry` holds now, read to its end as a planner reads it (no built-in agents),
+    and how many records were skipped (not entries, or not servable). TopicMissingError when the
+    deployment has no such topic; TimeoutError past `within_s`."""
+    agents = AgentRegistry()
+    skipped = 0
+
+    def take(body: bytes) -> None:
+        nonlocal skipped
+        try:
+            agents.take(body)
+        except InvalidAgentEntryError:
+            skipped += 1
+
+    await read_to_end(settings, Topic.AGENTS_REGISTRY, take, within_s=within_s, client_id=client_id)
+    return agents, skipped
 
 
 async def _publish(

@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from quipu.assistant import assistant, math_agent
 from quipu.contracts.agents import AgentChanged, AgentDefinition
@@ -146,6 +146,18 @@ class AgentRegistry(Mapping[str, AgentSpec]):
         else:
             self._agents[entry.agent_id] = served
 
+    def take(self, body: bytes) -> AgentChanged:
+        """Apply one record of agents.registry as it came off the topic; InvalidAgentEntryError
+        (nothing changes, no value quoted) for a record that is no entry or cannot be served."""
+        try:
+            entry = AgentChanged.model_validate_json(body)
+        except ValidationError as error:
+            raise InvalidAgentEntryError(
+                f"not an agents.registry entry ({error.error_count()} error(s))"
+            ) from None
+        self.apply(entry)
+        return entry
+
     def registered(self) -> list[str]:
         """The ids of the agents registered through `apply` (not removed since), sorted."""
         return sorted(agent_id for agent_id, (_, spec) in self._latest.items() if spec is not None)
@@ -164,7 +176,9 @@ class AgentRegistry(Mapping[str, AgentSpec]):
         try:
             return self._agents[agent_id]
         except KeyError:
-            raise UnknownAgentError(f"agent {agent_id!r} is not registered") from None
+            raise UnknownAgentError(
+                f"agent {agent_id!r} is not registered (none of that id on agents.registry nor built in)"
+            ) from None
 
     def is_agent_tool(self, name: str) -> bool:
         """Whether a tool name is another agent (calling it starts a child run)."""

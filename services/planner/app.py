@@ -64,6 +64,9 @@ def create_app(
 ) -> FastStream:
     """The planner application; `deps` replaces any of store, model, catalog, agents, context source.
 
+    `deps.agents` (default: the built-in agents) are served with every agent registered on
+    `agents.registry`; a registered agent replaces a given one of the same id.
+
     The context source is `deps.context`, else the memory one over `deps.memory`, else (with
     `use_memory`) the memory one over the owner's memory commands, else the run-log history.
     """
@@ -73,8 +76,13 @@ def create_app(
     seals = message_seals(settings.keys)
     given = deps or PlannerDeps()
     registry = given.registry or ToolsetRegistry()
+    agents = given.agents if given.agents is not None else default_agents()
+    readers = handlers.registry_readers(registry, agents)
 
     async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:
+        # Before the broker starts the groups that bring runs: a run taken first finds every tool
+        # and agent registered before this planner started.
+        await handlers.catch_up(kafka, readers, settings.registry_catch_up_s)
         store = given.store or await opened.start(KafkaStore.for_service(kafka, settings, seals=seals))
         topics = broker_publisher(broker, kafka, seals)
         publisher = PublishedTurns(
@@ -100,7 +108,7 @@ def create_app(
             store=store,
             model=model,
             catalog=given.catalog or default_catalog(),
-            agents=given.agents or default_agents(),
+            agents=agents,
             context=context,
             owners=SessionOwners(memory, store) if memory is not None else None,
             registry=registry,
@@ -110,9 +118,7 @@ def create_app(
     def subscribe(
         broker: KafkaBroker, delivery: Delivery, planner: Running[Planner]
     ) -> list[ConcurrentConsumer]:
-        # First: FastStream starts subscribers in order, so the registry is being read while the
-        # groups that bring runs join (a second or more each), not after.
-        handlers.follow_registry(broker, kafka, registry)
+        handlers.follow_registries(broker, kafka, readers)
         return handlers.register(broker, kafka, planner, delivery, settings)
 
     return service_app(

@@ -1,18 +1,21 @@
-"""The planner's subscribers: `runs.requested`, `runs.control`, `tools.results`; `tools.registry`.
+"""The planner's subscribers: `runs.requested`, `runs.control`, `tools.results`; the registries.
 
 Each message goes through `Delivery` (DLQ for what does not validate) in a task of its own
 (`kit.concurrent_delivery`): runs of different sessions advance concurrently while one key's
 messages (a session's requests and cancels, a run's tool results) are handled in the order
 consumed. A partition is committed only up to its oldest message not yet handled.
 
-`tools.registry` is read outside any group, from the beginning, by every planner copy: each
-keeps the whole view of the announced toolsets (`domain.toolset_registry`). An announcement
-that does not validate is skipped (every copy reads it, so none dead-letters it).
+`tools.registry` and `agents.registry` are read outside any group, from the beginning, by every
+planner copy: each keeps the whole view of the announced toolsets (`domain.toolset_registry`) and
+of the registered agents (`domain.agents`). At start-up both are read to their end before any run
+is taken (`catch_up`), then followed. An entry that does not validate, or that cannot be served, is
+skipped with a warning (every copy reads it, so none dead-letters it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
@@ -22,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.tools import ToolCallCompleted, ToolsetAnnounced
 from quipu.contracts.topics import Topic
+from quipu.services.domain.agents import AgentRegistry, InvalidAgentEntryError
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.kit.broker import follow_from_start
@@ -31,6 +35,7 @@ from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.logging import get_logger
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.topic_replay import TopicMissingError, read_to_end
 from quipu.services.planner.adapters import ignoring_erased_runs
 from quipu.services.planner.orchestrator import Planner
 from quipu.services.planner.settings import PlannerSettings
@@ -41,6 +46,9 @@ RUN_REQUESTED = TypeAdapter(RunRequested)
 CANCEL_RUN = TypeAdapter(CancelRun)
 TOOL_CALL_COMPLETED = TypeAdapter(ToolCallCompleted)
 TOOLSET_ANNOUNCED = TypeAdapter(ToolsetAnnounced)
+
+RegistryReader = tuple[Topic, Callable[[bytes], None]]
+"""A registry topic, and what takes each of its records' values into the planner's view."""
 
 logger = get_logger(__name__)
 
@@ -94,16 +102,52 @@ def register(
     ]
 
 
-def follow_registry(broker: KafkaBroker, kafka: KafkaSettings, registry: ToolsetRegistry) -> None:
-    """Keep `registry` current from `tools.registry`, replayed from its beginning (no group)."""
+def registry_readers(toolsets: ToolsetRegistry, agents: AgentRegistry) -> list[RegistryReader]:
+    """What keeps each view current: toolsets from `tools.registry`, agents from `agents.registry`."""
 
-    async def on_announcement(message: KafkaMessage) -> None:
+    def take_announcement(body: bytes) -> None:
         try:
-            announcement = TOOLSET_ANNOUNCED.validate_json(message.body)
+            announcement = TOOLSET_ANNOUNCED.validate_json(body)
         except ValidationError as error:
             logger.warning("toolset announcement skipped: invalid", errors=error.error_count())
             return
-        registry.apply(announcement)
+        toolsets.apply(announcement)
         logger.info("toolset announced", toolset=announcement.toolset, tools=len(announcement.tools))
 
-    follow_from_start(broker, kafka, Topic.TOOLS_REGISTRY, on_announcement)
+    def take_agent(body: bytes) -> None:
+        try:
+            entry = agents.take(body)
+        except InvalidAgentEntryError as error:
+            logger.warning("agent registry entry skipped", reason=str(error))
+            return
+        logger.info("agent registered" if entry.agent else "agent removed", agent_id=entry.agent_id)
+
+    return [(Topic.TOOLS_REGISTRY, take_announcement), (Topic.AGENTS_REGISTRY, take_agent)]
+
+
+async def catch_up(kafka: KafkaSettings, readers: Sequence[RegistryReader], within_s: float) -> None:
+    """Read every registry to its current end, so a run taken next finds the tools and agents
+    registered before the planner started (TimeoutError past `within_s`: the planner must not start
+    on a partial view). A registry topic that does not exist is empty."""
+
+    async def read(name: Topic, take: Callable[[bytes], None]) -> None:
+        try:
+            await read_to_end(kafka, name, take, within_s=within_s, client_id=f"{kafka.client_id}-registry")
+        except TopicMissingError:
+            logger.warning("registry topic missing: nothing registered yet", topic=name.value)
+
+    await asyncio.gather(*(read(name, take) for name, take in readers))
+
+
+def follow_registries(broker: KafkaBroker, kafka: KafkaSettings, readers: Sequence[RegistryReader]) -> None:
+    """Keep each view current from its registry, replayed from its beginning (no group)."""
+    for name, take in readers:
+        follow_from_start(broker, kafka, name, _on_entry(take))
+
+
+def _on_entry(take: Callable[[bytes], None]) -> Callable[[KafkaMessage], Awaitable[None]]:
+    # A handler of its own per registry: FastStream reads a handler's parameters as the message's.
+    async def on_entry(message: KafkaMessage) -> None:
+        take(message.body)
+
+    return on_entry

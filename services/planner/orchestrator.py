@@ -92,6 +92,7 @@ from quipu.services.planner.logic.context import (
 from quipu.services.planner.logic.decide import decide, failure_finish
 from quipu.services.planner.logic.dispatch import ToolInfo, dispatch_outputs
 from quipu.services.planner.logic.keys import (
+    AGENT_REMOVED,
     CANCEL_KEY,
     CONTEXT_KEY,
     CONTEXT_TYPE,
@@ -163,6 +164,7 @@ class PlannerDeps:
     model: ModelClient | None = None
     catalog: ToolCatalog | None = None
     agents: AgentRegistry | None = None
+    """The built-in agents (default: `default_agents()`); the app applies `agents.registry` to them."""
     context: ContextSource | None = None
     memory: MemoryStore | None = None
     """Conversation memory: with it, the default context source is `MemoryContextSource`, and
@@ -478,15 +480,10 @@ class Planner:
 
     async def advance(self, view: RunView, trigger: Trigger) -> None:
         """Take the run's next steps until it waits for a message or is closed."""
-        agent = self._agent(view.agent_id)
-        try:
-            tools = tool_book(agent, self.deps.catalog, self.deps.agents, self.deps.registry)
-        except MissingToolsError as error:
-            tools = {}
-            if not view.closed:
-                logger.warning("run failed: its agent declares tools nobody serves", missing=error.names)
-                failure = Failure(message=str(error), kind=MISSING_TOOL, retryable=False)
-                view = await self._fail(view, trigger, failure)
+        agent, tools, failure = self._equipment(view)
+        if failure is not None and not view.closed:
+            logger.warning("run failed: its agent cannot run", kind=failure.kind)
+            view = await self._fail(view, trigger, failure)
         dispatched = 0
         for _ in range(self.settings.max_actions_per_message):
             action = decide(view, trigger, dispatched)
@@ -512,6 +509,7 @@ class Planner:
                     await self.publisher.publish(message)
                 dispatched = action.step
             elif isinstance(action, CallModel):
+                assert agent is not None  # a run whose agent is gone was failed above: no model call
                 view = await self._model_step(view, agent, tools, action.step, trigger)
         raise PermanentError(
             f"run {view.run_id!r}: no end after {self.settings.max_actions_per_message} steps"
@@ -728,6 +726,18 @@ class Planner:
         return suspend
 
     # --- helpers --------------------------------------------------------------------------------
+
+    def _equipment(self, view: RunView) -> tuple[AgentSpec | None, dict[str, ToolInfo], Failure | None]:
+        """The run's agent and the tools it may call, or the failure that ends the run: its agent was
+        removed from agents.registry after the run started, or it declares tools nobody serves."""
+        try:
+            agent = self.deps.agents.get_agent(view.agent_id)
+        except UnknownAgentError as error:
+            return None, {}, Failure(message=str(error), kind=AGENT_REMOVED, retryable=False)
+        try:
+            return agent, tool_book(agent, self.deps.catalog, self.deps.agents, self.deps.registry), None
+        except MissingToolsError as error:
+            return agent, {}, Failure(message=str(error), kind=MISSING_TOOL, retryable=False)
 
     def _agent(self, agent_id: str) -> AgentSpec:
         try:

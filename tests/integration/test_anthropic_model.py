@@ -316,6 +316,21 @@ async def test_a_thinking_budget_must_fit_under_max_tokens(
     assert server.requests == []
 
 
+async def test_a_request_naming_its_model_asks_that_model_else_the_default(
+    server: MessagesApiServer, model: AnthropicModel
+) -> None:
+    """An agent's own model (`Agent(model=...)`) reaches the API; without one, the deployment's."""
+    await model.complete(ModelRequest(system="", messages=[user(TextPart(text="hi"))], model="claude-agent"))
+    await model.complete(ModelRequest(system="", messages=[user(TextPart(text="hi"))]))
+    server.count_tokens_result = 5
+    await model.count_tokens(
+        ModelRequest(system="", messages=[user(TextPart(text="hi"))], model="claude-agent")
+    )
+    assert [sent.body["model"] for sent in server.message_requests] == ["claude-agent", "claude-test"]
+    (counted,) = server.requests_to("/v1/messages/count_tokens")
+    assert counted.body["model"] == "claude-agent"
+
+
 async def test_count_tokens_asks_the_api(server: MessagesApiServer, model: AnthropicModel) -> None:
     server.count_tokens_result = 321
     assert await model.count_tokens(ask(tools=[CALCULATOR], max_tokens=2048, thinking_budget=1024)) == 321

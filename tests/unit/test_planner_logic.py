@@ -207,6 +207,9 @@ def test_model_request_joins_system_blocks_and_bounds_tokens() -> None:
     assert [tool.name for tool in request.tools] == ["calculator"]
     assert request.max_tokens == 700
     assert request.call_key == "r1/step/1"
+    assert request.model == ""  # the deployment's model
+    own = model_request(log.view(), agent.model_copy(update={"model": "claude-own"}), tools, 1, 4096)
+    assert own.model == "claude-own"
 
 
 def test_task_text_of_agent_tool_inputs() -> None:

@@ -13,10 +13,12 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
@@ -24,7 +26,7 @@ from quipu.contracts.store import Record, RunStatus, SessionOwner
 from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry, AgentSpec, defined, removed
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import (
     ModelError,
@@ -206,7 +208,10 @@ class Harness:
 
 
 def make_harness(
-    answer: Answer, settings: PlannerSettings | None = None, history: MemoryStore | None = None
+    answer: Answer,
+    settings: PlannerSettings | None = None,
+    history: MemoryStore | None = None,
+    agents: AgentRegistry | None = None,
 ) -> Harness:
     """A planner over in-memory parts; with `history`, its sessions' owners are claimed there."""
     store = InMemoryStore()
@@ -216,7 +221,7 @@ def make_harness(
         store=store,
         model=model,
         catalog=default_catalog(),
-        agents=AGENTS,
+        agents=agents if agents is not None else AGENTS,
         context=SessionHistoryContext(store, 12),
         owners=SessionOwners(history, store) if history is not None else None,
     )
@@ -328,6 +333,25 @@ async def test_parallel_tool_uses_answer_in_tool_use_order_whatever_the_arrival_
     assert [part.tool_use_id for part in results] == [call.tool_use_id for call in sent]
     assert [part.content for part in results] == [2, 4, 6]
     assert await h.status(request.run_id) is RunStatus.COMPLETED
+
+
+async def test_an_agent_removed_while_its_run_waits_fails_the_run_instead_of_leaving_it_waiting() -> None:
+    agents = AgentRegistry()
+    agents.apply(
+        defined(AgentDefinition(id="courier", instructions="Add.", tools=["calculator"]), at=utc_now_ms())
+    )
+    h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})), agents=agents)
+    request = turn("add", await h.session()).model_copy(update={"agent_id": "courier"})
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+
+    agents.apply(removed("courier", at=utc_now_ms() + timedelta(seconds=1)))
+    await h.deliver(result_for(call, 2))
+
+    assert await h.status(request.run_id) is RunStatus.FAILED
+    terminal = await h.terminal(request.run_id)
+    assert terminal.failure.kind == "agent_removed" and "courier" in terminal.failure.message
+    assert len(h.model.requests) == 1
 
 
 async def test_step_budget_exhausted_fails_the_run_without_another_model_call() -> None:

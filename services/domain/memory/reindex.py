@@ -17,15 +17,11 @@ principal that ever had a fact had a change), which is a superset of those with 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ConfigDict, Field
 
 from quipu.contracts.memory import Fact, IndexEntry, MemoryScope
@@ -34,6 +30,7 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.kit.sealing import SealError, sealed_parts
 from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.topic_replay import TopicMissingError, read_to_end
 
 
 class IndexMaintenance(Protocol):
@@ -128,59 +125,24 @@ async def principals_from_changes(
     """Every principal named on `memory.changes`, read from the beginning up to its current end.
 
     Reads without a consumer group (nothing committed, nothing joined) until every partition's
-    position reaches the high-watermark its last fetch reported (never ListOffsets, which
-    under-reports on Tansu: PLATFORM_NOTES). Undecodable messages are skipped. `tenant_id`
-    keeps one tenant's principals only. Sorted by tenant, then principal. Raises TimeoutError
-    when the end is not reached in time.
+    position reaches the high-watermark its last fetch reported (`kit.topic_replay`).
+    Undecodable messages are skipped. `tenant_id` keeps one tenant's principals only. Sorted by
+    tenant, then principal. Raises TimeoutError when the end is not reached in time.
     """
-    topic = settings.topic_prefix + Topic.MEMORY_CHANGES.value
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        client_id=f"{settings.client_id}-reindex",
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
     found: dict[Principal, None] = {}
-    await consumer.start()
+
+    def take(value: bytes) -> None:
+        principal = _principal_of(value)
+        if principal is not None and (tenant_id is None or principal.tenant_id == tenant_id):
+            found[principal] = None
+
     try:
-        await asyncio.sleep(0)  # see RunEventReader.start: let the group-less coordinator start
-        partitions = [TopicPartition(topic, number) for number in sorted(await _partitions(consumer, topic))]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        deadline = time.monotonic() + within_s
-        while not await _caught_up(consumer, partitions):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: the end was not reached within {within_s} s")
-            batches = await consumer.getmany(*partitions, timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    principal = _principal_of(record.value)
-                    if principal is not None and (tenant_id is None or principal.tenant_id == tenant_id):
-                        found[principal] = None
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
+        await read_to_end(
+            settings, Topic.MEMORY_CHANGES, take, within_s=within_s, client_id=f"{settings.client_id}-reindex"
+        )
+    except TopicMissingError as error:
+        raise TimeoutError(str(error)) from error
     return sorted(found, key=lambda principal: (principal.tenant_id, principal.principal_id))
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    for _ in range(50):
-        numbers: set[int] | None = consumer.partitions_for_topic(topic)
-        if numbers:
-            return numbers
-        await consumer._client.force_metadata_update()
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"topic {topic} does not exist")
-
-
-async def _caught_up(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
-    for partition in partitions:
-        watermark = consumer.highwater(partition)
-        if watermark is None or await consumer.position(partition) < watermark:
-            return False
-    return True
 
 
 def _principal_of(value: bytes | None) -> Principal | None:

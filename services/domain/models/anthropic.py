@@ -180,7 +180,11 @@ class AnthropicModel:
         system += transcript_system
         if system:
             system[-1] = {**system[-1], "cache_control": dict(CACHE_CONTROL)}
-        params: dict[str, Any] = {"model": self.name, "max_tokens": request.max_tokens, "messages": messages}
+        params: dict[str, Any] = {
+            "model": request.model or self.name,
+            "max_tokens": request.max_tokens,
+            "messages": messages,
+        }
         if system:
             params["system"] = system
         if request.tools:

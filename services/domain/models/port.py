@@ -43,6 +43,8 @@ class ModelRequest:
     """When set, the answer must be one JSON object of this schema (structured output)."""
     call_key: str = ""
     """Deterministic key of this call (run id + step): scripted models pick their answer by it."""
+    model: str = ""
+    """The model to ask (an agent's own); "" asks the adapter's default (the deployment's)."""
 
 
 class StopReason(StrEnum):

@@ -59,6 +59,7 @@ INVALID_TRANSCRIPT = "invalid_transcript"
 INPUT_REQUIRED = "input_required"
 CONTEXT_OVERFLOW = "context_overflow"
 MISSING_TOOL = "missing_tool"
+AGENT_REMOVED = "agent_removed"
 """Failure kinds the planner writes."""
 
 

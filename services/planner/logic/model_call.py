@@ -57,6 +57,7 @@ def model_request(
         max_tokens=max_tokens,
         thinking_budget=thinking,
         call_key=f"{view.run_id}/step/{step}",
+        model=agent.model or "",
     )
 
 
