@@ -246,6 +246,7 @@ class McpConnection:
         if self._server_log_file is not None:
             self._server_log_file.close()
             self._server_log_file = None
+        self._connected.set()  # wakes the calls waiting for a session: they see it is closing
 
     def _lose(self, generation: int) -> None:
         """The session of `generation` dropped: stop handing it out, and have the owner leave it."""

@@ -48,14 +48,21 @@ class Served:
     runner: ToolRunner
     root: Path
 
-    async def call(self, tool_name: str, arguments: dict[str, Any], run_id: str = "") -> ToolCallCompleted:
-        request = ToolCallRequested(
-            run_id=run_id or "r-" + uuid.uuid4().hex,
-            agent_id="librarian",
-            tool_use_id="toolu_" + uuid.uuid4().hex[:12],
-            tool_name=tool_name,
-            input=arguments,
+    async def call(
+        self, tool_name: str, arguments: dict[str, Any], run_id: str = "", timeout_s: float | None = None
+    ) -> ToolCallCompleted:
+        return await self.deliver(
+            ToolCallRequested(
+                run_id=run_id or "r-" + uuid.uuid4().hex,
+                agent_id="librarian",
+                tool_use_id="toolu_" + uuid.uuid4().hex[:12],
+                tool_name=tool_name,
+                input=arguments,
+                timeout_s=timeout_s,
+            )
         )
+
+    async def deliver(self, request: ToolCallRequested) -> ToolCallCompleted:
         result = await self.runner.run(request)
         assert result is not None
         return result
@@ -124,7 +131,14 @@ async def listening(url: str) -> None:
 
 async def test_the_servers_tools_are_listed_with_their_schemas(stdio: Served) -> None:
     catalog = stdio.runner.catalog
-    assert set(catalog.names()) == {"read_file", "file_size", "crash", "read_once_flaky", "wait_forever"}
+    assert set(catalog.names()) == {
+        "read_file",
+        "file_size",
+        "append_line",
+        "crash",
+        "read_once_flaky",
+        "wait_forever",
+    }
     # files.list is left out: Quipu's (and the models') tool names have no dots.
     read_file = catalog.get("read_file")
     assert read_file.description == "The text of a file in the served folder."
@@ -184,6 +198,36 @@ async def test_canceling_the_run_cancels_the_mcp_request(stdio: Served) -> None:
         await call
 
 
+async def test_a_call_past_its_deadline_is_an_error_and_the_server_is_told(stdio: Served) -> None:
+    for mark in ("waiting", "canceled"):
+        (stdio.root / mark).unlink(missing_ok=True)
+
+    late = await stdio.call("wait_forever", {}, timeout_s=0.5)
+
+    assert late.is_error and "timed out after 0.5 s" in late.content
+
+    async def canceled() -> bool:
+        return (stdio.root / "canceled").exists()
+
+    await eventually(canceled, within=20.0, what="the server told the late request was canceled")
+
+
+async def test_a_redelivered_call_is_answered_again_without_calling_the_server(stdio: Served) -> None:
+    request = ToolCallRequested(
+        run_id="r-" + uuid.uuid4().hex,
+        agent_id="librarian",
+        tool_use_id="toolu_" + uuid.uuid4().hex[:12],
+        tool_name="append_line",
+        input={"name": "ledger.txt", "line": "paid"},
+    )
+
+    first = await stdio.deliver(request)
+    again = await stdio.deliver(request)  # at-least-once: the same message, delivered twice
+
+    assert first.content == {"result": 1} and again == first
+    assert (stdio.root / "ledger.txt").read_text() == "paid\n"  # the effect happened once
+
+
 async def test_a_streamable_http_server_is_served_the_same_way(
     http_server: tuple[str, Path], tmp_path: Path
 ) -> None:
@@ -207,3 +251,24 @@ async def test_a_server_that_cannot_start_is_a_clear_error_at_start_up(tmp_path:
 
     with pytest.raises(McpUnavailableError, match=r"'ghost' .* not reachable"):
         await McpTools(toolset).open(Opened())
+
+
+async def test_closing_the_executor_ends_the_calls_waiting_for_a_server(tmp_path: Path) -> None:
+    root = served_folder(tmp_path)
+    # The server starts once: after the mark is left, every restart fails at once.
+    script = f'test -e "{root}/no-restart" && exit 1; exec "{sys.executable}" "{SERVER}" "{root}"'
+    opened = Opened()
+    toolset = McpToolset("files", command=["sh", "-c", script], timeout_s=scaled(SERVER_START_S))
+    served = await serve(toolset, opened, root)
+    (root / "no-restart").write_text("")
+    await served.call("crash", {})
+    waiting = asyncio.create_task(served.call("read_file", {"name": "poem.txt"}))
+
+    async def held() -> bool:
+        return served.runner.running() == 1  # no server to send it to: it waits for one
+
+    await eventually(held, within=10.0, what="the call waiting for a server")
+    await opened.close()
+
+    answered = await asyncio.wait_for(waiting, scaled(10.0))  # not at the call's deadline
+    assert answered.is_error and "shutting down" in answered.content

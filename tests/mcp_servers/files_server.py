@@ -3,7 +3,8 @@
     python tests/mcp_servers/files_server.py ROOT                 # stdio
     python tests/mcp_servers/files_server.py ROOT --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
 
-It serves the files under ROOT. Besides the tools a user would write (read a file, its size), it
+It serves the files under ROOT. Besides the tools a user would write (read a file, its size,
+append to one), it
 has the ones the tests need to misbehave on purpose: one that kills the server mid-call, one that
 does so only on its first call (and says it is read-only, so a dropped call may be sent again),
 one that waits until it is canceled and leaves a mark when it is, and one whose name Quipu refuses.
@@ -47,6 +48,14 @@ def build(root: Path) -> MCPServer:
         if not path.is_file():
             raise ToolError(f"no file named {name}")
         return {"bytes": path.stat().st_size}
+
+    @server.tool()
+    def append_line(name: str, line: str) -> int:
+        """Appends a line to a file in the served folder; returns how many lines it holds now."""
+        path = inside(name)
+        with path.open("a") as file:
+            file.write(line + "\n")
+        return len(path.read_text().splitlines())
 
     @server.tool()
     def crash() -> str:
