@@ -51,7 +51,8 @@ class McpToolset:
 
     `version` is announced with its tools; `timeout_s` bounds each call (the executor's
     `max_timeout_s` caps it), `max_concurrency` the calls of one tool running at once in one
-    executor; `env` and `cwd` are the subprocess's (stdio only), and its stderr is appended to the file
+    executor; `headers` go with every HTTP request (url only: `Authorization`, say); `env` and
+    `cwd` are the subprocess's (stdio only), and its stderr is appended to the file
     `server_log` (else discarded: a server's own log may quote its arguments, and the executor's
     never does); `connect_timeout_s` bounds the first connection at start-up. Raises ValueError for
     a declaration no executor could serve.
@@ -64,6 +65,7 @@ class McpToolset:
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     env: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
     cwd: str | Path | None = None
     server_log: str | Path | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
@@ -77,8 +79,11 @@ class McpToolset:
             raise ValueError(f"toolset {self.name!r}: command is a list of arguments, not one string")
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
         if bool(self.command) == bool(self.url):
             raise ValueError(f"toolset {self.name!r} needs exactly one of command=[...] or url=...")
+        if self.headers and not self.url:
+            raise ValueError(f"toolset {self.name!r}: headers are a url's, not a command's")
         if self.url:
             parts = urlsplit(self.url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -104,5 +109,5 @@ class McpToolset:
         return "stdio" if self.command else "streamable-http"
 
     def __repr__(self) -> str:
-        # The URL may carry credentials and the environment secrets: neither is shown.
+        # The URL and headers may carry credentials and the environment secrets: none is shown.
         return f"McpToolset({self.name!r}, transport={self.transport!r}, version={self.version!r})"

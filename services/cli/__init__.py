@@ -378,6 +378,14 @@ def serve(
             "--url", metavar="URL", help="mcp: the server's streamable HTTP URL, e.g. http://host:8000/mcp."
         ),
     ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--header",
+            metavar="'NAME: VALUE'",
+            help="mcp with --url: sent with every request, e.g. 'Authorization: Bearer $TOKEN' (repeatable).",
+        ),
+    ] = None,
     version: Annotated[str, typer.Option("--version", help="mcp: announced with its tools.")] = "1",
     server_log: Annotated[
         Path | None,
@@ -408,7 +416,7 @@ def serve(
             )
 
         try:
-            apps.serve_mcp(toolset, url, command or [], version, timeout_s, server_log)
+            apps.serve_mcp(toolset, url, command or [], version, timeout_s, server_log, header or [])
         except CliError as error:
             fail(str(error))
         return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +75,14 @@ def serve_mcp(
     version: str,
     timeout_s: float,
     server_log: Path | None = None,
+    headers: Sequence[str] = (),
 ) -> None:
     """`quipu serve mcp --toolset NAME (--url URL | -- COMMAND ...)`: an MCP server as toolset NAME."""
     if toolset is None:
         raise CliError("`quipu serve mcp` serves an MCP server as a toolset: give --toolset NAME")
+    named = [header.partition(":") for header in headers]
+    if any(not name.strip() or not sep for name, sep, _ in named):
+        raise CliError("--header takes 'NAME: VALUE', e.g. --header 'Authorization: Bearer $TOKEN'")
     try:
         served = McpToolset(
             toolset,
@@ -87,6 +91,7 @@ def serve_mcp(
             version=version,
             timeout_s=timeout_s,
             server_log=server_log,
+            headers={name.strip(): value.strip() for name, _, value in named},
         )
     except ValueError as error:
         raise CliError(

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any, ClassVar, TextIO
 
 import anyio
+import httpx2
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
@@ -180,6 +181,20 @@ async def watched(
                 group.cancel_scope.cancel()
 
 
+HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+"""The SDK's own defaults: a response stream may stay open for minutes (calls have their deadline)."""
+
+
+@asynccontextmanager
+async def http_transport(url: str, headers: Mapping[str, str]) -> AsyncIterator[TransportStreams]:
+    """The streamable HTTP transport to `url`, every request carrying `headers`."""
+    async with (
+        httpx2.AsyncClient(headers=dict(headers), timeout=HTTP_TIMEOUT) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
 class ConnectionLostError(Exception):
     """The connection a call was sent on dropped before its answer."""
 
@@ -204,7 +219,7 @@ class McpConnection:
     def _transport(self) -> AbstractAsyncContextManager[TransportStreams]:
         toolset = self._toolset
         if toolset.url:
-            return streamable_http_client(toolset.url)
+            return http_transport(toolset.url, toolset.headers)
         command, *args = toolset.command
         parameters = StdioServerParameters(command=command, args=args, env=dict(toolset.env), cwd=toolset.cwd)
         # The server's stderr is its own log, which may quote what it was called with: never ours.
@@ -225,7 +240,9 @@ class McpConnection:
         except TimeoutError:
             await self.stop()
             error = self._last_error
-            why = f": {type(error).__name__}: {error}" if error is not None else ""
+            why = f": {type(error).__name__}" if error is not None else ""
+            if error is not None and not self._toolset.url:
+                why += f": {error}"  # a command's failure names the program; an HTTP one may quote the URL
             raise McpUnavailableError(
                 f"MCP server of toolset {self._toolset.name!r} ({self._toolset.transport}) not reachable "
                 f"within {self._toolset.connect_timeout_s:g} s{why}"

@@ -29,6 +29,8 @@ from quipu.services.tool_executor.mcp_client import McpTools, McpUnavailableErro
 from tests.timing import eventually, scaled
 
 SERVER = Path(__file__).parents[1] / "mcp_servers" / "files_server.py"
+TOKEN = "t0ken-" + uuid.uuid4().hex
+AUTHORIZED = {"Authorization": f"Bearer {TOKEN}"}
 SERVER_START_S = 60.0
 """A call after a crash waits for a new server: its start imports the SDK, ~25 s on a busy 2-core box."""
 
@@ -103,7 +105,7 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     root = served_folder(tmp_path_factory.mktemp("http"))
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, str(SERVER), str(root), "--http", str(port)],
+        [sys.executable, str(SERVER), str(root), "--http", str(port), "--token", TOKEN],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -235,7 +237,8 @@ async def test_a_streamable_http_server_is_served_the_same_way(
     await listening(url)
     opened = Opened()
     try:
-        served = await serve(McpToolset("remote", url=url, timeout_s=scaled(SERVER_START_S)), opened, root)
+        remote = McpToolset("remote", url=url, headers=AUTHORIZED, timeout_s=scaled(SERVER_START_S))
+        served = await serve(remote, opened, root)
         read = await served.call("read_file", {"name": "poem.txt"})
         missing = await served.call("file_size", {"name": "nowhere.txt"})
     finally:
@@ -244,6 +247,18 @@ async def test_a_streamable_http_server_is_served_the_same_way(
     assert "read_file" in served.runner.catalog and "files.list" not in served.runner.catalog
     assert read.content == {"result": "the river keeps its knots"}
     assert missing.is_error and "no file named nowhere.txt" in missing.content
+
+
+async def test_an_http_server_that_refuses_the_executor_is_a_clear_error_at_start_up(
+    http_server: tuple[str, Path],
+) -> None:
+    url, _ = http_server
+    await listening(url)
+    toolset = McpToolset("remote", url=url, connect_timeout_s=scaled(2.0))  # no Authorization header
+
+    with pytest.raises(McpUnavailableError, match=r"'remote' .* not reachable") as refused:
+        await McpTools(toolset).open(Opened())
+    assert url not in str(refused.value)  # a URL may carry credentials: the error names the toolset
 
 
 async def test_a_server_that_cannot_start_is_a_clear_error_at_start_up(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
     python tests/mcp_servers/files_server.py ROOT                 # stdio
     python tests/mcp_servers/files_server.py ROOT --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
+    python tests/mcp_servers/files_server.py ROOT --http PORT --token T   # ... `Authorization: Bearer T` only
 
 It serves the files under ROOT. Besides the tools a user would write (read a file, its size,
 append to one), it
@@ -18,9 +19,11 @@ import asyncio
 import os
 from pathlib import Path
 
+import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 def build(root: Path) -> MCPServer:
@@ -90,17 +93,35 @@ def build(root: Path) -> MCPServer:
     return server
 
 
+def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
+    """`app` for requests that carry `Authorization: Bearer <token>`; 401 for any other."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def main() -> None:
-    """Serve on stdio, or on streamable HTTP with --http PORT."""
+    """Serve on stdio, or on streamable HTTP with --http PORT (behind a bearer token with --token)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("--http", type=int, default=0, help="Serve streamable HTTP on this loopback port.")
+    parser.add_argument("--token", default="", help="With --http: refuse requests without this bearer token.")
     arguments = parser.parse_args()
     server = build(arguments.root)
-    if arguments.http:
-        server.run("streamable-http", host="127.0.0.1", port=arguments.http)
-    else:
+    if not arguments.http:
         server.run()
+        return
+    app = server.streamable_http_app()
+    uvicorn.run(
+        bearer_only(app, arguments.token) if arguments.token else app, host="127.0.0.1", port=arguments.http
+    )
 
 
 if __name__ == "__main__":

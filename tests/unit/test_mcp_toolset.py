@@ -44,11 +44,16 @@ def test_a_declaration_names_one_way_to_reach_its_server() -> None:
         McpToolset("my files", command=["x"])
     with pytest.raises(ValueError, match="for a command"):
         McpToolset("files", url="http://h/mcp", env={"TOKEN": "t"})
+    with pytest.raises(ValueError, match="headers are a url's"):
+        McpToolset("files", command=["x"], headers={"Authorization": "Bearer t"})
 
 
 def test_its_repr_shows_neither_the_url_nor_the_environment() -> None:
     toolset = McpToolset("files", url="https://user:secret@h/mcp")
     assert "secret" not in repr(toolset)
+    assert "t0ken" not in repr(
+        McpToolset("files", url="https://h/mcp", headers={"Authorization": "Bearer t0ken"})
+    )
     assert "hunter2" not in repr(McpToolset("files", command=["x"], env={"PASSWORD": "hunter2"}))
 
 
@@ -121,7 +126,7 @@ def serve(*args: str) -> Result:
 
 def test_serve_mcp_help_says_what_each_form_takes() -> None:
     said = serve("--help").output
-    for words in ("mcp", "--toolset", "--url", "COMMAND", "--server-log", "--timeout-s"):
+    for words in ("mcp", "--toolset", "--url", "COMMAND", "--header", "--server-log", "--timeout-s"):
         assert words in said
 
 
@@ -133,6 +138,7 @@ def test_serve_mcp_help_says_what_each_form_takes() -> None:
         (("mcp", "--toolset", "files", "--url", "http://h/mcp", "--", "python"), "exactly one of"),
         (("mcp", "--toolset", "files", "--url", "ftp://h/mcp"), "http(s) URL"),
         (("mcp", "--toolset", "my files", "--", "python"), "must match"),
+        (("mcp", "--toolset", "files", "--url", "http://h/mcp", "--header", "Bearer x"), "'NAME: VALUE'"),
     ],
 )
 def test_serve_mcp_refuses_what_no_executor_could_serve(args: tuple[str, ...], says: str) -> None:
