@@ -48,6 +48,7 @@ def create_app(
 ) -> FastStream:
     """The enricher application; `deps` replaces the store (tests use the in-memory one)."""
     settings = settings or EnricherSettings()
+    kafka = kafka.in_background()  # nobody waits on an enrichment: its consumers fetch less often
     check_timeouts(kafka, settings)
     given = deps or EnricherDeps()
     seals = message_seals(settings.keys)  # fact changes are sealed under their principal's key

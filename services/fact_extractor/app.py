@@ -50,6 +50,7 @@ def create_app(
 ) -> FastStream:
     """The extractor application; `deps` replaces the memory store, the model or the agent registry."""
     settings = settings or FactExtractorSettings()
+    kafka = kafka.in_background()  # nobody waits on an extraction: its consumers fetch less often
     check_timeouts(kafka, settings)
     given = deps or FactExtractorDeps()
 

@@ -158,7 +158,8 @@ class RequestedRuns:
             client_id=f"{self._client_id}-requested",
             group_id=None,
             enable_auto_commit=False,
-            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
+            # Only a copy that did not accept the run needs it, for an answer of 202 instead of 404.
+            fetch_max_wait_ms=self._settings.background_fetch_max_wait_ms,
         )
         await consumer.start()
         self._consumer = consumer

@@ -17,7 +17,8 @@ Why not FastStream's defaults (PLATFORM_NOTES):
   delivery wrapper (`AckPolicy.MANUAL`). The broker default is set to `ACK`
   too, as a backstop, but always pass `subscriber_options`.
 - Fetch wait, session timeout, heartbeat and offset reset come from
-  `KafkaSettings`, which holds the right values for Tansu and for real Kafka.
+  `KafkaSettings`, which holds the right values for Tansu and for real Kafka. A consumer no
+  caller waits on (`follow_from_start`, `KafkaSettings.in_background`) fetches less often.
 - FastStream starts subscribers one after another, and a consumer-group join
   takes at least a second on Tansu (and a rebalance round on Kafka): eight
   subscribers took 8 s to start. The broker built here starts them
@@ -155,13 +156,14 @@ def follow_from_start(
 
     For a topic every copy of a service must see whole (cancels, the toolset registry): a group
     would hand each message to one copy only. Outside a group there is nothing to commit, so the
-    offsets are never stored and each start replays the topic.
+    offsets are never stored and each start replays the topic. No caller waits on such a topic,
+    so it is fetched with the background wait (`KafkaSettings.background_fetch_max_wait_ms`).
     """
     broker.subscriber(
         topic(settings, name),
         group_id=None,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        fetch_max_wait_ms=settings.background_fetch_max_wait_ms,
         ack_policy=AckPolicy.MANUAL,
         no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
     )(handle)

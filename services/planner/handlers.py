@@ -85,10 +85,11 @@ def register(
         payload: TypeAdapter[T],
         effect: Callable[[T], Awaitable[None]],
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
+        client: KafkaSettings = kafka,
     ) -> ConcurrentConsumer:
         return consume_concurrently(
             broker,
-            kafka,
+            client,
             source,
             lambda message: delivery.handle(message, payload, effect, on_invalid),
             group=f"{settings.group}-{suffix}",
@@ -97,7 +98,8 @@ def register(
 
     return [
         subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested, invalid_request),
-        subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel),
+        # No caller waits on a cancel (it is acknowledged when published): fetched less often.
+        subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel, client=kafka.in_background()),
         subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result),
     ]
 

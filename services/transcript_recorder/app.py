@@ -34,6 +34,7 @@ def create_app(
 ) -> FastStream:
     """The recorder application; `deps` replaces the memory store (tests) or the summarizer's model."""
     settings = settings or TranscriptRecorderSettings()
+    kafka = kafka.in_background()  # nobody waits on a recording: its consumers fetch less often
     if settings.model_timeout_s * 1000 >= kafka.max_poll_interval_ms:
         raise ValueError("model_timeout_s must be shorter than the consumer's max_poll_interval_ms")
     seals = message_seals(settings.keys)  # the turns on history.turns are sealed for their principal
