@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import io
 import sys
 import types
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 import quipu
 from quipu.agents import AgentFileError, load_agents
 from quipu.contracts.agents import AgentChanged, AgentDefinition
+from quipu.contracts.topics import Topic
 from quipu.services.domain.agents import (
     AgentRegistry,
     AgentSpec,
@@ -23,6 +25,9 @@ from quipu.services.domain.agents import (
     defined,
     removed,
 )
+from quipu.services.domain.toolset_registry import ToolsetRegistry
+from quipu.services.planner.handlers import registry_readers
+from tests.support.log_capture import log_lines
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SECRET = "sk-do-not-print-me"
@@ -249,3 +254,25 @@ def test_a_module_attribute_an_agent_a_list_or_an_object_with_agents(agents_modu
         load_agents("my_agents_for_test:nobody")
     with pytest.raises(AgentFileError, match="cannot be imported"):
         load_agents("no_such_module_anywhere:agents")
+
+
+# --- the planner's reader of agents.registry ---------------------------------------------------------
+
+
+def test_the_planner_skips_an_unusable_registry_record_with_a_warning_that_quotes_nothing(
+    log_output: io.StringIO,
+) -> None:
+    agents = AgentRegistry()
+    readers = dict(registry_readers(ToolsetRegistry(), agents))
+    take = readers[Topic.AGENTS_REGISTRY]
+    forged = AgentChanged(
+        agent_id="victim", agent=AgentDefinition(id="other", instructions=SECRET), changed_at=T0
+    )
+    for body in (b"{not json " + SECRET.encode(), forged.model_dump_json().encode()):
+        take(body)
+    take(defined(quipu.Agent(id="fine", instructions="Fine."), at=T0).model_dump_json().encode())
+
+    assert agents.registered() == ["fine"]
+    skipped = [line for line in log_lines(log_output) if line["event"] == "agent registry entry skipped"]
+    assert len(skipped) == 2 and all(line["level"] == "warning" for line in skipped)
+    assert SECRET not in log_output.getvalue()
