@@ -93,6 +93,14 @@ class Session(_Frozen):
     )
 
 
+def _without_empty_person(encoded: dict[str, Any]) -> dict[str, Any]:
+    """`encoded` without an empty `tenant_id` or `principal_id` (fields added after the first version)."""
+    for name in ("tenant_id", "principal_id"):
+        if not encoded.get(name):
+            encoded.pop(name, None)
+    return encoded
+
+
 class RunStart(_Frozen):
     """The identity carried by every start; retries repeat it exactly."""
 
@@ -120,11 +128,7 @@ class RunStart(_Frozen):
     @model_serializer(mode="wrap")
     def _without_empty_principal(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Added fields left out when empty: a start without a principal encodes as it always did.
-        encoded: dict[str, Any] = handler(self)
-        for name in ("tenant_id", "principal_id"):
-            if not encoded.get(name):
-                encoded.pop(name, None)
-        return encoded
+        return _without_empty_person(handler(self))
 
     def record(
         self, key: str, record_type: str, payload: bytes, *, turn_id: str = "", at: datetime | None = None
@@ -156,6 +160,19 @@ class RunMeta(_Frozen):
     successor_run_id: str = Field(description="The one admitted continuation, or empty.")
     cancellation_reason: str = Field(description="First accepted cancellation reason, or empty.")
     updated_at: Timestamp = Field(description="Store clock at the last state change.")
+    tenant_id: str = Field(default="", description="Tenant of the person whose words the run carries.")
+    principal_id: str = Field(
+        default="",
+        description=(
+            "The person whose words the run carries, as its start named them (empty: none named); "
+            "whoever answers or reads the run for them seals under this person's key."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_empty_principal(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Added fields left out when empty: a run without a principal encodes as it always did.
+        return _without_empty_person(handler(self))
 
 
 ERASED_PAYLOAD = b'{"erased":"principal_forgotten"}'

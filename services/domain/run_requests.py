@@ -112,7 +112,9 @@ def resume_request(
     """The RunRequested (kind resume) that answers the suspended run `meta`.
 
     Refused when the run is not suspended, was answered already, or has no session (one-shot
-    runs have no continuations: a continuation names its predecessor's session).
+    runs have no continuations: a continuation names its predecessor's session). An answer that
+    names no one speaks for the run's own person (the planner inherits them): its request is
+    sealed under their key, as the continuation's records are.
     """
     if meta.status is not RunStatus.SUSPENDED:
         raise RequestRefusedError(
@@ -128,14 +130,14 @@ def resume_request(
     successor = run_id or new_id()
     return RunRequested(
         event_id=request_event_id(successor),
-        tenant_id=tenant_id,
+        tenant_id=tenant_id or meta.tenant_id,
         correlation_id=successor,
         causation_id=meta.run_id,
         kind=RunKind.RESUME,
         run_id=successor,
         session_id=meta.session_id,
         agent_id=meta.agent_id,
-        principal_id=principal_id,
+        principal_id=principal_id or meta.principal_id,
         predecessor_run_id=meta.run_id,
         answer=answer,
         labels=meta.labels,

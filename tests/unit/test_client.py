@@ -16,10 +16,18 @@ from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.store import CancellationReason, RunStatus, SessionOwner, SessionStatus
 from quipu.contracts.transcript import Message, TextPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.run_publisher import request_principal
 from quipu.services.domain.run_requests import MAX_TEXT_CHARS, RequestRefusedError, request_event_id
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.kit.settings import KafkaSettings
-from tests.conformance.builders import complete, running_root, session_with_root, suspend
+from tests.conformance.builders import (
+    complete,
+    open_session,
+    root_start,
+    running_root,
+    session_with_root,
+    suspend,
+)
 
 
 class RecordingPublisher:
@@ -140,6 +148,26 @@ async def test_an_answer_continues_the_suspended_run_in_its_session(
     )
     assert request.answer == {"city": "Quito"} and request.causation_id == root.run_id
     assert (request.tenant_id, request.principal_id) == ("acme", "ada")
+
+
+async def test_an_answer_from_a_client_that_names_no_one_speaks_for_the_runs_person(
+    store: InMemoryStore, sent: RecordingPublisher
+) -> None:
+    # The continuation is the suspended run's person's (the planner inherits them), so its request
+    # is sealed under their key: forgetting them reaches the answer on runs.requested too.
+    session_id = await open_session(store)
+    start = root_start(session_id)
+    run = start.run.model_copy(update={"tenant_id": "acme", "principal_id": "erin"})
+    await store.start_root_run(run, start.started, start.stopped)
+    await suspend(store, run)
+    worker = Client(KafkaSettings(bootstrap="127.0.0.1:9"), store=store, publisher=sent)
+
+    await worker.answer(run.run_id, "yes")
+
+    (request,) = sent.sent
+    assert isinstance(request, RunRequested)
+    assert (request.tenant_id, request.principal_id) == ("acme", "erin")
+    assert request_principal(request) == "erin"
 
 
 async def test_an_answer_to_a_run_that_waits_for_none_is_refused(

@@ -81,6 +81,8 @@ class RunState(BaseModel):
             successor_run_id=self.successor_run_id,
             cancellation_reason=self.cancellation_reason,
             updated_at=self.updated_at,
+            tenant_id=self.tenant_id,
+            principal_id=self.principal_id,
         )
 
 
