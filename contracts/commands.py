@@ -104,6 +104,14 @@ class AppendRunRecord(StoreOperation, result_type=AppendResult):
     record: Record = Field(description="The record to append (not a lifecycle type).")
 
 
+class AppendRunRecords(StoreOperation, result_type=list[AppendResult]):
+    """Append the ordinary records of one step to a running run, in order, atomically."""
+
+    records: list[Record] = Field(
+        description="The step's records, 1 to 100, of one run, keys pairwise distinct (not lifecycle types)."
+    )
+
+
 class RecordRunCancellation(StoreOperation, result_type=AppendResult):
     """Record a cancellation intent; the first reason is permanent."""
 
@@ -118,9 +126,15 @@ class RecordRunSuspension(StoreOperation, result_type=AppendResult):
 
 
 class RecordRunTerminal(StoreOperation, result_type=AppendResult):
-    """Close a run as completed, failed or canceled."""
+    """Close a run as completed, failed or canceled, with the closing step's records."""
 
     record: Record = Field(description="The run_completed record.")
+    records: list[Record] = Field(
+        default_factory=list,
+        exclude_if=lambda records: not records,  # a terminal carrying none encodes as before the field
+        description="Ordinary records of the closing step (the final answer), appended before the "
+        "run_completed record in the same transaction.",
+    )
 
 
 class LoadRun(StoreOperation, result_type=RunMeta):
@@ -168,6 +182,7 @@ StoreCommand = Annotated[
     | StartOneShotRun
     | StartOneShotChildRun
     | AppendRunRecord
+    | AppendRunRecords
     | RecordRunCancellation
     | RecordRunSuspension
     | RecordRunTerminal

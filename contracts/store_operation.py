@@ -76,8 +76,10 @@ class StoreOperation(Envelope):
 
     def partition_key(self) -> str:
         """Session id when the command has one, else the run id (ordering only, never correctness)."""
-        for name in ("session_id", "run", "record", "run_id"):
+        for name in ("session_id", "run", "record", "records", "run_id"):
             value = getattr(self, name, None)
+            if isinstance(value, list) and value:
+                value = value[0]  # a step's records are one run's
             if isinstance(value, RunStart | Record):
                 return value.session_id or value.run_id
             if isinstance(value, str) and value:

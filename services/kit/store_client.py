@@ -15,6 +15,7 @@ import asyncio
 import json
 import random
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from aiokafka.errors import KafkaError
 from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     AppendRunRecord,
+    AppendRunRecords,
     CreateSession,
     EndSession,
     ListRunRecords,
@@ -319,6 +321,10 @@ class KafkaStore:
         result: AppendResult = await self.call(AppendRunRecord(record=record))
         return result
 
+    async def append_run_records(self, records: Sequence[Record]) -> list[AppendResult]:
+        result: list[AppendResult] = await self.call(AppendRunRecords(records=list(records)))
+        return result
+
     async def record_run_cancellation(self, record: Record) -> AppendResult:
         result: AppendResult = await self.call(RecordRunCancellation(record=record))
         return result
@@ -327,8 +333,8 @@ class KafkaStore:
         result: AppendResult = await self.call(RecordRunSuspension(checkpoint=checkpoint, record=record))
         return result
 
-    async def record_run_terminal(self, record: Record) -> AppendResult:
-        result: AppendResult = await self.call(RecordRunTerminal(record=record))
+    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> AppendResult:
+        result: AppendResult = await self.call(RecordRunTerminal(record=record, records=list(records)))
         return result
 
     async def load_run(self, run_id: str) -> RunMeta:

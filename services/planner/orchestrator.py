@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -274,6 +274,7 @@ class Planner:
             )
             view = await self._write(view, record)
             if not _tool_use_ids(view) <= view.results.keys():
+                view = await self._flush(view)
                 # Others still missing: read again after our own write. Of two results written
                 # at once by two processes (a rebalance), the later reader sees both, so the
                 # group is never left waiting. With every result in hand there is nothing to see.
@@ -487,10 +488,14 @@ class Planner:
         dispatched = 0
         for _ in range(self.settings.max_actions_per_message):
             action = decide(view, trigger, dispatched)
-            if isinstance(action, Wait):
-                return
-            if isinstance(action, Closed):
-                for message in action.outputs:
+            if isinstance(action, Wait | Closed):
+                # What the pass staged is written before it ends; a reload (another writer came
+                # first) is decided on again.
+                written = await self._flush(view)
+                if written is not view:
+                    view = written
+                    continue
+                for message in action.outputs if isinstance(action, Closed) else []:
                     await self.publisher.publish(message)
                 return
             if isinstance(action, Append):
@@ -498,18 +503,29 @@ class Planner:
             elif isinstance(action, Intend):
                 view = await self._write(view, action.record, self.deps.store.record_run_cancellation)
             elif isinstance(action, Finish):
-                view = await self._write(view, action.record, self.deps.store.record_run_terminal)
+                view = await self._finish(view, action.record)
             elif isinstance(action, Suspend):
                 view = await self._write(view, action.record, self._suspension_writer(action))
             elif isinstance(action, Dispatch):
                 outputs, local = dispatch_outputs(view, action.step, action.uses, tools, trigger)
                 for record in local:
                     view = await self._write(view, record)
+                # The step's records (its assistant message above all) commit before its calls go out.
+                written = await self._flush(view)
+                if written is not view:
+                    view = written
+                    continue
                 for message in outputs:
                     await self.publisher.publish(message)
                 dispatched = action.step
             elif isinstance(action, CallModel):
                 assert agent is not None  # a run whose agent is gone was failed above: no model call
+                # The step so far commits first: its reply says whether the session ended or
+                # another writer came first, which no model call is spent on.
+                written = await self._flush(view)
+                if written is not view or written.session_ended:
+                    view = written
+                    continue
                 view = await self._model_step(view, agent, tools, action.step, trigger)
         raise PermanentError(
             f"run {view.run_id!r}: no end after {self.settings.max_actions_per_message} steps"
@@ -636,6 +652,7 @@ class Planner:
             tokens_after=after,
         )
         view = await self._write(view, compaction_record(view, compaction, trigger.at))
+        view = await self._flush(view)  # the event below follows its record's commit
         if view.closed or view.compaction is None:
             return view  # another writer closed the run meanwhile
         await self.publisher.publish(compaction_event(view, view.compaction, trigger.at))
@@ -682,17 +699,37 @@ class Planner:
 
     async def _fail(self, view: RunView, trigger: Trigger, failure: Failure) -> RunView:
         """Close the run as failed."""
-        return await self._write(
-            view, failure_finish(view, trigger, failure).record, self.deps.store.record_run_terminal
-        )
+        return await self._finish(view, failure_finish(view, trigger, failure).record)
 
     # --- writing --------------------------------------------------------------------------------
 
     async def _write(self, view: RunView, record: Record, operation: _Write | None = None) -> RunView:
-        """Write a record and fold it into the view; reload instead when another writer came first."""
-        write = operation or self.deps.store.append_run_record
+        """Stage an ordinary record (written with the rest of its step by `_flush`); a lifecycle
+        record (`operation`) is written at once, after the records staged before it."""
+        if operation is None:
+            view.stage(record)
+            return view
+        view = await self._flush(view)
+        return await self._commit(view, record, lambda: operation(record))
+
+    async def _flush(self, view: RunView) -> RunView:
+        """Write the staged records as one command (a step commits as one); the view itself, or
+        the store's when another writer came first."""
+        if not view.unwritten:
+            return view
+        step = list(view.unwritten)
+        return await self._commit(view, step[0], lambda: self.deps.store.append_run_records(step))
+
+    async def _finish(self, view: RunView, record: Record) -> RunView:
+        """Close the run; the terminal carries the records staged before it (one command)."""
+        carried = list(view.unwritten)
+        return await self._commit(view, record, lambda: self.deps.store.record_run_terminal(record, carried))
+
+    async def _commit(self, view: RunView, record: Record, write: Callable[[], Awaitable[object]]) -> RunView:
+        """Apply `write` (the staged records, then `record` unless it is the first of them) and fold
+        it into the view; reload instead when another writer came first."""
         try:
-            result = await write(record)
+            result = await write()
         except StoreRefusedError as error:
             if error.code not in RELOAD_CODES:
                 raise _permanent(f"run {view.run_id!r} record {record.event_key!r}", error) from error
@@ -706,8 +743,14 @@ class Planner:
             if reloaded is None:
                 raise _permanent(f"run {view.run_id!r} vanished", error) from error
             return reloaded
-        view.add(record)
-        if isinstance(result, AppendResult) and result.session_status == SessionStatus.ENDED.value:
+        if record.event_key not in view.keys:
+            view.add(record)
+        view.unwritten.clear()
+        results = result if isinstance(result, list) else [result]
+        if any(
+            isinstance(each, AppendResult) and each.session_status == SessionStatus.ENDED.value
+            for each in results
+        ):
             view.session_ended = True
         return view
 

@@ -16,6 +16,7 @@ from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     REPLY_TO_HEADER,
     AppendRunRecord,
+    AppendRunRecords,
     RecordRunSuspension,
     RecordRunTerminal,
     StartChildRun,
@@ -147,16 +148,26 @@ def events_after_commit(command: StoreOperation, result: object) -> list[RunEven
         assert isinstance(result, StartResult)
         return _start_events(command, result)
     if isinstance(command, RecordRunTerminal):
-        return _terminal_events(command.record)
+        return _step_events(command.records) + _terminal_events(command.record)
     if isinstance(command, RecordRunSuspension):
         return _closing(command.record, {"phase": RunPhase.SUSPENDED.value, "status": "suspended"})
     if isinstance(command, AppendRunRecord):
+        return _step_events([command.record])
+    if isinstance(command, AppendRunRecords):
+        return _step_events(command.records)
+    return []
+
+
+def _step_events(records: Sequence[Record]) -> list[RunEvent]:
+    """The events of a step's ordinary records, in the records' order."""
+    events: list[RunEvent] = []
+    for record in records:
         try:
-            return _append_events(command.record)
+            events += _append_events(record)
         except ValueError:
             # Ordinary payloads are not parsed by the store; a payload the UI cannot read gets no event.
-            return []
-    return []
+            continue
+    return events
 
 
 def memory_events_after_commit(command: StoreOperation, result: object) -> Sequence[Announcement]:

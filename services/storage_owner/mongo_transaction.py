@@ -45,7 +45,7 @@ from pymongo import ASCENDING, AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError, DocumentTooLarge, DuplicateKeyError
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, Record
@@ -61,6 +61,8 @@ T = TypeVar("T")
 SESSIONS = "sessions"
 RUNS = "runs"
 RECORDS = "records"
+_DUPLICATE_KEY = 11000
+_BSON_OBJECT_TOO_LARGE = 10334
 
 
 # --- documents ----------------------------------------------------------------------------------
@@ -294,13 +296,29 @@ class MongoTransaction:
         )
         return await self._record(document) if document is not None else None
 
-    async def insert_record(self, run: RunState, record: Record, session_sequence: int) -> None:
-        document = await self._record_document(run, record, session_sequence)
+    async def load_records(self, run_id: str, event_keys: list[str]) -> dict[str, Record]:
+        if len(event_keys) == 1:
+            found = await self.load_record(run_id, event_keys[0])
+            return {} if found is None else {found.event_key: found}
+        cursor = self._collections.records.find(
+            {"run_id": run_id, "event_key": {"$in": event_keys}}, {"_id": False}, session=self._session
+        )
+        return {document["event_key"]: await self._record(document) async for document in cursor}
+
+    async def insert_records(self, rows: list[tuple[RunState, Record, int]]) -> None:
+        documents = [await self._record_document(run, record, sequence) for run, record, sequence in rows]
         try:
-            await self._collections.records.insert_one(document, session=self._session)
-        except DuplicateKeyError as error:
-            # The rules checked the key and the sequence in this snapshot: another writer won.
-            raise WriteRaceError(f"record {record.event_key!r} of {record.run_id!r} was taken") from error
+            await self._collections.records.insert_many(documents, session=self._session)
+        except BulkWriteError as error:
+            codes = {failure.get("code") for failure in error.details.get("writeErrors", [])}
+            if _BSON_OBJECT_TOO_LARGE in codes:
+                # Its details hold the documents: only the rule travels on (a permanent refusal).
+                raise DocumentTooLarge("a record is over the 16 MiB BSON document limit") from None
+            if codes != {_DUPLICATE_KEY}:
+                raise
+            # The rules checked the keys and the sequences in this snapshot: another writer won.
+            run_id = rows[0][1].run_id
+            raise WriteRaceError(f"a record key or sequence of {run_id!r} was taken") from error
 
     async def list_records(self, run_id: str, after: int, limit: int) -> list[Record]:
         run = self._runs.get(run_id)

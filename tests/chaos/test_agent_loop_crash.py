@@ -276,11 +276,19 @@ class SentCommands:
         self._parsed = 0
 
     def appended(self, run_id: str, event_key: str) -> bool:
-        """Whether an AppendRunRecord of `run_id`'s `event_key` was sent."""
+        """Whether a command appending `run_id`'s `event_key` was sent (AppendRunRecord, a step's
+        AppendRunRecords, or the records a RecordRunTerminal carries)."""
         for record in self.reader.records[self._parsed :]:
             value = json.loads(record.value or b"{}")
-            if isinstance(value, dict) and value.get("op") == "AppendRunRecord":
-                self._appended.add((value["record"]["run_id"], value["record"]["event_key"]))
+            if not isinstance(value, dict):
+                continue
+            if value.get("op") == "AppendRunRecord":
+                carried = [value["record"]]
+            elif value.get("op") in ("AppendRunRecords", "RecordRunTerminal"):
+                carried = value.get("records", [])
+            else:
+                continue
+            self._appended.update((each["run_id"], each["event_key"]) for each in carried)
         self._parsed = len(self.reader.records)
         return (run_id, event_key) in self._appended
 

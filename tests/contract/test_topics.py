@@ -16,8 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from quipu.contracts.commands import AppendRunRecords, RecordRunTerminal
 from quipu.contracts.events import RunEvent
+from quipu.contracts.store import Record
 from quipu.contracts.topics import TOPICS, Topic, TopicSpec, UnroutablePayloadError, spec_for, spec_of
+from quipu.contracts.wire import utc_now_ms
 from quipu.services.kit.run_events import RunEventReader
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.logic.actions import Output
@@ -153,3 +156,21 @@ def test_the_publish_check_finds_a_raw_send() -> None:
 def test_every_registry_topic_is_one_spec() -> None:
     assert [spec.topic for spec in TOPICS] == list(Topic)
     assert all(spec_of(spec.topic) is spec for spec in TOPICS)
+
+
+def test_a_step_of_records_is_keyed_by_its_session_else_its_run() -> None:
+    # One session's commands apply in the order sent only when they share its key.
+    sessioned = Record(
+        event_key="k",
+        run_id="r-1",
+        agent_id="a",
+        session_id="s-1",
+        type="t",
+        payload=b"{}",
+        timestamp=utc_now_ms(),
+    )
+    sessionless = sessioned.model_copy(update={"session_id": ""})
+    spec = spec_for(AppendRunRecords(records=[sessioned]))
+    assert spec.key_for(AppendRunRecords(records=[sessioned])) == b"s-1"
+    assert spec.key_for(AppendRunRecords(records=[sessionless])) == b"r-1"
+    assert spec.key_for(RecordRunTerminal(record=sessioned, records=[sessioned])) == b"s-1"

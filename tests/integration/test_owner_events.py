@@ -304,3 +304,34 @@ async def test_appends_publish_non_terminal_phases_assistant_turns_and_their_usa
         }
     }
     assert published[2][1].payload == {"input_tokens": 12, "output_tokens": 3}
+
+
+async def test_a_step_and_a_terminal_carrying_records_publish_their_records_events_in_order(
+    events: Events,
+) -> None:
+    store = events.store
+    session_id, run = await session_with_root(store)
+    answer = (
+        b'[{"role":"assistant","parts":[{"kind":"text","text":"42"}],'
+        b'"meta":{"usage":{"input_tokens":5,"output_tokens":1}}}]'
+    )
+    await store.append_run_records(
+        [
+            ordinary(run, "phase-1", payload=b'{"phase":"planning"}'),
+            ordinary(run, "bad", payload=b"not json"),  # no event, and the step's others still have theirs
+            ordinary(run, "phase-2", payload=b'{"phase":"synthesizing"}'),
+        ]
+    )
+    await store.record_run_terminal(
+        terminal(run, key="the-end", timestamp=ms(60)),
+        [ordinary(run, "answer", record_type="transcript_messages_appended", payload=answer)],
+    )
+    await events.barrier(session_id)
+    assert events.types(run.run_id) == [
+        ("workflow", "phase-1"),
+        ("workflow", "phase-2"),
+        ("assistant_turn", "answer/0"),
+        ("usage", "answer/0"),
+        ("workflow", "the-end"),
+        ("run_stream_end", "the-end/end"),
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -748,16 +748,27 @@ async def test_replayed_child_request_and_result_change_nothing() -> None:
 
 
 class RacingStore(InMemoryStore):
-    """Another planner writes `step/1/assistant` first, with its own answer, just before ours."""
+    """Another planner writes `step/1/assistant` first, with its own answer, just before ours
+    (whichever command carries ours: a step's records or the terminal closing with them)."""
 
-    async def append_run_record(self, record: Record) -> Any:
-        if record.event_key == "step/1/assistant" and not getattr(self, "raced", False):
-            self.raced = True
-            theirs = Message(role="assistant", parts=(TextPart(text="Their answer."),))
-            await super().append_run_record(
-                record.model_copy(update={"payload": encode_messages([theirs]), "timestamp": utc_now_ms()})
-            )
-        return await super().append_run_record(record)
+    async def _race(self, records: Sequence[Record]) -> None:
+        for record in records:
+            if record.event_key == "step/1/assistant" and not getattr(self, "raced", False):
+                self.raced = True
+                theirs = Message(role="assistant", parts=(TextPart(text="Their answer."),))
+                await super().append_run_record(
+                    record.model_copy(
+                        update={"payload": encode_messages([theirs]), "timestamp": utc_now_ms()}
+                    )
+                )
+
+    async def append_run_records(self, records: Sequence[Record]) -> Any:
+        await self._race(records)
+        return await super().append_run_records(records)
+
+    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
+        await self._race(records)
+        return await super().record_run_terminal(record, records)
 
 
 async def test_a_step_another_writer_recorded_first_is_reused() -> None:
@@ -790,7 +801,14 @@ async def test_a_session_ended_under_a_running_run_stops_planning_at_the_next_wr
     assert len(h.model.requests) == 1
     meta = await h.store.load_run(request.run_id)
     assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
-    assert (await h.keys(request.run_id))[-3:] == [f"tool-result/{call.tool_use_id}", "cancel", "canceled"]
+    # The next write is the step the result opens (result, transcript, phase): then the end.
+    assert (await h.keys(request.run_id))[-5:] == [
+        f"tool-result/{call.tool_use_id}",
+        "step/1/tool-results",
+        "phase/2/synthesizing",
+        "cancel",
+        "canceled",
+    ]
     assert not h.bus.of(TurnCompleted)
 
 
@@ -865,9 +883,9 @@ class YieldingStore(InMemoryStore):
         await asyncio.sleep(0)
         return page
 
-    async def append_run_record(self, record: Record) -> Any:
+    async def append_run_records(self, records: Sequence[Record]) -> Any:
         await asyncio.sleep(0)
-        result = await super().append_run_record(record)
+        result = await super().append_run_records(records)
         await asyncio.sleep(0)
         return result
 

@@ -54,12 +54,17 @@ class _MemoryTransaction:
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
         return self._tables.records_by_key.get(run_id, {}).get(event_key)
 
-    async def insert_record(self, run: RunState, record: Record, session_sequence: int) -> None:
-        self._tables.records_by_key.setdefault(record.run_id, {})[record.event_key] = record
-        self._tables.records_in_order.setdefault(record.run_id, []).append(record)
-        if session_sequence:
-            rows = self._tables.session_records.setdefault(record.session_id, [])
-            rows.append((session_sequence, record))
+    async def load_records(self, run_id: str, event_keys: list[str]) -> dict[str, Record]:
+        held = self._tables.records_by_key.get(run_id, {})
+        return {key: held[key] for key in event_keys if key in held}
+
+    async def insert_records(self, rows: list[tuple[RunState, Record, int]]) -> None:
+        for _, record, session_sequence in rows:
+            self._tables.records_by_key.setdefault(record.run_id, {})[record.event_key] = record
+            self._tables.records_in_order.setdefault(record.run_id, []).append(record)
+            if session_sequence:
+                listed = self._tables.session_records.setdefault(record.session_id, [])
+                listed.append((session_sequence, record))
 
     async def list_records(self, run_id: str, after: int, limit: int) -> list[Record]:
         # Per-run sequences start at 1 and have no gaps, so position `after` is the slice start.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -64,6 +65,10 @@ class Store(Protocol):
         """AppendRunRecord: an ordinary (non-lifecycle) record."""
         ...
 
+    async def append_run_records(self, records: Sequence[Record]) -> list[AppendResult]:
+        """AppendRunRecords: ordinary records of one run (one step), appended in order, atomically."""
+        ...
+
     async def record_run_cancellation(self, record: Record) -> AppendResult:
         """RecordRunCancellation: the first reason is permanent."""
         ...
@@ -72,8 +77,9 @@ class Store(Protocol):
         """RecordRunSuspension: store the checkpoint and suspend the run."""
         ...
 
-    async def record_run_terminal(self, record: Record) -> AppendResult:
-        """RecordRunTerminal: close the run as completed, failed or canceled."""
+    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> AppendResult:
+        """RecordRunTerminal: close the run as completed, failed or canceled; `records` (ordinary
+        records of the closing step, such as the final answer) are appended before it, atomically."""
         ...
 
     async def load_run(self, run_id: str) -> RunMeta:

@@ -14,7 +14,7 @@ that runs it over three stores; split, a rule and the check it relies on would s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import NoReturn
 
@@ -53,6 +53,7 @@ from quipu.services.domain.store.state import (
 from quipu.services.domain.store.validation import (
     check_envelope,
     check_start,
+    check_step_records,
     page_limit,
     require_id,
     require_millisecond,
@@ -71,12 +72,13 @@ class _Writes:
         self.session = session
         self.runs: dict[str, RunState] = {}
         self.session_changed = False
+        self.inserts: list[tuple[RunState, Record, int]] = []
 
     def run(self, state: RunState) -> RunState:
         return self.runs.get(state.run_id, state)
 
     async def append(self, run: RunState, record: Record) -> Record:
-        """Give the record the next per-run (and per-session) sequence and insert it."""
+        """Give the record the next per-run (and per-session) sequence; it is inserted at commit."""
         current = self.run(run)
         sequence = current.record_count + 1
         self.runs[run.run_id] = current.model_copy(update={"record_count": sequence})
@@ -86,7 +88,7 @@ class _Writes:
             self.session = self.session.model_copy(update={"record_count": session_sequence})
             self.session_changed = True
         stored = record.model_copy(update={"id": str(sequence)})
-        await self.tx.insert_record(current, stored, session_sequence)
+        self.inserts.append((current, stored, session_sequence))
         return stored
 
     def update(self, run: RunState, **changes: object) -> None:
@@ -101,6 +103,9 @@ class _Writes:
         return self.session.run_count
 
     async def commit(self) -> None:
+        if self.inserts:
+            # One write for every record of the operation (a step's records, a start's two or three).
+            await self.tx.insert_records(self.inserts)
         # Session-scoped writes always bump the session document, so they conflict with a purge.
         for state in self.runs.values():
             await self.tx.save_run(state.model_copy(update={"revision": state.revision + 1}))
@@ -328,16 +333,27 @@ class RuleStore:
     # --- record writes --------------------------------------------------------------------------
 
     async def append_run_record(self, record: Record) -> AppendResult:
-        check_envelope(record)
+        return (await self.append_run_records([record]))[0]
 
-        async def apply(tx: StoreTransaction) -> AppendResult:
-            run, session = await self._record_owner(tx, record)
-            retried = await _exact_retry(tx, record, session)
-            if retried is not None:
-                return retried
-            if run.status.closed:
+    async def append_run_records(self, records: Sequence[Record]) -> list[AppendResult]:
+        step = list(records)
+        check_step_records(step)
+
+        async def apply(tx: StoreTransaction) -> list[AppendResult]:
+            run, session = await self._record_owner(tx, *step)
+            stored = await tx.load_records(run.run_id, [record.event_key for record in step])
+            retried = [_retried(stored, record, session) for record in step]
+            new = [record for record, result in zip(step, retried, strict=True) if result is None]
+            if new and run.status.closed:
                 _fail(ErrorCode.RUN_NOT_ACTIVE, "run is closed")
-            return await self._append(tx, run, session, record)
+            writes = _Writes(tx, session)
+            appended = iter([await writes.append(run, record) for record in new])
+            await writes.commit()
+            status = _status(session)
+            return [
+                result or AppendResult(record_id=next(appended).id, inserted=True, session_status=status)
+                for result in retried
+            ]
 
         return await self._transactions.run(apply)
 
@@ -399,37 +415,63 @@ class RuleStore:
 
         return await self._transactions.run(apply)
 
-    async def record_run_terminal(self, record: Record) -> AppendResult:
+    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> AppendResult:
         check_envelope(record, LifecycleType.RUN_COMPLETED)
+        carried = list(records)
+        if carried:
+            check_step_records(carried, closing=record)
         payload = decode_run_completed(record.payload)
 
         async def apply(tx: StoreTransaction) -> AppendResult:
-            run, session = await self._record_owner(tx, record)
+            run, session = await self._record_owner(tx, record, *carried)
+            # One read answers the terminal's key and every carried record's (§6.7, §6.4.1).
+            stored = await tx.load_records(
+                run.run_id, [record.event_key, *(carried_record.event_key for carried_record in carried)]
+            )
             if run.status.closed:
                 if run.status is not payload.run_status or run.terminal_key != record.event_key:
                     _fail(ErrorCode.RUN_TERMINAL_CONFLICT, "run already closed otherwise")
-                return await _exact_retry_or_conflict(tx, record, session)
+                result = _retried(stored, record, session)
+                if result is None:
+                    _fail(ErrorCode.EVENT_CONFLICT, "stored key has no record")
+                if any(_retried(stored, carried_record, session) is None for carried_record in carried):
+                    _fail(ErrorCode.RUN_NOT_ACTIVE, "run is closed")
+                return result
             if dict(payload.labels) != run.labels:
                 raise invalid("run_completed labels must equal the run's")
             _check_provenance(run, payload.run_status, payload.cancellation_reason)
-            await _refuse_used_key(tx, record)
+            if record.event_key in stored:
+                _fail(ErrorCode.EVENT_CONFLICT, "event key already used by another record")
+            new = [
+                carried_record
+                for carried_record in carried
+                if _retried(stored, carried_record, session) is None
+            ]
             return await self._append(
-                tx, run, session, record, status=payload.run_status, terminal_key=record.event_key
+                tx,
+                run,
+                session,
+                record,
+                new,
+                status=payload.run_status,
+                terminal_key=record.event_key,
             )
 
         return await self._transactions.run(apply)
 
     async def _record_owner(
-        self, tx: StoreTransaction, record: Record
+        self, tx: StoreTransaction, record: Record, *others: Record
     ) -> tuple[RunState, SessionState | None]:
-        """Record checks of §6.4 after validation: tombstone, run, ownership."""
+        """Record checks of §6.4 after validation: tombstone, run, ownership (`others` are records
+        of the same run, checked for validation's sake by `check_step_records`)."""
         if record.session_id:
             await self._refuse_purged(tx, record.session_id)
         run = await tx.load_run(record.run_id)
         if run is None:
             _fail(ErrorCode.RUN_NOT_FOUND, "run not found")
-        if (run.agent_id, run.session_id) != (record.agent_id, record.session_id):
-            _fail(ErrorCode.RECORD_OWNER_MISMATCH, "record names another agent or session")
+        for each in (record, *others):
+            if (run.agent_id, run.session_id) != (each.agent_id, each.session_id):
+                _fail(ErrorCode.RECORD_OWNER_MISMATCH, "record names another agent or session")
         session = await tx.load_session(run.session_id) if run.session_id else None
         return run, session
 
@@ -439,9 +481,13 @@ class RuleStore:
         run: RunState,
         session: SessionState | None,
         record: Record,
+        before: Sequence[Record] = (),
         **changes: object,
     ) -> AppendResult:
+        """Append `before` (ordinary records carried by the operation), then `record`, and apply `changes`."""
         writes = _Writes(tx, session)
+        for carried in before:
+            await writes.append(run, carried)
         stored = await writes.append(run, record)
         if changes:
             writes.update(run, updated_at=self._clock(), **changes)
@@ -538,16 +584,23 @@ async def _run(tx: StoreTransaction, run_id: str) -> RunState:
     return run
 
 
-async def _exact_retry(
-    tx: StoreTransaction, record: Record, session: SessionState | None
-) -> AppendResult | None:
-    """The original result when the key holds this very record; EVENT_CONFLICT if another."""
-    existing = await tx.load_record(record.run_id, record.event_key)
+def _retried(stored: dict[str, Record], record: Record, session: SessionState | None) -> AppendResult | None:
+    """The original result when `stored` (records by key, read in this transaction) holds this
+    very record at its key; None when the key is free; EVENT_CONFLICT when it holds another."""
+    existing = stored.get(record.event_key)
     if existing is None:
         return None
     if not existing.same_content(record):
         _fail(ErrorCode.EVENT_CONFLICT, "event key holds a different record")
     return AppendResult(record_id=existing.id, inserted=False, session_status=_status(session))
+
+
+async def _exact_retry(
+    tx: StoreTransaction, record: Record, session: SessionState | None
+) -> AppendResult | None:
+    """The original result when the key holds this very record; EVENT_CONFLICT if another."""
+    existing = await tx.load_record(record.run_id, record.event_key)
+    return _retried({} if existing is None else {record.event_key: existing}, record, session)
 
 
 async def _exact_retry_or_conflict(

@@ -129,8 +129,13 @@ class StoreTransaction(Protocol):
         """The record with this key on this run, or None."""
         ...
 
-    async def insert_record(self, run: RunState, record: Record, session_sequence: int) -> None:
-        """Insert a record of `run` whose `id` is its per-run sequence (session_sequence 0 when
+    async def load_records(self, run_id: str, event_keys: list[str]) -> dict[str, Record]:
+        """The run's records with these keys, by key (a missing key is absent), in one read."""
+        ...
+
+    async def insert_records(self, rows: list[tuple[RunState, Record, int]]) -> None:
+        """Insert each (run, record, session sequence) in order, in one write where the backend
+        can: a record of `run` whose `id` is its per-run sequence (session sequence 0 when
         sessionless); `run` is the record's run as this operation sees it, maybe not saved yet."""
         ...
 

@@ -26,6 +26,8 @@ from quipu.contracts.store import (
 from quipu.contracts.wire import has_sub_millisecond
 
 MAX_PAGE = 500
+MAX_STEP_RECORDS = 100
+"""The most records one AppendRunRecords (or one terminal's carried records) may hold."""
 
 
 def require_id(name: str, value: str) -> None:
@@ -65,6 +67,21 @@ def check_envelope(record: Record, expected_type: LifecycleType | None = None) -
             raise invalid(f"{record.type} is written only by lifecycle operations")
     elif record.type != expected_type.value:
         raise invalid(f"record type must be {expected_type.value}")
+
+
+def check_step_records(records: list[Record], closing: Record | None = None) -> None:
+    """A step's records (AppendRunRecords, or the ones a terminal `closing` carries): 1 to
+    MAX_STEP_RECORDS ordinary records of one run, their keys (and the closing one's) pairwise distinct."""
+    if not records or len(records) > MAX_STEP_RECORDS:
+        raise invalid(f"a step holds 1 to {MAX_STEP_RECORDS} records")
+    for record in records:
+        check_envelope(record)
+    run_id = (closing or records[0]).run_id
+    if any(record.run_id != run_id for record in records):
+        raise invalid("a step's records belong to one run")
+    keys = [record.event_key for record in records] + ([closing.event_key] if closing is not None else [])
+    if len(set(keys)) != len(keys):
+        raise invalid("a step's record keys must be pairwise distinct")
 
 
 def _check_start_identity(run: RunStart, *, sessioned: bool, child: bool) -> None:

@@ -59,6 +59,9 @@ class RunView:
     """The latest compaction of the run's history (it holds for every later call too)."""
     session_ended: bool = False
     """Observed, not recorded: a store reply said the session has ended (workers stop planning)."""
+    unwritten: list[Record] = field(default_factory=list)
+    """Records folded in (`stage`) that the store has not taken yet: the step being built, written
+    as one command before anything it justifies is published."""
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> RunView | None:
@@ -114,6 +117,11 @@ class RunView:
         elif kind == LifecycleType.RUN_COMPLETED.value:
             self.terminal = decode_run_completed(record.payload)
             self.terminal_time = record.timestamp
+
+    def stage(self, record: Record) -> None:
+        """Fold `record` in as part of the step being built (`unwritten`)."""
+        self.add(record)
+        self.unwritten.append(record)
 
     @property
     def closed(self) -> bool:
