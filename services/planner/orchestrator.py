@@ -48,7 +48,12 @@ from quipu.contracts.transcript import (
 )
 from quipu.contracts.wire import to_millisecond, utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, AgentSpec, UnknownAgentError
-from quipu.services.domain.memory.context import ContextSource, history_principal, run_sealing_principal
+from quipu.services.domain.memory.context import (
+    ContextBlocks,
+    ContextSource,
+    history_principal,
+    run_sealing_principal,
+)
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.memory.summary import Summarizer, SummaryError, Utterance
 from quipu.services.domain.models.estimate import estimate_request_tokens
@@ -334,25 +339,25 @@ class Planner:
             raise RunRefusedError(
                 ErrorCode.INVALID_ARGUMENT.value, f"run {request.run_id!r}: a turn needs the user's text"
             )
-        await self._require_owner(request, request.session_id, run_context(request, agent))
+        context = run_context(request, agent)
+        await self._require_owner(request, request.session_id, context)
         plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
-        view = await self._start(plan, request)
+        # The turn's memory is read while the run starts (one round trip for both): it depends on
+        # the session and the person, not on the run. A start that stops or finds the turn's input
+        # already written drops what was read.
+        memory = self._read_memory(request, agent, context) if request.session_id else None
+        try:
+            view = await self._start(plan, request)
+        except BaseException:
+            await _drop(memory)
+            raise
         if view is None or view.closed:
+            await _drop(memory)
             return view
         trigger = self._trigger(request.occurred_at, request.event_id)
-        view = await self._write_once(
-            view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
-        )
-        if view.session_id and not view.has_input and SEED_KEY not in view.keys:
-            principal = view.context.principal_id if view.context is not None else ""
-            blocks = await self.deps.context.context(
-                view.session_id,
-                principal,
-                view.agent_id,
-                tenant_id=request.tenant_id,
-                query=request.text,
-                memory_opt_out=agent.memory_opt_out,
-            )
+        view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
+        if memory is not None and view.session_id and not view.has_input and SEED_KEY not in view.keys:
+            blocks = await memory
             if blocks.memory is not None:
                 # Before the seed: whatever the model is shown, the run says which memory it was.
                 view = await self._write_once(
@@ -367,7 +372,23 @@ class Planner:
                 view = await self._write_once(
                     view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), trigger
                 )
+        else:
+            await _drop(memory)
         return await self._write_input(view, request.text, trigger)
+
+    def _read_memory(
+        self, request: RunRequested, agent: AgentSpec, context: RunContext
+    ) -> asyncio.Task[ContextBlocks]:
+        return asyncio.ensure_future(
+            self.deps.context.context(
+                request.session_id,
+                context.principal_id,
+                agent.agent_id,
+                tenant_id=request.tenant_id,
+                query=request.text,
+                memory_opt_out=agent.memory_opt_out,
+            )
+        )
 
     async def _start_child(self, request: RunRequested) -> RunView | None:
         parent = request.parent
@@ -795,6 +816,13 @@ class Planner:
 
 class _Write(Protocol):
     async def __call__(self, record: Record, /) -> object: ...
+
+
+async def _drop(read: asyncio.Task[ContextBlocks] | None) -> None:
+    """Cancel a memory read whose answer is not needed (its failure included)."""
+    if read is not None:
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
 
 
 def _tool_use_ids(view: RunView) -> set[str]:
