@@ -10,7 +10,9 @@ principals' keys wherever a message is sealed) and every service's log for eithe
 readable. A bystander in another session keeps every word.
 
 The services seal their topics (the owner's key endpoint hands out the keys), and the turns are
-published as the gateway and `quipu run` publish them, sealed too.
+published as the gateway and `quipu run` publish them, sealed too. Before the forget the test also
+takes the paths that name no one or someone else: a cancel after the end, an answer from a client
+naming no principal, a listing of the (owner-less) session, a read of erin's run asked for bruno.
 """
 
 from __future__ import annotations
@@ -146,6 +148,13 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
                 lambda: memory.list_history(session_id, 0, 10), 30, "erin's turn in the history"
             )
         assert any(said in row.text for row in recorded)
+        # The session was created without an owner (as `quipu run --session` does) and is listed by
+        # a reader naming no one; erin's run is read by someone working for bruno: both readings
+        # come back under erin's key, whoever asked.
+        page = await deployment.store.list_session_run_records(session_id, "", 50)
+        assert any(said.encode() in record.payload for record in page.records)
+        with sealing_for(TENANT, "bruno"):
+            await deployment.store.list_run_records(first.run_id, "", 50)
         before = await _database_dump(stack, name)
         assert said.encode() not in before  # sealed at rest even before forgetting
         wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
