@@ -1,5 +1,5 @@
 """Publishing agents on `agents.registry` (`quipu agents apply|delete`, an App at start-up), and
-reading what it holds (`quipu agents list`).
+reading what it holds (`quipu agents list`, and every service that serves agents: `agent_reader`).
 
     await publish_agents(kafka_settings, [forecaster, helper])      # quipu.Agent or AgentDefinition
     await remove_agents(kafka_settings, ["forecaster"])
@@ -12,7 +12,7 @@ copies of an App that publish it at start-up publish one id.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaProducer
 
@@ -20,9 +20,28 @@ from quipu.contracts.agents import AgentChanged, AgentDefinition
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, InvalidAgentEntryError, defined, removed
+from quipu.services.kit.logging import get_logger
 from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.topic_replay import read_to_end
+
+logger = get_logger(__name__)
+
+
+def agent_reader(agents: AgentRegistry) -> Callable[[bytes], None]:
+    """What takes each record of agents.registry into `agents`: a record that is no entry, or that
+    cannot be served, is skipped with a warning quoting nothing of it (every copy of a service reads
+    it, so none dead-letters it)."""
+
+    def take(body: bytes) -> None:
+        try:
+            entry = agents.take(body)
+        except InvalidAgentEntryError as error:
+            logger.warning("agent registry entry skipped", reason=str(error))
+            return
+        logger.info("agent registered" if entry.agent else "agent removed", agent_id=entry.agent_id)
+
+    return take
 
 
 async def publish_agents(

@@ -9,14 +9,19 @@ from dataclasses import dataclass
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
-from quipu.services.domain.agents import AgentSpec, default_agents
+from quipu.contracts.topics import Topic
+from quipu.services.domain.agent_publisher import agent_reader
+from quipu.services.domain.agents import AgentRegistry, AgentSpec, default_agents
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import ModelClient
 from quipu.services.fact_extractor import handlers
 from quipu.services.fact_extractor.adapters import FactExtractor, open_memory_store, open_model
 from quipu.services.fact_extractor.settings import FactExtractorSettings
-from quipu.services.kit.lifecycle import Opened, ServiceDefinition, service_app
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
+from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, service_app
 from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.topic_replay import catch_up, follow_registries
 
 SERVICE = "fact-extractor"
 
@@ -31,6 +36,7 @@ class FactExtractorDeps:
     memory: MemoryStore | None = None
     model: ModelClient | None = None
     agents: Mapping[str, AgentSpec] | None = None
+    """The built-in agents (default: `default_agents()`); agents.registry is applied to a registry of them."""
 
 
 def check_timeouts(kafka: KafkaSettings, settings: FactExtractorSettings) -> None:
@@ -53,15 +59,20 @@ def create_app(
     kafka = kafka.in_background()  # nobody waits on an extraction: its consumers fetch less often
     check_timeouts(kafka, settings)
     given = deps or FactExtractorDeps()
+    # An agent registered on agents.registry with memory_opt_out feeds no memory either.
+    agents = _registry_of(given.agents) if given.agents is not None else default_agents()
+    readers = [(Topic.AGENTS_REGISTRY.value, agent_reader(agents))]
 
     async def open_extractor(_: KafkaBroker, opened: Opened) -> FactExtractor:
+        await catch_up(kafka, readers, within_s=settings.registry_catch_up_s, client_id=f"{SERVICE}-registry")
         memory = given.memory or await opened.start(open_memory_store(kafka, settings))
-        return FactExtractor(
-            memory,
-            given.model or open_model(kafka, settings),
-            settings,
-            agents=given.agents if given.agents is not None else default_agents(),
-        )
+        return FactExtractor(memory, given.model or open_model(kafka, settings), settings, agents=agents)
+
+    def subscribe(
+        broker: KafkaBroker, delivery: Delivery, extractor: Running[FactExtractor]
+    ) -> list[ConcurrentConsumer]:
+        follow_registries(broker, kafka, readers)
+        return [handlers.register(broker, kafka, extractor, delivery, settings)]
 
     return service_app(
         kafka,
@@ -71,10 +82,12 @@ def create_app(
         client_id=f"{SERVICE}-{os.getpid()}",
         attempts=settings.retry_attempts,
         open=open_extractor,
-        subscribe=lambda broker, delivery, extractor: [
-            handlers.register(broker, kafka, extractor, delivery, settings)
-        ],
+        subscribe=subscribe,
     )
+
+
+def _registry_of(agents: Mapping[str, AgentSpec]) -> AgentRegistry:
+    return agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents.values())
 
 
 DEFINITION = ServiceDefinition(

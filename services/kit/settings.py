@@ -381,6 +381,14 @@ class ConsumerSettings(SealingSettings):
     """How a service consumes its topics concurrently (`kit.concurrent_delivery`); each service's
     settings extend it under their own prefix (`QUIPU_PLANNER_MAX_IN_FLIGHT`, ...)."""
 
+    registry_catch_up_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Bound on reading the registries the service serves from (tools.registry, agents.registry) "
+            "to their end at start-up, before it takes any message; past it the service does not start."
+        ),
+    )
     max_in_flight: int = Field(
         default=32,
         ge=1,

@@ -2,9 +2,14 @@
 
     await read_to_end(settings, Topic.AGENTS_REGISTRY, registry_entry)   # each record's value, in order
 
-For what a process must know before it serves (the planner's registries) or once (a reindex's
-principals). The end is each partition's high-watermark as its last fetch reported it, never
-ListOffsets, which under-reports on Tansu after a multi-record batch.
+For what a process must know before it serves (the registries) or once (a reindex's principals).
+The end is each partition's high-watermark as its last fetch reported it, never ListOffsets, which
+under-reports on Tansu after a multi-record batch.
+
+A registry (a compacted topic every copy keeps whole: tools.registry, agents.registry) is read to
+its end while the service opens, before the broker starts any subscriber (`catch_up`), then
+followed from its beginning outside any group (`follow_registries`); taking a record twice is
+harmless, the views keep each key's latest entry.
 """
 
 from __future__ import annotations
@@ -12,14 +17,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
 
 from quipu.contracts.errors import QuipuError
-from quipu.services.kit.broker import topic
+from quipu.services.kit.broker import follow_from_start, topic
+from quipu.services.kit.logging import get_logger
 from quipu.services.kit.run_events import topic_partitions
 from quipu.services.kit.settings import KafkaSettings
+
+logger = get_logger(__name__)
+
+RegistryReader = tuple[str, Callable[[bytes], None]]
+"""A registry topic (no prefix), and what takes each of its records' values into a service's view."""
 
 
 class TopicMissingError(QuipuError, LookupError):
@@ -81,3 +94,34 @@ async def _at_the_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartitio
         if watermark is None or await consumer.position(partition) < watermark:
             return False
     return True
+
+
+async def catch_up(
+    settings: KafkaSettings, readers: Sequence[RegistryReader], *, within_s: float, client_id: str
+) -> None:
+    """Read every registry to its current end, concurrently (TimeoutError past `within_s`: a service
+    must not start on a partial view). A registry topic that does not exist is empty."""
+
+    async def read(name: str, take: Callable[[bytes], None]) -> None:
+        try:
+            await read_to_end(settings, name, take, within_s=within_s, client_id=client_id)
+        except TopicMissingError:
+            logger.warning("registry topic missing: nothing registered yet", topic=str(name))
+
+    await asyncio.gather(*(read(name, take) for name, take in readers))
+
+
+def follow_registries(
+    broker: KafkaBroker, settings: KafkaSettings, readers: Sequence[RegistryReader]
+) -> None:
+    """Keep each view current from its registry, replayed from its beginning (no group)."""
+    for name, take in readers:
+        follow_from_start(broker, settings, name, _on_entry(take))
+
+
+def _on_entry(take: Callable[[bytes], None]) -> Callable[[KafkaMessage], Awaitable[None]]:
+    # A handler of its own per registry: FastStream reads a handler's parameters as the message's.
+    async def on_entry(message: KafkaMessage) -> None:
+        take(message.body)
+
+    return on_entry

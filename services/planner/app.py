@@ -19,6 +19,7 @@ from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
+from quipu.services.kit.topic_replay import catch_up, follow_registries
 from quipu.services.planner import handlers
 from quipu.services.planner.adapters import CallRouter, PublishedTurns, SessionHistoryContext, SessionOwners
 from quipu.services.planner.orchestrator import Planner, PlannerDeps, ReadyDeps
@@ -82,7 +83,7 @@ def create_app(
     async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:
         # Before the broker starts the groups that bring runs: a run taken first finds every tool
         # and agent registered before this planner started.
-        await handlers.catch_up(kafka, readers, settings.registry_catch_up_s)
+        await catch_up(kafka, readers, within_s=settings.registry_catch_up_s, client_id=f"{SERVICE}-registry")
         store = given.store or await opened.start(KafkaStore.for_service(kafka, settings, seals=seals))
         topics = broker_publisher(broker, kafka, seals)
         publisher = PublishedTurns(
@@ -118,7 +119,7 @@ def create_app(
     def subscribe(
         broker: KafkaBroker, delivery: Delivery, planner: Running[Planner]
     ) -> list[ConcurrentConsumer]:
-        handlers.follow_registries(broker, kafka, readers)
+        follow_registries(broker, kafka, readers)
         return handlers.register(broker, kafka, planner, delivery, settings)
 
     return service_app(

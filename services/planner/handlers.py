@@ -8,34 +8,32 @@ consumed. A partition is committed only up to its oldest message not yet handled
 `tools.registry` and `agents.registry` are read outside any group, from the beginning, by every
 planner copy: each keeps the whole view of the announced toolsets (`domain.toolset_registry`) and
 of the registered agents (`domain.agents`). At start-up both are read to their end before any run
-is taken (`catch_up`), then followed. An entry that does not validate, or that cannot be served, is
-skipped with a warning (every copy reads it, so none dead-letters it).
+is taken (`kit.topic_replay.catch_up`), then followed. An entry that does not validate, or that
+cannot be served, is skipped with a warning (every copy reads it, so none dead-letters it).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter, ValidationError
 
 from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.tools import ToolCallCompleted, ToolsetAnnounced
 from quipu.contracts.topics import Topic
-from quipu.services.domain.agents import AgentRegistry, InvalidAgentEntryError
+from quipu.services.domain.agent_publisher import agent_reader
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.toolset_registry import ToolsetRegistry
-from quipu.services.kit.broker import follow_from_start
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.logging import get_logger
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
-from quipu.services.kit.topic_replay import TopicMissingError, read_to_end
+from quipu.services.kit.topic_replay import RegistryReader
 from quipu.services.planner.adapters import ignoring_erased_runs
 from quipu.services.planner.orchestrator import Planner
 from quipu.services.planner.settings import PlannerSettings
@@ -46,9 +44,6 @@ RUN_REQUESTED = TypeAdapter(RunRequested)
 CANCEL_RUN = TypeAdapter(CancelRun)
 TOOL_CALL_COMPLETED = TypeAdapter(ToolCallCompleted)
 TOOLSET_ANNOUNCED = TypeAdapter(ToolsetAnnounced)
-
-RegistryReader = tuple[Topic, Callable[[bytes], None]]
-"""A registry topic, and what takes each of its records' values into the planner's view."""
 
 logger = get_logger(__name__)
 
@@ -116,40 +111,4 @@ def registry_readers(toolsets: ToolsetRegistry, agents: AgentRegistry) -> list[R
         toolsets.apply(announcement)
         logger.info("toolset announced", toolset=announcement.toolset, tools=len(announcement.tools))
 
-    def take_agent(body: bytes) -> None:
-        try:
-            entry = agents.take(body)
-        except InvalidAgentEntryError as error:
-            logger.warning("agent registry entry skipped", reason=str(error))
-            return
-        logger.info("agent registered" if entry.agent else "agent removed", agent_id=entry.agent_id)
-
-    return [(Topic.TOOLS_REGISTRY, take_announcement), (Topic.AGENTS_REGISTRY, take_agent)]
-
-
-async def catch_up(kafka: KafkaSettings, readers: Sequence[RegistryReader], within_s: float) -> None:
-    """Read every registry to its current end, so a run taken next finds the tools and agents
-    registered before the planner started (TimeoutError past `within_s`: the planner must not start
-    on a partial view). A registry topic that does not exist is empty."""
-
-    async def read(name: Topic, take: Callable[[bytes], None]) -> None:
-        try:
-            await read_to_end(kafka, name, take, within_s=within_s, client_id=f"{kafka.client_id}-registry")
-        except TopicMissingError:
-            logger.warning("registry topic missing: nothing registered yet", topic=name.value)
-
-    await asyncio.gather(*(read(name, take) for name, take in readers))
-
-
-def follow_registries(broker: KafkaBroker, kafka: KafkaSettings, readers: Sequence[RegistryReader]) -> None:
-    """Keep each view current from its registry, replayed from its beginning (no group)."""
-    for name, take in readers:
-        follow_from_start(broker, kafka, name, _on_entry(take))
-
-
-def _on_entry(take: Callable[[bytes], None]) -> Callable[[KafkaMessage], Awaitable[None]]:
-    # A handler of its own per registry: FastStream reads a handler's parameters as the message's.
-    async def on_entry(message: KafkaMessage) -> None:
-        take(message.body)
-
-    return on_entry
+    return [(Topic.TOOLS_REGISTRY, take_announcement), (Topic.AGENTS_REGISTRY, agent_reader(agents))]

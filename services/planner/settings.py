@@ -111,14 +111,6 @@ class PlannerSettings(ConsumerSettings, StoreClientSettings):
         default_factory=ModelSettings,
         description="The language model this service calls (`QUIPU_MODEL_...`, the same for every service).",
     )
-    registry_catch_up_s: float = Field(
-        default=30.0,
-        gt=0,
-        description=(
-            "Bound on reading tools.registry and agents.registry to their end at start-up, before any "
-            "run is taken; past it the planner does not start."
-        ),
-    )
     max_actions_per_message: int = Field(
         default=64,
         ge=4,

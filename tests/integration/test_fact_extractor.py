@@ -22,11 +22,13 @@ from typing import Any
 
 import pytest
 
+import quipu
 from quipu.contracts.memory import FactChanged, HistoryRecorded, HistoryTurn, MemoryScope
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.domain.agents import ASSISTANT, AgentSpec
+from quipu.services.domain.agent_publisher import publish_agents
+from quipu.services.domain.agents import ASSISTANT, AgentRegistry, AgentSpec
 from quipu.services.domain.models.port import ModelRequest
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.fact_extractor.app import FactExtractorDeps
@@ -36,7 +38,7 @@ from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.storage_owner.app import create_app as create_owner
 from tests.owner_support import RawPublisher, TopicReader
-from tests.timing import scaled
+from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +56,7 @@ class System:
     recorded: TopicReader
     dead_letters: TopicReader
     publisher: RawPublisher
+    agents: AgentRegistry
     answers: dict[str, Any] = field(default_factory=dict)
 
     def topic(self, name: Topic | str) -> str:
@@ -104,11 +107,12 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
         return answers.get(request.call_key)
 
     model = ScriptedModel(structured_output=answer)
+    agents = AgentRegistry([ASSISTANT, DIARY])
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     extractor = create_extractor(
         settings,
         FactExtractorSettings(profile_every_turns=2, store_reply_timeout_s=scaled(10.0)),
-        FactExtractorDeps(model=model, agents={"assistant": ASSISTANT, "diary": DIARY}),
+        FactExtractorDeps(model=model, agents=agents),
     )
     started = time.monotonic()
     await owner.start()
@@ -125,7 +129,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     try:
         async with RawPublisher(stack.bootstrap) as publisher:
             changes, recorded, dead_letters = readers
-            yield System(settings, memory, model, changes, recorded, dead_letters, publisher, answers)
+            yield System(settings, memory, model, changes, recorded, dead_letters, publisher, agents, answers)
     finally:
         for reader in readers:
             await reader.stop()
@@ -226,6 +230,26 @@ async def test_an_opted_out_agent_feeds_no_memory(system: System) -> None:
     await system.say(dave, session, "I play the piano", new("Plays the piano"))  # the sentinel
     [change] = await system.until_announced(dave.principal_id, 1)
     assert change.text == "Plays the piano"
+    assert system.model_calls(f"facts/{private.turn_id}") == 0
+
+
+async def test_an_agent_registered_with_memory_opt_out_feeds_no_memory(system: System) -> None:
+    """The opt-out of an agent published on agents.registry holds as a built-in one's does."""
+    journal = quipu.Agent(id="journal", instructions="A private journal.", memory_opt_out=True)
+    await publish_agents(system.settings, [journal])
+
+    async def known() -> bool:
+        return "journal" in system.agents.registered()
+
+    await eventually(known, within=20.0, what="the extractor's view of agents.registry")
+    erin = scope("erin-" + uuid.uuid4().hex[:6])
+    session = "s-" + uuid.uuid4().hex[:8]
+    private = await system.say(
+        scope(erin.principal_id, "journal"), session, "I live in Porto", new("Lives in Porto")
+    )
+    await system.say(erin, session, "I play chess", new("Plays chess"))  # the sentinel
+    [change] = await system.until_announced(erin.principal_id, 1)
+    assert change.text == "Plays chess"
     assert system.model_calls(f"facts/{private.turn_id}") == 0
 
 
