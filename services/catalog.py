@@ -30,7 +30,13 @@ class Consumer:
 
     service: str
     group: str
-    topic: Topic
+    topic: Topic | str
+    """A registry topic, or a toolset's calls topic (`tools.calls.<toolset>`, a name of its own)."""
+
+    @property
+    def topic_name(self) -> str:
+        """The topic's name, without the deployment's prefix."""
+        return str(self.topic)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
 from quipu.contracts.tools import ToolsetAnnounced
-from quipu.contracts.topics import Topic
+from quipu.contracts.topics import Topic, toolset_calls_topic
 from quipu.mcp import McpToolset
+from quipu.services.catalog import Consumer
 from quipu.services.cli.output import CliError
 from quipu.services.kit.lifecycle import Connections, ServiceDefinition
 from quipu.services.kit.publishing import PublishError
@@ -103,6 +104,17 @@ def serve_mcp(
 def executor_name(toolset: AnyToolset) -> str:
     """The name a toolset's executor goes by in `quipu up` and `quipu status`."""
     return f"{TOOLS_SERVICE}-{toolset.name}"
+
+
+def toolset_consumers(state: dict[str, Any] | None) -> tuple[Consumer, ...]:
+    """The consumer group of each toolset's executors a `quipu up` runs (its state's `toolsets`)."""
+    from quipu.services.tool_executor.settings import ToolExecutorSettings  # noqa: PLC0415
+
+    group = ToolExecutorSettings.model_fields["group"].default  # a toolset's group is `<group>-<toolset>`
+    names: list[str] = (state or {}).get("toolsets", [])
+    return tuple(
+        Consumer(f"{TOOLS_SERVICE}-{name}", f"{group}-{name}", toolset_calls_topic(name)) for name in names
+    )
 
 
 def serve_tools_command(spec: str, toolset: AnyToolset) -> tuple[str, ...]:

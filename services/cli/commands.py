@@ -338,7 +338,8 @@ def memory_reindex(principal: str | None, tenant: str | None) -> None:
 
 def status() -> None:
     """What runs (from `quipu up`'s state) and each consumer group's members and lag."""
-    from quipu.services.cli.status import lag_table, measure, services_table  # noqa: PLC0415
+    from quipu.services.cli.apps import toolset_consumers  # noqa: PLC0415
+    from quipu.services.cli.status import CONSUMERS, lag_table, measure, services_table  # noqa: PLC0415
 
     settings = _cli_settings()
     target = client_target()
@@ -350,8 +351,10 @@ def status() -> None:
     else:
         console.print(Text("services: not started by `quipu up` (QUIPU_KAFKA_BOOTSTRAP is set)", style="dim"))
 
+    consumers = CONSUMERS + toolset_consumers(target.state)
+
     async def work() -> Any:
-        return await measure(target.kafka, timeout_s=settings.status_timeout_s)
+        return await measure(target.kafka, consumers, timeout_s=settings.status_timeout_s)
 
     measured = run_command(work, target.kafka, settings)
     console.print(Text("consumer lag = fetch high-watermark - committed offset, summed over partitions"))

@@ -275,6 +275,7 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
             "services": {},
             "app": spec,
             "agents": [agent.id for agent in user_app.agents],
+            "toolsets": [toolset.name for toolset in user_app.toolsets],
         }
         started: list[Started] = []
         supervisor: Supervisor | None = None

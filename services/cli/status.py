@@ -111,7 +111,7 @@ async def _lags(
         partitions: dict[Consumer, list[TopicPartition]] = {}
         for consumer in consumers:
             try:
-                partitions[consumer] = await _partitions(reader, kafka.topic_prefix + consumer.topic.value)
+                partitions[consumer] = await _partitions(reader, kafka.topic_prefix + consumer.topic_name)
                 committed |= await _committed(
                     kafka, kafka.topic_prefix + consumer.group, partitions[consumer]
                 )
@@ -232,7 +232,7 @@ def lag_table(measured: list[GroupLag]) -> Group:
     for row in measured:
         table.add_row(
             row.consumer.group,
-            row.consumer.topic.value,
+            row.consumer.topic_name,
             "?" if row.members is None else str(row.members),
             "?" if row.lag is None else str(row.lag),
         )

@@ -298,5 +298,5 @@ async def test_status_shows_every_service_up_and_each_groups_lag(up: Up, clients
         [row] = [cells for cells in rows if cells[0] == service and cells[2].startswith("up ")]
         assert row[1] == str(up.pid_of(service)), output
     for consumer in CONSUMERS:
-        [row] = [cells for cells in rows if cells[:2] == [consumer.group, consumer.topic.value]]
+        [row] = [cells for cells in rows if cells[:2] == [consumer.group, consumer.topic_name]]
         assert row[2].isdigit() and row[3].isdigit(), output  # members and lag were measured

@@ -136,5 +136,5 @@ def test_a_command_is_answered_on_the_replies_channel_by_its_correlation_id() ->
 def test_every_catalog_consumer_is_named_on_the_topic_it_reads() -> None:
     for service in SERVICES:
         for consumer in service.consumers:
-            operation = DOCUMENT["operations"][f"receive.{consumer.topic.value}"]
+            operation = DOCUMENT["operations"][f"receive.{consumer.topic_name}"]
             assert service.name in operation["summary"], (service.name, consumer.topic)

@@ -171,6 +171,11 @@ def test_up_with_an_app_answers_its_agent_with_its_tools(up: Up) -> None:
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "sunny-7731" in shown.stdout  # the forecast tool's result is in the transcript
 
+    status = up.quipu("status", timeout=60)
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in status.stdout.splitlines()]
+    [executors] = [row for row in rows if row[:2] == ["tool-executor-weather", "tools.calls.weather"]]
+    assert executors[2] == "1", status.stdout  # the toolset's executor, one member of its own group
+
     up.process.send_signal(signal.SIGINT)
     assert up.process.wait(timeout=scaled(60)) == 0
     assert not up.state_file.exists()

@@ -28,7 +28,7 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services import cli
 from quipu.services.cli import app, client, launch, render, state
 from quipu.services.cli import output as cli_output
-from quipu.services.cli.apps import readiness
+from quipu.services.cli.apps import readiness, toolset_consumers
 from quipu.services.cli.render import EventPrinter
 from quipu.services.cli.settings import CliSettings
 from quipu.services.domain.toolset_registry import announce
@@ -526,6 +526,14 @@ def test_up_processes_runs_each_toolset_as_the_command_a_user_would() -> None:
         "-m", "quipu.services.cli", "serve", "tools", "--app", "mypkg.app:app", "--toolset", "files"
     )
     assert dict(services)["planner"] == "quipu.services.planner"  # the planner takes no user code
+
+
+def test_status_measures_the_group_of_each_toolset_up_runs() -> None:
+    [weather] = toolset_consumers({"toolsets": ["weather"]})
+    assert (weather.service, weather.group, weather.topic_name) == (
+        "tools-weather", "tool-executor-weather", "tools.calls.weather"
+    )
+    assert toolset_consumers(None) == () == toolset_consumers({})
 
 
 def test_up_names_what_keeps_an_app_from_its_runs() -> None:
