@@ -94,8 +94,18 @@ class TheirPerson:
         if isinstance(run, RunStart):
             return self._keep(run.run_id, run_person(run))
         record = getattr(command, "record", None)
-        run_id = command.run_id if isinstance(command, _RUN_READS) else getattr(record, "run_id", "")
+        if isinstance(command, _RUN_READS):
+            return await self._read_run_person(command.run_id)
+        run_id = getattr(record, "run_id", "")
         return await self._run_person(run_id) if run_id else None
+
+    async def _read_run_person(self, run_id: str) -> SealedFor | None:
+        """The person of a run whose words were just read; a run gone since (purged between the
+        read and this look-up) is refused: what was read is then nobody's to seal for."""
+        whose = await self._run_person(run_id)
+        if whose is None and self._store is not None:
+            raise StoreRefusedError(ErrorCode.RUN_NOT_FOUND, f"run {run_id} is gone (purged while read)")
+        return whose
 
     async def _run_person(self, run_id: str) -> SealedFor | None:
         known = self._owners.get(run_id)
@@ -108,7 +118,9 @@ class TheirPerson:
         if self._store is None:
             return None
         wanted = {record["run_id"] for record in reply.result["records"]}  # the Page's JSON form
-        people = {await self._run_person(run_id) for run_id in sorted(wanted)} - {None}
+        people = {await self._run_person(run_id) for run_id in sorted(wanted)}
+        if None in people:
+            raise StoreRefusedError(ErrorCode.SESSION_PURGED, f"session {session_id} was purged while read")
         if len(people) > 1:
             raise StoreRefusedError(
                 ErrorCode.SESSION_PRINCIPAL_MISMATCH,
