@@ -195,6 +195,28 @@ async def http_transport(url: str, headers: Mapping[str, str]) -> AsyncIterator[
         yield streams
 
 
+LIST_TIMEOUT_S = 10.0
+"""How long a reconnected session's check of the tool list may take."""
+
+
+async def listed_tools(client: Client) -> list[McpTool]:
+    """Every tool `client`'s server lists (all pages, at most MAX_TOOL_PAGES)."""
+    tools: list[McpTool] = []
+    cursor: str | None = None
+    for _ in range(MAX_TOOL_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+def tool_shapes(tools: list[McpTool]) -> dict[str, str]:
+    """Each tool's input schema as sorted JSON, by name: what must not change under an announcement."""
+    return {tool.name: json.dumps(tool.input_schema, sort_keys=True) for tool in tools}
+
+
 class ConnectionLostError(Exception):
     """The connection a call was sent on dropped before its answer."""
 
@@ -213,6 +235,8 @@ class McpConnection:
         self._owner: asyncio.Task[None] | None = None
         self._last_error: BaseException | None = None
         self._server_log_file: TextIO | None = None
+        self._announced: dict[str, str] | None = None
+        """Each announced tool's input schema (as JSON), by name."""
         self.connections = 0
         """How many sessions were established (1 + reconnections); each is a generation."""
 
@@ -287,6 +311,7 @@ class McpConnection:
                     delay = FIRST_RECONNECT_DELAY_S
                     if generation > 1:
                         logger.info("reconnected to the MCP server", toolset=self._toolset.name)
+                        await self._check_tools(client)
                     await self._lost.wait()
             except Exception as error:  # whatever the transport raises, the answer is to connect again
                 self._last_error = error
@@ -314,17 +339,33 @@ class McpConnection:
                 return client, self.connections
 
     async def list_tools(self) -> list[McpTool]:
-        """Every tool the server lists (all pages)."""
+        """Every tool the server lists (all pages); a later session's list is checked against it."""
         client, _ = await self._session()
-        tools: list[McpTool] = []
-        cursor: str | None = None
-        for _ in range(MAX_TOOL_PAGES):
-            page = await client.list_tools(cursor=cursor)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
+        tools = await listed_tools(client)
+        self._announced = tool_shapes(tools)
         return tools
+
+    async def _check_tools(self, client: Client) -> None:
+        """Warn when a new session's server lists other tools than were announced (never fails)."""
+        if self._announced is None:
+            return
+        try:
+            async with asyncio.timeout(LIST_TIMEOUT_S):
+                shapes = tool_shapes(await listed_tools(client))
+        except Exception:  # the calls will tell: this is only a warning
+            return
+        if shapes != self._announced:
+            announced = self._announced
+            logger.warning(
+                "the MCP server's tools changed since they were announced: restart the executor to announce"
+                " them",
+                toolset=self._toolset.name,
+                added=sorted(set(shapes) - set(announced)),
+                removed=sorted(set(announced) - set(shapes)),
+                changed=sorted(
+                    name for name in set(shapes) & set(announced) if shapes[name] != announced[name]
+                ),
+            )
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, resend: bool) -> CallToolResult:
         """`tools/call`; sent once more on a new connection when `resend` and the first one dropped.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.mcp import McpToolset
@@ -165,7 +166,14 @@ async def test_an_is_error_result_is_an_error_for_the_model(stdio: Served) -> No
 
 
 async def test_a_server_that_dies_mid_call_settles_the_call_and_comes_back(stdio: Served) -> None:
-    crashed = await stdio.call("crash", {})
+    (stdio.root / "more-tools").write_text("")  # the server that comes back lists one tool more
+    with structlog.testing.capture_logs() as logs:
+        crashed = await stdio.call("crash", {})
+
+        async def warned() -> bool:
+            return any("tools changed" in line["event"] for line in logs)
+
+        await eventually(warned, within=SERVER_START_S, what="a warning that the tools changed")
 
     assert crashed.is_error and "went away during the call to crash" in crashed.content
     assert (stdio.root / "crashed").exists()
@@ -173,6 +181,9 @@ async def test_a_server_that_dies_mid_call_settles_the_call_and_comes_back(stdio
     after = await stdio.call("read_file", {"name": "poem.txt"})
     assert not after.is_error and after.content == {"result": "the river keeps its knots"}
     assert stdio.tools.connection.connections >= 2
+    [changed] = [line for line in logs if "tools changed" in line["event"]]
+    assert changed["added"] == ["delete_file"] and changed["removed"] == []
+    assert "delete_file" not in stdio.runner.catalog  # not announced: the executor serves what it announced
 
 
 async def test_a_read_only_call_whose_server_died_is_sent_once_more(stdio: Served) -> None:

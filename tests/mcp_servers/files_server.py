@@ -85,6 +85,14 @@ def build(root: Path) -> MCPServer:
             (root / "canceled").write_text("")
         return "never"
 
+    if (root / "more-tools").exists():  # a server upgraded between two starts
+
+        @server.tool()
+        def delete_file(name: str) -> str:
+            """Deletes a file in the served folder."""
+            inside(name).unlink()
+            return "deleted"
+
     @server.tool(name="files.list")
     def list_files() -> list[str]:
         """Every file's name (its name has a dot, which Quipu's tool names refuse)."""
