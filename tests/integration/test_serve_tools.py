@@ -12,16 +12,13 @@ tool returns), that both copies answered some, and that the toolset was announce
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,6 +33,7 @@ from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import Toolset
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.executor_logs import ExecutorLog, until_split
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -66,10 +64,9 @@ PARTITIONS = set(range(8))
 
 
 class Copy:
-    """One `quipu serve tools` process and what its log says."""
+    """One `quipu serve tools` process, run from the user's directory, and its log."""
 
     def __init__(self, folder: Path, environment: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "quipu.services.cli", "serve", "tools", "--app", "shopapp:app"],
@@ -79,29 +76,8 @@ class Copy:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-    def lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                lines.append(json.loads(raw))
-            except ValueError:
-                continue
-        return lines
-
-    def assignment(self) -> set[int]:
-        assigned = [
-            line
-            for line in self.lines()
-            if line.get("event") == "partitions assigned" and CALLS_TOPIC in str(line.get("consumer"))
-        ]
-        return set(assigned[-1]["partitions"]) if assigned else set()
-
-    def completed(self) -> list[str]:
-        return [line["tool_use_id"] for line in self.lines() if line.get("event") == "tool call completed"]
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+        consumer = f"tool-executor-shop {CALLS_TOPIC}"  # its own group, on its own topic
+        self.log = ExecutorLog(log_path, consumer, lambda: self.process.poll() is None)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -136,25 +112,10 @@ async def copies(stack: EmbeddedStack, topic_prefix: str, tmp_path: Path) -> Asy
         await asyncio.gather(*(asyncio.to_thread(copy.stop) for copy in started))
 
 
-async def _settled(copies: list[Copy], within: float) -> None:
-    """Each copy holds some partitions of the toolset's topic, together each exactly once."""
-    deadline = time.monotonic() + scaled(within)
-    while True:
-        held = [copy.assignment() for copy in copies]
-        if all(held) and set.union(*held) == PARTITIONS and sum(map(len, held)) == len(PARTITIONS):
-            return
-        for copy in copies:
-            assert copy.process.poll() is None, f"a copy exited:\n{copy.tail()}"
-        if time.monotonic() > deadline:
-            logs = "\n---\n".join(copy.tail() for copy in copies)
-            raise AssertionError(f"the group did not settle within {scaled(within)} s: {held}\n{logs}")
-        await asyncio.sleep(0.05)
-
-
 async def test_two_copies_of_a_users_toolset_share_its_calls(
     stack: EmbeddedStack, topic_prefix: str, copies: list[Copy]
 ) -> None:
-    await _settled(copies, within=40.0)
+    await until_split([copy.log for copy in copies], PARTITIONS, within=40.0)
     calls = [
         ToolCallRequested(
             run_id=f"run-{number}",
@@ -191,7 +152,7 @@ async def test_two_copies_of_a_users_toolset_share_its_calls(
         else:
             assert result.content == 2 * number
 
-    served = [copy.completed() for copy in copies]
+    served = [copy.log.completed() for copy in copies]
     assert all(served), f"one copy did all the work: {[len(ids) for ids in served]}"
     assert Counter(served[0] + served[1]) == Counter(call.tool_use_id for call in calls)
 

@@ -10,12 +10,9 @@ exactly once, and in the logs that both processes answered some.
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +21,7 @@ from quipu.contracts.topics import Topic
 from quipu.deploy.local.services import ServiceProcess
 from quipu.deploy.local.stack import EmbeddedStack
 from tests.owner_support import RawPublisher, TopicReader
-from tests.timing import scaled
+from tests.support.executor_logs import ExecutorLog, until_split
 
 pytestmark = pytest.mark.slow
 
@@ -33,40 +30,11 @@ PARTITIONS = set(range(8))
 
 
 class Executor:
-    """One executor process and what its log says."""
+    """One executor process and its log."""
 
     def __init__(self, environment: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
         self.process = ServiceProcess(MODULE, environment, log_path)
-
-    def lines(self) -> list[dict[str, Any]]:
-        """The JSON lines logged so far (anything else is skipped)."""
-        if not self.log_path.exists():
-            return []
-        lines = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                lines.append(json.loads(raw))
-            except ValueError:
-                continue
-        return lines
-
-    def assignment(self) -> set[int]:
-        """The partitions of `tools.calls` it was assigned last."""
-        assigned = [
-            line
-            for line in self.lines()
-            if line.get("event") == "partitions assigned"
-            and line.get("consumer") == "tool-executor tools.calls"
-        ]
-        return set(assigned[-1]["partitions"]) if assigned else set()
-
-    def completed(self) -> list[str]:
-        """tool_use ids it logged as answered."""
-        return [line["tool_use_id"] for line in self.lines() if line.get("event") == "tool call completed"]
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else "(no log)"
+        self.log = ExecutorLog(log_path, "tool-executor tools.calls", lambda: self.process.running)
 
 
 @pytest.fixture
@@ -82,25 +50,10 @@ async def executors(stack: EmbeddedStack, topic_prefix: str, tmp_path: Path) -> 
         await asyncio.gather(*(asyncio.to_thread(executor.process.stop, 15.0) for executor in started))
 
 
-async def _settled(executors: list[Executor], within: float) -> None:
-    """Wait until each process holds some partitions and together they hold each exactly once."""
-    deadline = time.monotonic() + scaled(within)
-    while True:
-        held = [executor.assignment() for executor in executors]
-        if all(held) and set.union(*held) == PARTITIONS and sum(map(len, held)) == len(PARTITIONS):
-            return
-        for executor in executors:
-            assert executor.process.running, f"an executor exited:\n{executor.tail()}"
-        if time.monotonic() > deadline:
-            logs = "\n---\n".join(executor.tail() for executor in executors)
-            raise AssertionError(f"the group did not settle within {within} s: {held}\n{logs}")
-        await asyncio.sleep(0.05)
-
-
 async def test_two_processes_share_the_calls_and_answer_each_once(
     stack: EmbeddedStack, topic_prefix: str, executors: list[Executor]
 ) -> None:
-    await _settled(executors, within=20.0)
+    await until_split([executor.log for executor in executors], PARTITIONS, within=20.0)
     calls = [
         ToolCallRequested(
             run_id=f"run-{number}",
@@ -133,6 +86,6 @@ async def test_two_processes_share_the_calls_and_answer_each_once(
         else:
             assert set(result.content) >= {"iso", "timezone", "weekday"}
 
-    served = [executor.completed() for executor in executors]
+    served = [executor.log.completed() for executor in executors]
     assert all(served), f"one process did all the work: {[len(ids) for ids in served]}"
     assert Counter(served[0] + served[1]) == Counter(call.tool_use_id for call in calls)
