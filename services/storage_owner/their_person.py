@@ -93,10 +93,9 @@ class TheirPerson:
         run = getattr(command, "run", None)
         if isinstance(run, RunStart):
             return self._keep(run.run_id, run_person(run))
-        record = getattr(command, "record", None)
         if isinstance(command, _RUN_READS):
             return await self._read_run_person(command.run_id)
-        run_id = getattr(record, "run_id", "")
+        run_id = _written_run(command)
         return await self._run_person(run_id) if run_id else None
 
     async def _read_run_person(self, run_id: str) -> SealedFor | None:
@@ -135,6 +134,13 @@ class TheirPerson:
         while len(self._owners) > self._runs:
             self._owners.popitem(last=False)
         return whose
+
+
+def _written_run(command: StoreOperation) -> str:
+    """The run a write's records belong to (one command writes to one run), or ""."""
+    record = getattr(command, "record", None)
+    records = getattr(command, "records", None) or [record]
+    return str(getattr(records[0], "run_id", ""))
 
 
 def _reads_words(command: StoreOperation) -> bool:

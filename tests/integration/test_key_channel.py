@@ -226,6 +226,9 @@ async def test_the_events_of_a_write_that_names_no_one_are_sealed_for_the_runs_p
         await store.append_run_record(  # a writer outside any person's run: the command is its own
             ordinary(run, payload=json.dumps(answer).encode(), record_type=TRANSCRIPT_MESSAGES_APPENDED)
         )
+        await store.append_run_records(  # a step's records in one command
+            [ordinary(run, payload=json.dumps(answer).encode(), record_type=TRANSCRIPT_MESSAGES_APPENDED)]
+        )
         wire = await every_record_on_topics(stack.bootstrap, deployment.prefix)
         events = deployment.prefix + Topic.RUNS_EVENTS.value
         assert any(b'"sealed_for"' in (record.value or b"") for record in wire[events])
