@@ -67,7 +67,7 @@ ROLES: dict[Topic, tuple[str, str]] = {
     Topic.TOOLS_REGISTRY: ("tool_executor (at start-up)", "planner (replayed from the beginning)"),
     Topic.AGENTS_REGISTRY: (
         "`quipu agents apply|delete`, an App at start-up",
-        "planner (replayed from the beginning)",
+        "planner, fact_extractor (replayed from the beginning)",
     ),
     Topic.STORAGE_COMMANDS: ("every service and client", "storage_owner"),
     Topic.STORAGE_REPLIES: ("storage_owner", "the command's sender"),
