@@ -9,7 +9,9 @@ the 1-minute load average it ran under (`*_load_avg_1m`).
 - idle: every service of the catalog in its own process (`python -m quipu.services.<name>`, the
   gateway included), one warm-up run, then nothing to do for `IDLE_WINDOW_S`:
   `idle_cpu_pct_all_services` is the CPU time of every service process and the broker (Tansu)
-  over the window, as a share of one core; `_services` and `_broker` split it.
+  over the window, as a share of one core; `_services` and `_broker` split it. What idling
+  costs: `idle_run_after_quiet_p50_ms`, a run after `QUIET_S` of quiet, against
+  `idle_run_back_to_back_p50_ms` (`QUIET_RUNS` runs each).
 - load: every service in one process (`quipu up` without `--processes`): `LOAD_SESSIONS`
   clients at once, each running one turn in a fresh session ("calculate 6*7", the scripted
   model, one calculator call): `load_runs_per_s_200_sessions`, `load_overhead_p50_ms` /
@@ -52,6 +54,9 @@ from quipu.services import catalog
 IDLE_SETTLE_S = 3.0
 """After the warm-up run, time for its follow-ups (transcript, facts, enrichment) to finish."""
 IDLE_WINDOW_S = 10.0
+QUIET_S = 3.0
+"""Longer than the embedded `idle_after_s`: every consumer fetches with its idle wait."""
+QUIET_RUNS = 5
 
 LOAD_SESSIONS = 200
 LOAD_DEADLINE_S = 120.0
@@ -97,21 +102,33 @@ async def measure_idle(stack: EmbeddedStack) -> Figures:
         await running.settled(_settled_groups(dict.fromkeys(GROUPS, 1)))
         async with Runs(running.settings) as runs:
             await _warm(runs, 1)
-        await asyncio.sleep(IDLE_SETTLE_S)
-        load = _load()
-        before = running.cpu()
-        await asyncio.sleep(IDLE_WINDOW_S)
-        after = running.cpu()
+            await asyncio.sleep(IDLE_SETTLE_S)
+            load = _load()
+            before = running.cpu()
+            await asyncio.sleep(IDLE_WINDOW_S)
+            after = running.cpu()
+            # What idling costs: a run after a quiet spell (every consumer idle) against runs back to back.
+            after_quiet = []
+            for session_id in await runs.sessions(QUIET_RUNS):
+                await asyncio.sleep(QUIET_S)
+                after_quiet.append(await runs.run(session_id))
+            back_to_back = [await runs.run(session_id) for session_id in await runs.sessions(QUIET_RUNS)]
         running.check_alive()
     shares = {name: 100 * (after[name] - before[name]) / IDLE_WINDOW_S for name in after}
     print(f"\nidle, every service in its own process ({IDLE_WINDOW_S:g} s window, % of one core):")
     for name, share in sorted(shares.items(), key=lambda item: -item[1]):
         print(f"  {name:44s} {share:6.1f}")
+    print(
+        f"  a run after {QUIET_S:g} s of quiet: p50 {to_ms(statistics.median(after_quiet)):.0f} ms; "
+        f"back to back {to_ms(statistics.median(back_to_back)):.0f} ms ({QUIET_RUNS} runs each)"
+    )
     services = sum(share for name, share in shares.items() if name != "tansu")
     return {
         "idle_cpu_pct_all_services": services + shares["tansu"],
         "idle_cpu_pct_services": services,
         "idle_cpu_pct_broker": shares["tansu"],
+        "idle_run_after_quiet_p50_ms": to_ms(statistics.median(after_quiet)),
+        "idle_run_back_to_back_p50_ms": to_ms(statistics.median(back_to_back)),
         "idle_load_avg_1m": max(load, _load()),
     }
 

@@ -48,6 +48,7 @@ from faststream.kafka import KafkaBroker
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
 from quipu.services.kit.delivery import Delivery
+from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.logging import configure_logging, get_logger
 from quipu.services.kit.settings import ConsumerSettings, KafkaSettings, MongoSettings, ServiceSettings
@@ -194,6 +195,7 @@ def service_app(
     closed with the service, last). On start `open` runs before the broker connects; on stop the
     consumers `subscribe` returned get `settings.drain_grace_s` to finish what they hold, while the
     broker can still publish and commit; once the broker has stopped, what `open` opened is closed.
+    Every subscriber's consumer fetches less often while it has nothing to read (kit.fetch_pace).
     `running` is for a service that hands what it opens to something built before it opens (the
     owner's keyring).
     """
@@ -207,7 +209,19 @@ def service_app(
     async def open_service() -> None:
         running.set(await open(broker, opened))
 
+    paces: list[FetchPace] = []
+
+    async def pace_consumers() -> None:
+        # Once started: FastStream makes a subscriber's consumer when the subscriber starts.
+        for subscriber in broker.subscribers:
+            consumer = getattr(subscriber, "consumer", None)
+            if consumer is not None:
+                paces.append(FetchPace(consumer, kafka))
+                paces[-1].start()
+
     async def drain() -> None:
+        await asyncio.gather(*(pace.stop() for pace in paces))
+        paces.clear()
         await asyncio.gather(*(consumer.drain(settings.drain_grace_s) for consumer in consumers))
 
     async def close() -> None:
@@ -216,7 +230,13 @@ def service_app(
             await seals.close()  # after the clients that seal with it
         running.set(None)
 
-    return FastStream(broker, on_startup=[open_service], on_shutdown=[drain], after_shutdown=[close])
+    return FastStream(
+        broker,
+        on_startup=[open_service],
+        after_startup=[pace_consumers],
+        on_shutdown=[drain],
+        after_shutdown=[close],
+    )
 
 
 @dataclass(frozen=True)

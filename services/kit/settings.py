@@ -126,6 +126,8 @@ TANSU_CLIENT_SETTINGS: dict[str, Any] = {
     # ... but every idle consumer then fetches 100 times a second: the consumers no caller waits
     # on fetch 4 times a second instead (a hop of theirs costs ~125 ms).
     "background_fetch_max_wait_ms": 250,
+    # ... and a consumer that saw nothing for idle_after_s fetches 10 times a second until it does.
+    "idle_fetch_max_wait_ms": 100,
     # A group join takes max(1 s, session_timeout / 2) on Tansu, and
     # FastStream starts subscribers one after another.
     "session_timeout_ms": 2000,
@@ -192,6 +194,21 @@ class KafkaSettings(QuipuSettings):
             "replies. An idle consumer fetches 1000 / wait times a second; on Tansu each of their "
             "hops costs about half the wait, so the embedded value is 250 (against 10)."
         ),
+    )
+    idle_fetch_max_wait_ms: int = Field(
+        default=500,
+        ge=0,
+        description=(
+            "The fetch wait of a consumer that has seen no new record for `idle_after_s`, until one "
+            "comes (kit.fetch_pace): the first message after a quiet spell waits up to it. Only "
+            "matters where it is longer than the usual wait: on Tansu (100 against 10), whose fetch "
+            "does not wake on new data."
+        ),
+    )
+    idle_after_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How long a consumer sees no new record before it fetches with the idle wait.",
     )
     session_timeout_ms: int = Field(
         default=10_000,

@@ -62,6 +62,7 @@ from quipu.contracts.store import (
 )
 from quipu.contracts.topics import Topic
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
+from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.sealing import current_sealing_for
@@ -128,6 +129,7 @@ class KafkaStore:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self._reply_partition: int | None = None
+        self._pace: FetchPace | None = None
 
     @classmethod
     def for_service(
@@ -176,6 +178,10 @@ class KafkaStore:
         await self._consumer.seek_to_end(partition)
         await self._consumer.position(partition)
         self._reader = asyncio.create_task(self._read_replies(), name="store-replies")
+        # With no command under way there is no reply to wait for: the replies are read less often
+        # then, and each command brings the short wait back before it is sent.
+        self._pace = FetchPace(self._consumer, settings)
+        self._pace.start()
 
     @property
     def reply_partition(self) -> int | None:
@@ -194,6 +200,8 @@ class KafkaStore:
 
     async def stop(self) -> None:
         """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""
+        if self._pace is not None:
+            await self._pace.stop()
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -265,6 +273,8 @@ class KafkaStore:
         # so the same bytes (sealed ones under a fresh nonce: the same plaintext).
         route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
         for _ in range(self._attempts):
+            if self._pace is not None:
+                self._pace.wake()
             try:
                 await self._commands.publish(command, headers=route)
                 return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)

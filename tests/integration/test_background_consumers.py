@@ -1,23 +1,37 @@
-"""Consumers no caller waits on fetch with the background wait; those on a run's path keep the short one.
+"""Fetch waits: consumers no caller waits on fetch with the background wait, those on a run's path
+with the short one, and a consumer with nothing to read fetches with the idle wait until a record comes.
 
 On Tansu a fetch never wakes on new data, so every consumer fetches 1000 / fetch_max_wait_ms times a
 second even when idle; the registries, cancels and the memory services are fetched with
-`background_fetch_max_wait_ms` instead. Checked on the running consumers, real broker.
+`background_fetch_max_wait_ms` instead, and an idle one with `idle_fetch_max_wait_ms`
+(kit.fetch_pace). Checked on the running consumers, real broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import FastStream
 
 from quipu.contracts.topics import Topic
 from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
-from tests.timing import scaled
+from tests.timing import eventually, scaled
+
+
+def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """`predicate` as a check for `eventually`."""
+
+    async def check() -> bool:
+        return predicate()
+
+    return check
 
 
 def _waits(app: FastStream, kafka: KafkaSettings) -> dict[str, int]:
@@ -37,6 +51,7 @@ async def test_only_the_consumers_on_a_runs_path_fetch_with_the_short_wait(
 ) -> None:
     fast, background = kafka_settings.fetch_max_wait_ms, kafka_settings.background_fetch_max_wait_ms
     assert background > fast  # the embedded values, else this test shows nothing
+    kafka_settings = kafka_settings.model_copy(update={"idle_after_s": 3600.0})  # none idles here
     planner = create_planner(kafka_settings, deps=PlannerDeps(model=ScriptedModel()))
     recorder = create_recorder(kafka_settings)
     async with asyncio.timeout(scaled(60)):
@@ -51,3 +66,66 @@ async def test_only_the_consumers_on_a_runs_path_fetch_with_the_short_wait(
     assert planner_waits.keys() >= {Topic.RUNS_CONTROL, Topic.TOOLS_REGISTRY}
     assert set(planner_waits.values()) == {background}  # the rest: cancels, registries
     assert recorder_waits == {Topic.HISTORY_TURNS: background}
+
+
+async def test_an_idle_consumer_fetches_with_the_idle_wait_until_a_record_comes(
+    kafka_settings: KafkaSettings,
+) -> None:
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    assert settings.idle_fetch_max_wait_ms > settings.fetch_max_wait_ms
+    name = settings.topic_prefix + Topic.RUNS_CONTROL.value
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
+    await asyncio.gather(consumer.start(), producer.start())
+    pace = FetchPace(consumer, settings)
+    try:
+        consumer.assign([TopicPartition(name, 0)])
+        received: list[bytes] = []
+
+        async def read() -> None:
+            while True:
+                batches = await consumer.getmany(timeout_ms=1000)
+                received.extend(record.value or b"" for records in batches.values() for record in records)
+
+        reader = asyncio.create_task(read())
+        pace.start()
+        await eventually(
+            holds(lambda: pace.wait_ms == settings.idle_fetch_max_wait_ms), within=10, what="the idle wait"
+        )
+        await producer.send_and_wait(name, b"news", partition=0)
+        await eventually(holds(lambda: received == [b"news"]), within=10, what="the record read")
+        await eventually(
+            holds(lambda: pace.wait_ms == settings.fetch_max_wait_ms), within=10, what="the short wait again"
+        )
+        pace.wake()
+        assert pace.wait_ms == settings.fetch_max_wait_ms
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+    finally:
+        await pace.stop()
+        await asyncio.gather(consumer.stop(), producer.stop())
+
+
+async def test_a_services_consumers_fetch_with_the_idle_wait_once_quiet(
+    kafka_settings: KafkaSettings,
+) -> None:
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
+
+    def requests_idle() -> bool:
+        return _waits(planner, settings)[Topic.RUNS_REQUESTED] == settings.idle_fetch_max_wait_ms
+
+    async with asyncio.timeout(scaled(60)):
+        await planner.start()
+        try:
+            await eventually(holds(requests_idle), within=10, what="the planner's requests consumer idle")
+            # The background ones keep their own wait: it is longer than the idle one.
+            assert _waits(planner, settings)[Topic.RUNS_CONTROL] == settings.background_fetch_max_wait_ms
+        finally:
+            await planner.stop()
