@@ -23,7 +23,8 @@ from quipu.contracts.tools import ToolsetAnnounced
 from quipu.contracts.topics import Topic, toolset_calls_topic
 from quipu.mcp import McpToolset
 from quipu.services.catalog import Consumer
-from quipu.services.cli.output import CliError
+from quipu.services.cli.output import CliError, note
+from quipu.services.cli.state import adopt_running_stack
 from quipu.services.kit.lifecycle import Connections, ServiceDefinition
 from quipu.services.kit.publishing import PublishError
 from quipu.services.kit.run_events import topic_partitions
@@ -66,7 +67,11 @@ def serve_tools(spec: str | None, toolset: str | None) -> None:
     """`quipu serve tools --app SPEC [--toolset NAME]`: serve one toolset until SIGTERM."""
     if spec is None:
         raise CliError("`quipu serve tools` serves a toolset of your app: give --app MODULE:ATTRIBUTE")
-    toolset_definition(chosen_toolset(loaded(spec), spec, toolset)).main()
+    definition = toolset_definition(chosen_toolset(loaded(spec), spec, toolset))
+    running = adopt_running_stack()
+    if running is not None:
+        note(f"stack: {running} · kafka {os.environ['QUIPU_KAFKA_BOOTSTRAP']}")
+    definition.main()
 
 
 def serve_mcp(

@@ -97,6 +97,33 @@ def adopt_key_channel() -> None:
             os.environ.setdefault(name, environment[name])
 
 
+SERVICE_ENVIRONMENT = (
+    "QUIPU_KAFKA_BOOTSTRAP",
+    "QUIPU_KAFKA_FLAVOUR",
+    "QUIPU_KAFKA_TOPIC_PREFIX",
+    "QUIPU_KEYS_URL",
+    "QUIPU_KEYS_TOKEN_FILE",
+)
+"""What a service started beside a running `quipu up` takes from it: its Kafka and its key channel."""
+
+
+def adopt_running_stack() -> str | None:
+    """Point a service started by hand (`quipu serve tools` in another terminal) at the running
+    `quipu up`, as client commands are: its Kafka and key channel become this process's defaults.
+    Returns where they came from, or None when QUIPU_KAFKA_BOOTSTRAP is set or nothing runs."""
+    if os.environ.get("QUIPU_KAFKA_BOOTSTRAP"):
+        return None
+    path = state_file()
+    state = read_state(path)
+    if state is None:
+        return None
+    environment: dict[str, str] = state.get("environment", {})
+    for name in SERVICE_ENVIRONMENT:
+        if name in environment:
+            os.environ.setdefault(name, environment[name])
+    return f"quipu up (pid {state['pid']}, {shown_path(path)})"
+
+
 def client_target() -> Target:
     """Kafka from QUIPU_KAFKA_*, else from a running `quipu up`; fail when there is neither."""
     if os.environ.get("QUIPU_KAFKA_BOOTSTRAP"):

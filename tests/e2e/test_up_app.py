@@ -128,6 +128,13 @@ class Up:
             check=False,
         )
 
+    def executor_members(self) -> str:
+        """Members of the toolset's consumer group, as `quipu status` shows them."""
+        status = self.quipu("status", timeout=60)
+        rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in status.stdout.splitlines()]
+        [executors] = [row for row in rows if row[:2] == ["tool-executor-weather", "tools.calls.weather"]]
+        return executors[2]
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
@@ -171,10 +178,27 @@ def test_up_with_an_app_answers_its_agent_with_its_tools(up: Up) -> None:
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "sunny-7731" in shown.stdout  # the forecast tool's result is in the transcript
 
-    status = up.quipu("status", timeout=60)
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in status.stdout.splitlines()]
-    [executors] = [row for row in rows if row[:2] == ["tool-executor-weather", "tools.calls.weather"]]
-    assert executors[2] == "1", status.stdout  # the toolset's executor, one member of its own group
+    assert up.executor_members() == "1"  # the toolset's executor, alone in its own group
+    # A second copy, started by hand in another terminal with no QUIPU_KAFKA_*: it finds the stack
+    # through the state file, as client commands do, and joins the toolset's group.
+    with (up.folder / "copy.log").open("wb") as copy_log:
+        copy = subprocess.Popen(
+            [sys.executable, "-m", "quipu.services.cli", "serve", "tools", "--app", "weather_app:app"],
+            cwd=up.folder,
+            env=up.environment,
+            stdout=copy_log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + scaled(90)
+        while up.executor_members() != "2":
+            assert copy.poll() is None, (up.folder / "copy.log").read_text()
+            assert time.monotonic() < deadline, "the second copy did not join the toolset's group"
+            time.sleep(0.5)
+        assert "stack: quipu up (pid" in (up.folder / "copy.log").read_text()
+    finally:
+        copy.terminate()
+        copy.wait(timeout=scaled(30))
 
     up.process.send_signal(signal.SIGINT)
     assert up.process.wait(timeout=scaled(60)) == 0
