@@ -562,3 +562,29 @@ def test_up_names_what_keeps_an_app_from_its_runs() -> None:
     assert readiness(app, {"maps": maps_announced, "files": files_announced}) == [
         "agent 'walker' names tools no toolset announced: grep"
     ]
+
+
+def test_a_service_started_by_hand_finds_the_running_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "up.json"
+    monkeypatch.setenv(state.STATE_FILE_ENV, str(path))
+    for name in (*state.SERVICE_ENVIRONMENT, "QUIPU_MONGO_URI"):
+        monkeypatch.setenv(name, "")  # recorded, so what the test sets is undone afterwards
+        monkeypatch.delenv(name)
+    assert state.adopt_running_stack() is None  # nothing runs: the service's own settings stand
+    environment = {
+        "QUIPU_KAFKA_BOOTSTRAP": "127.0.0.1:1234",
+        "QUIPU_KAFKA_TOPIC_PREFIX": "p.",
+        "QUIPU_KEYS_URL": "http://127.0.0.1:9",
+        "QUIPU_MONGO_URI": "mongodb://127.0.0.1:9/",
+    }
+    path.write_text(json.dumps({"pid": os.getpid(), "environment": environment}))
+    assert state.adopt_running_stack() == f"quipu up (pid {os.getpid()}, {state.shown_path(path)})"
+    settings = KafkaSettings()
+    assert (settings.bootstrap, settings.topic_prefix) == ("127.0.0.1:1234", "p.")
+    assert os.environ["QUIPU_KEYS_URL"] == "http://127.0.0.1:9"
+    assert "QUIPU_MONGO_URI" not in os.environ  # a tool executor never holds the database's address
+
+    monkeypatch.setenv("QUIPU_KAFKA_BOOTSTRAP", "elsewhere:9092")
+    assert state.adopt_running_stack() is None  # the environment wins
