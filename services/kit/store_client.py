@@ -4,7 +4,8 @@ Request/reply is built by hand because FastStream's `broker.request()` works onl
 broker (PLATFORM_NOTES). Each client instance picks one partition of the deployment's replies
 topic, names it in the `quipu-reply-partition` header of every command (the owner never takes a
 topic from a message), reads that partition alone without a consumer group (no slow group join)
-from the end, and resolves one future per correlation id. A timeout resends the identical
+from the end, and resolves one future per correlation id; the replies of other clients on the same
+partition are passed over without being decoded. A timeout resends the identical
 command — same correlation id, same bytes — so the owner answers it as an exact retry; when every
 attempt times out the caller gets UNAVAILABLE.
 """
@@ -231,6 +232,11 @@ class KafkaStore:
                     await self._resolve(message.value or b"")
 
     async def _resolve(self, value: bytes) -> None:
+        # Other clients may read this partition too: their replies are passed over before they are
+        # decoded or opened (the correlation id is in clear in every reply; a false match is only
+        # decoded in vain).
+        if not any(correlation_id.encode() in value for correlation_id in self._pending):
+            return
         try:
             reply = StoreReply.model_validate_json(await self._seals.open(value))
         except MessageErasedError:
