@@ -107,6 +107,10 @@ ALLOWED = {
         "dead_letter",
     ): "a dead letter goes to its source's .dlq with the original key",
     ("bench/run_system.py", "raw_hops"): "the bench's raw round trip on a topic of its own",
+    (
+        "services/tool_executor/mcp_client.py",
+        "pump",
+    ): "an in-memory anyio stream between an MCP transport and its session, not a topic",
 }
 """Where raw sends are right, and why."""
 
