@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -214,6 +215,11 @@ class Planner:
         self.publisher = publisher
         self.settings = settings
         self.locks: KeyedLocks[str] = KeyedLocks()  # one run's triggers, one at a time
+        self._sent: OrderedDict[str, RunView] = OrderedDict()
+        """Runs whose tool calls this process just sent, as it wrote them: the result that answers
+        them is folded into this view instead of a read of the whole log. A stale one (another
+        process wrote meanwhile) shows at the next write: a record it finds written, or a refusal,
+        makes the planner read the log again."""
 
     # --- triggers -------------------------------------------------------------------------------
 
@@ -255,7 +261,9 @@ class Planner:
     async def on_tool_result(self, completed: ToolCallCompleted) -> None:
         """Record one tool result (the first one wins), then advance."""
         async with self.locks.hold(completed.run_id):
-            view = await load_view(self.deps.store, completed.run_id)
+            view = self._sent.pop(completed.run_id, None) or await load_view(
+                self.deps.store, completed.run_id
+            )
             if view is None:
                 logger.warning("tool result for an unknown run ignored", run_id=completed.run_id)
                 return
@@ -292,6 +300,7 @@ class Planner:
     async def on_cancel(self, cancel: CancelRun) -> None:
         """Record the cancellation intent (the first reason is permanent), then advance to the end."""
         async with self.locks.hold(cancel.run_id):
+            self._sent.pop(cancel.run_id, None)
             view = await load_view(self.deps.store, cancel.run_id)
             if view is None:
                 logger.warning("cancel for an unknown run ignored", run_id=cancel.run_id)
@@ -518,6 +527,8 @@ class Planner:
                     continue
                 for message in action.outputs if isinstance(action, Closed) else []:
                     await self.publisher.publish(message)
+                if dispatched and isinstance(action, Wait):
+                    self._remember(view)
                 return
             if isinstance(action, Append):
                 view = await self._write(view, action.record)
@@ -748,7 +759,7 @@ class Planner:
 
     async def _commit(self, view: RunView, record: Record, write: Callable[[], Awaitable[object]]) -> RunView:
         """Apply `write` (the staged records, then `record` unless it is the first of them) and fold
-        it into the view; reload instead when another writer came first."""
+        it into the view; use the store's view instead when another writer came first."""
         try:
             result = await write()
         except StoreRefusedError as error:
@@ -760,20 +771,37 @@ class Planner:
                 event_key=record.event_key,
                 code=error.code.value,
             )
-            reloaded = await load_view(self.deps.store, view.run_id)
-            if reloaded is None:
-                raise _permanent(f"run {view.run_id!r} vanished", error) from error
+            return await self._reload(view.run_id, f"{error.code.value}: {error.message}")
+        results = result if isinstance(result, list) else [result]
+        ended = any(
+            isinstance(each, AppendResult) and each.session_status == SessionStatus.ENDED.value
+            for each in results
+        )
+        if any(isinstance(each, AppendResult) and not each.inserted for each in results):
+            # The store held these records already: this view was behind the log (another
+            # process wrote meanwhile), so what the store holds is used.
+            reloaded = await self._reload(view.run_id, "records written by another writer")
+            reloaded.session_ended = ended
             return reloaded
         if record.event_key not in view.keys:
             view.add(record)
         view.unwritten.clear()
-        results = result if isinstance(result, list) else [result]
-        if any(
-            isinstance(each, AppendResult) and each.session_status == SessionStatus.ENDED.value
-            for each in results
-        ):
-            view.session_ended = True
+        view.session_ended = view.session_ended or ended
         return view
+
+    async def _reload(self, run_id: str, why: str) -> RunView:
+        self._sent.pop(run_id, None)
+        reloaded = await load_view(self.deps.store, run_id)
+        if reloaded is None:
+            raise PermanentError(f"run {run_id!r} vanished ({why})")
+        return reloaded
+
+    def _remember(self, view: RunView) -> None:
+        """Keep the view of a run whose tool calls went out (a bounded number, the oldest dropped)."""
+        self._sent[view.run_id] = view
+        self._sent.move_to_end(view.run_id)
+        while len(self._sent) > self.settings.sent_views:
+            self._sent.popitem(last=False)
 
     async def _write_once(
         self, view: RunView, key: str, type_: str, payload: bytes, trigger: Trigger

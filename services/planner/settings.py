@@ -116,3 +116,11 @@ class PlannerSettings(ConsumerSettings, StoreClientSettings):
         ge=4,
         description="Steps one message may drive before the planner calls it a bug (no progress).",
     )
+    sent_views: int = Field(
+        default=4096,
+        ge=0,
+        description=(
+            "Runs waiting for their tool results whose view the planner keeps, so a result is "
+            "folded in without reading the run's log again (0: always read)."
+        ),
+    )

@@ -950,3 +950,55 @@ async def test_a_huge_prompt_never_makes_a_run_spend_more_than_its_output_budget
     usage = (messages[-1].meta or {})["usage"]
     assert usage["output_tokens"] <= 16_000 and usage["stop_reason"] == "max_tokens"
     assert await h.status(request.run_id) is RunStatus.COMPLETED
+
+
+class ReadCountingStore(InMemoryStore):
+    """Counts the reads of a run's log."""
+
+    reads = 0
+
+    async def list_run_records(self, run_id: str, cursor: str, limit: int) -> Any:
+        self.reads += 1
+        return await super().list_run_records(run_id, cursor, limit)
+
+
+def counting_harness(answer: Answer) -> tuple[Harness, ReadCountingStore]:
+    h = make_harness(answer)
+    store = ReadCountingStore()
+    h.store = store
+    h.planner.deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    return h, store
+
+
+async def test_the_result_of_a_call_this_planner_sent_is_folded_in_without_reading_the_log() -> None:
+    h, store = counting_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    before = store.reads
+
+    await h.deliver(result_for(call, 42))
+
+    assert store.reads == before
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    [finished] = h.bus.of(TurnCompleted)
+    assert finished.assistant_text == "Results: 42"
+
+
+async def test_a_kept_view_another_process_wrote_past_is_read_again_and_nothing_is_done_twice() -> None:
+    h, _ = counting_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    other = Planner(h.planner.deps, h.bus, PlannerSettings())
+    await other.on_tool_result(result_for(call, 42))  # a rebalance: another copy finished the run
+    model_calls = len(h.model.requests)
+
+    await h.deliver(result_for(call, 42))  # redelivered to the copy that kept its view
+
+    assert len(h.model.requests) == model_calls
+    keys = await h.keys(request.run_id)
+    assert keys.count("step/2/assistant") == 1 and keys.count("completed") == 1
+    assert len(h.bus.of(TurnCompleted)) >= 1
