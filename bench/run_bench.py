@@ -65,6 +65,8 @@ RUNS_PER_SESSION = 2
 RAW_HOPS = 150
 IDLE_GAP_S = 0.020
 IDLE_CPU_S = 2.0
+WRITE_OPS = ("start_", "append_run_record", "record_run_")
+"""Store methods that write a run (prefixes): the path's store writes are its commands calling them."""
 
 DEFINITIONS = """\
 run_overhead     publish RunRequested -> the run's terminal `workflow` event read on runs.events
@@ -72,7 +74,8 @@ run_overhead     publish RunRequested -> the run's terminal `workflow` event rea
 critical path    N = planner commands (runtime + memory, timed in its KafkaStore) sent before the
                  terminal event, in S steps (commands under way together are one step);
                  H = 1 request + 2 per step but the last + 1 terminal command + 1 terminal event
-                 + 2 tool (call, result) = 2S + 3 hops, plus N store operations
+                 + 2 tool (call, result) = 2S + 3 hops, plus N store operations, of which W are
+                 runtime-store writes (starts, appends, cancellation, suspension, terminal)
 raw hop          aiokafka send_and_wait -> group-less consumer, same client settings, own topic,
                  0-20 ms idle before each send (the path's consumers wait in a fetch)
 store op         the runs' own commands (20 runs) replayed one at a time on MongoStore and
@@ -279,6 +282,7 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
         "run_overhead_p50_ms_50_sessions": to_ms(statistics.median(concurrent.latencies)),
         "run_overhead_p99_ms_50_sessions": to_ms(quantile(concurrent.latencies, 0.99)),
         "run_store_ops_on_path": float(len(shape)),
+        "run_store_writes_on_path": float(sum(op.startswith(WRITE_OPS) for op in shape)),
         "run_kafka_hops_on_path": float(hops),
         "raw_hop_p50_ms": to_ms(hop_p50),
         "raw_hop_p99_ms": to_ms(quantile(hops_idle, 0.99)),
