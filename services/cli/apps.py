@@ -67,7 +67,12 @@ def serve_tools(spec: str | None, toolset: str | None) -> None:
     """`quipu serve tools --app SPEC [--toolset NAME]`: serve one toolset until SIGTERM."""
     if spec is None:
         raise CliError("`quipu serve tools` serves a toolset of your app: give --app MODULE:ATTRIBUTE")
-    definition = toolset_definition(chosen_toolset(loaded(spec), spec, toolset))
+    serve_beside_running_stack(toolset_definition(chosen_toolset(loaded(spec), spec, toolset)))
+
+
+def serve_beside_running_stack(definition: ServiceDefinition[Any]) -> None:
+    """Run a toolset's executor until SIGTERM, on the running `quipu up`'s Kafka and key channel
+    when nothing else is configured (a second terminal needs no variables)."""
     running = adopt_running_stack()
     if running is not None:
         note(f"stack: {running} · kafka {os.environ['QUIPU_KAFKA_BOOTSTRAP']}")
@@ -103,7 +108,7 @@ def serve_mcp(
         raise CliError(
             f"{error} (the command goes after `--`: quipu serve mcp --toolset {toolset} -- CMD)"
         ) from None
-    toolset_definition(served).main()
+    serve_beside_running_stack(toolset_definition(served))
 
 
 def executor_name(toolset: AnyToolset) -> str:

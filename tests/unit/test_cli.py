@@ -27,6 +27,7 @@ from quipu.contracts.store import RunMeta, RunStatus, SessionOwner, StartOutcome
 from quipu.contracts.wire import utc_now_ms
 from quipu.services import cli
 from quipu.services.cli import app, client, launch, render, state
+from quipu.services.cli import apps as cli_apps
 from quipu.services.cli import output as cli_output
 from quipu.services.cli.apps import readiness, toolset_consumers
 from quipu.services.cli.render import EventPrinter
@@ -523,7 +524,14 @@ def test_up_processes_runs_each_toolset_as_the_command_a_user_would() -> None:
     names = [name for name, _ in services]
     assert names[-1] == "gateway" and names.index("tools-maps") > names.index("tool_executor")
     assert dict(services)["tools-files"] == (
-        "-m", "quipu.services.cli", "serve", "tools", "--app", "mypkg.app:app", "--toolset", "files"
+        "-m",
+        "quipu.services.cli",
+        "serve",
+        "tools",
+        "--app",
+        "mypkg.app:app",
+        "--toolset",
+        "files",
     )
     assert dict(services)["planner"] == "quipu.services.planner"  # the planner takes no user code
 
@@ -531,7 +539,9 @@ def test_up_processes_runs_each_toolset_as_the_command_a_user_would() -> None:
 def test_status_measures_the_group_of_each_toolset_up_runs() -> None:
     [weather] = toolset_consumers({"toolsets": ["weather"]})
     assert (weather.service, weather.group, weather.topic_name) == (
-        "tools-weather", "tool-executor-weather", "tools.calls.weather"
+        "tools-weather",
+        "tool-executor-weather",
+        "tools.calls.weather",
     )
     assert toolset_consumers(None) == () == toolset_consumers({})
 
@@ -588,3 +598,24 @@ def test_a_service_started_by_hand_finds_the_running_up(
 
     monkeypatch.setenv("QUIPU_KAFKA_BOOTSTRAP", "elsewhere:9092")
     assert state.adopt_running_stack() is None  # the environment wins
+
+
+def test_quipu_serve_mcp_finds_the_running_up_like_serve_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "up.json"
+    monkeypatch.setenv(state.STATE_FILE_ENV, str(path))
+    for name in state.SERVICE_ENVIRONMENT:
+        monkeypatch.setenv(name, "")  # recorded, so what the test sets is undone afterwards
+        monkeypatch.delenv(name)
+    environment = {"QUIPU_KAFKA_BOOTSTRAP": "127.0.0.1:1234", "QUIPU_KEYS_URL": "http://127.0.0.1:9"}
+    path.write_text(json.dumps({"pid": os.getpid(), "environment": environment}))
+    served: list[tuple[str, str]] = []
+
+    class Definition:
+        def main(self) -> None:
+            served.append((os.environ["QUIPU_KAFKA_BOOTSTRAP"], os.environ["QUIPU_KEYS_URL"]))
+
+    monkeypatch.setattr(cli_apps, "toolset_definition", lambda toolset: Definition())
+    cli_apps.serve_mcp("files", None, [sys.executable, "-m", "server"], "1", 10.0)
+    assert served == [("127.0.0.1:1234", "http://127.0.0.1:9")]
