@@ -9,24 +9,39 @@ recorder and fact extractor turn it into a curated fact, and a second session â€
 conversation â€” answers from that memory and says where the fact came from. Every phase, tool
 call and streamed word is shown as it happens, read from `runs.events` exactly as `quipu run`
 and the gateway's SSE stream read it.
+
+Then a user's own project, `examples/supportdesk` (installed into `.venv` by `make install`),
+is served on the same stack as `quipu up --app supportdesk.app:app` serves it: its agents published
+on `agents.registry`, an executor for each of its toolsets (one an MCP server), its stand-in status
+page started as its README says. The desk searches the help centre, opens a ticket (the ledger's
+line is shown) and asks its status agent, a child run that waits on the slow status page.
 Exits 0 only when every turn completed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
+from quipu.app import App, AppLoadError, load_app
 from quipu.client import Client
 from quipu.contracts.memory import MemoryScope
 from quipu.deploy.local.stack import EmbeddedStack, create_topics
 from quipu.services import catalog
+from quipu.services.cli.apps import app_served
 from quipu.services.cli.client import RunFollower, planner_diagnosis
 from quipu.services.cli.launch import quipu_command
 from quipu.services.cli.render import EventPrinter, count_by_status
@@ -52,15 +67,27 @@ TURNS: list[tuple[str, Any]] = [
 
 PRINCIPAL = "demo-user"
 
+OWN_PROJECT = "supportdesk.app:app"
+"""The user's own project the demo serves after its own conversation (examples/supportdesk)."""
 
-async def _turn(kafka: KafkaSettings, client: Client, session_id: str, text: str, answer: Any) -> bool:
+OWN_TURNS: list[tuple[str, str]] = [
+    ("desk", "search_articles about a late parcel"),
+    ("desk", "open_ticket: my parcel never arrived"),
+    ("desk", "ask the status_agent if payments work"),
+]
+"""What a customer asks the support desk: (agent, text)."""
+
+
+async def _turn(
+    kafka: KafkaSettings, client: Client, session_id: str, text: str, answer: Any, agent_id: str = "assistant"
+) -> bool:
     reader = RunEventReader(kafka, session_id=session_id, client_id="demo")
     await reader.start(start_at=StartAt.NOW)
     follower = RunFollower(
         reader, EventPrinter(console), quiet_diagnosis=planner_diagnosis(kafka, CliSettings())
     )
     try:
-        run_id = await client.run(text, session_id=session_id)
+        run_id = await client.run(text, session_id=session_id, agent_id=agent_id)
         while True:
             end = await follower.until_closed(run_id, timeout_s=60)
             follower.printer.end_inline()
@@ -95,10 +122,73 @@ async def _second_session(kafka: KafkaSettings, client: Client, store: KafkaStor
     return await _turn(kafka, client, session_id, text, None)
 
 
+def _own_project() -> App | None:
+    """The example project's App, or None when it is not installed (the demo then says how)."""
+    try:
+        return load_app(OWN_PROJECT)
+    except AppLoadError:
+        return None
+
+
+@contextmanager
+def _status_page() -> Iterator[str]:
+    """The example's stand-in status page, started as its README says; yields its URL."""
+    page = subprocess.Popen(
+        [sys.executable, "-m", "supportdesk.status_page", "--port", "0", "--delay", "1.0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        found = re.search(r"status page on (http://\S+)", page.stdout.readline() if page.stdout else "")
+        if found is None:
+            raise RuntimeError("the status page of examples/supportdesk did not start")
+        yield found.group(1)
+    finally:
+        page.terminate()
+        page.wait()
+
+
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in this process's environment while the block runs: the desk's tools read their
+    settings when called, and their executors run in this process."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def _own_project_turns(connections: Connections, client: Client, own: App) -> bool:
+    """The support desk's agents and tools at work, each turn live; then its ticket ledger."""
+    agents = ", ".join(agent.id for agent in own.agents)
+    toolsets = ", ".join(toolset.name for toolset in own.toolsets)
+    console.rule(f"[bold]your own project: {OWN_PROJECT} (agents {agents}; toolsets {toolsets})")
+    with tempfile.TemporaryDirectory() as folder, _status_page() as status_url:
+        ledger = Path(folder) / "tickets.jsonl"
+        with _environment({"SUPPORTDESK_STATUS_URL": status_url, "SUPPORTDESK_LEDGER": str(ledger)}):
+            async with app_served(connections, own):
+                session_id = f"desk-{uuid.uuid4().hex[:6]}"
+                results = []
+                for agent_id, text in OWN_TURNS:
+                    console.print(Text(f"\n> customer, to {agent_id}: {text}", style="bold"))
+                    results.append(await _turn(connections.kafka, client, session_id, text, None, agent_id))
+        tickets = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+    for ticket in tickets:
+        console.print(Text(f"  ledger: {ticket['ticket_id']}, once for tool use {ticket['idempotency_key']}"))
+    return all(results) and len(tickets) == 1
+
+
 async def run_demo() -> bool:
     """Start everything, hold the conversation, stop everything; True when every turn completed."""
     console.rule("[bold]Quipu demo: an agent conversation on embedded Kafka (Tansu) + MongoDB (SecantusDB)")
     model = "Anthropic (ANTHROPIC_API_KEY is set)" if os.environ.get("ANTHROPIC_API_KEY") else "scripted"
+    own = _own_project()
     async with EmbeddedStack() as stack:
         prefix = f"demo{uuid.uuid4().hex[:6]}."
         await create_topics(stack.bootstrap, prefix)
@@ -128,12 +218,16 @@ async def run_demo() -> bool:
                         style="dim",
                     )
                 )
+                if own is not None:
+                    results.append(await _own_project_turns(connections, client, own))
         finally:
             for service in reversed(services):
                 await service.stop()
     ok = all(results)
     console.rule("[bold green]demo finished" if ok else "[bold red]a turn did not complete")
     quipu = quipu_command()
+    if own is None:
+        console.print(f"(pip install -e examples/supportdesk to see your own project here: {OWN_PROJECT})")
     console.print(
         f'your turn: {quipu} up   (then, in another terminal: {quipu} run "calculate 6*7")', soft_wrap=True
     )
