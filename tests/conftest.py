@@ -9,6 +9,7 @@
   this test's own; deleted afterwards.
 - `kafka_settings` / `mongo_settings`: settings pointing at the stack, isolated
   by `topic_prefix` / a database named `unique`.
+- `quipu_wheel` (session): the wheel of this checkout, built once by pip (what a user installs).
 - An autouse guard fails any test during which the event loop is blocked for
   longer than a threshold (2.5 s; `QUIPU_TEST_BLOCK_THRESHOLD` or the marker
   `event_loop_block_threshold(seconds)` change it; the marker
@@ -31,6 +32,7 @@ import contextlib
 import ipaddress
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +40,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -172,6 +175,22 @@ def stack() -> Iterator[EmbeddedStack]:
         yield embedded
     finally:
         embedded.stop()
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def quipu_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel `pip wheel .` builds of this checkout, once for the session."""
+    folder = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(folder), "."],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=scaled(300), check=False,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = folder.glob("quipu-*.whl")
+    return wheel
 
 
 @pytest.fixture

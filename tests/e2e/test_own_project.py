@@ -66,26 +66,19 @@ class Virtualenv:
 
     def install(self, *requirements: str) -> None:
         """`pip install` into this venv (pip of the test's interpreter, `--python` pointed here)."""
-        pip("--python", self.command("python"), "install", "--no-compile", *requirements)
-
-
-def pip(*arguments: str, cwd: Path = REPOSITORY) -> None:
-    """Run pip quietly; fail with what it said."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", *arguments, "--quiet"],
-        cwd=cwd, capture_output=True, text=True, timeout=scaled(300), check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", self.command("python"), "install", "--quiet",
+             "--no-compile", *requirements],
+            capture_output=True, text=True, timeout=scaled(300), check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Virtualenv:
-    wheels = tmp_path_factory.mktemp("wheels")
-    pip("wheel", "--no-deps", "--wheel-dir", str(wheels), ".")
-    (wheel,) = wheels.glob("quipu-*.whl")
+def venv(quipu_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Virtualenv:
     made = Virtualenv(tmp_path_factory.mktemp("venv"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(made.root)], check=True)
-    made.install(str(wheel))
+    made.install(str(quipu_wheel))
     return made
 
 
