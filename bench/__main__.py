@@ -6,6 +6,11 @@ their own (bench.fleet_bench: idle CPU, 200 sessions, scaling, toolset isolation
 could not be measured is printed as such, with the reason, and removed from the file. One part
 alone: `python -m bench.run_bench`, `python -m bench.fleet_bench [idle load scaling executor
 isolation]` (`make bench-fleet`).
+
+Everything stays in `make bench`, so that one run writes every key: about 13 minutes on a shared
+2-core box (load 3-14), of which the fleet part is about 3 (its 200 sessions stop at a 120 s
+deadline, so a collapsing system cannot stretch it). The rest is the agent loop's sequential runs
+and 50 sessions, which grow with the box's load.
 """
 
 from __future__ import annotations
