@@ -8,7 +8,7 @@ alone: `python -m bench.run_bench`, `python -m bench.fleet_bench [idle load scal
 isolation]` (`make bench-fleet`).
 
 Everything stays in `make bench`, so that one run writes every key: about 13 minutes on a shared
-2-core box (load 3-14), of which the fleet part is about 3 (its 200 sessions stop at a 120 s
+2-core box (load 3-14), of which the fleet part is about 4 (its 200 sessions stop at a 120 s
 deadline, so a collapsing system cannot stretch it). The rest is the agent loop's sequential runs
 and 50 sessions, which grow with the box's load.
 """
