@@ -217,8 +217,9 @@ def tool_shapes(tools: list[McpTool]) -> dict[str, str]:
     return {tool.name: json.dumps(tool.input_schema, sort_keys=True) for tool in tools}
 
 
-class ConnectionLostError(Exception):
-    """The connection a call was sent on dropped before its answer."""
+class ConnectionLostError(QuipuError):
+    """The connection a call was sent on dropped before its answer; not retryable, since the call
+    may have taken effect."""
 
 
 class McpConnection:

@@ -232,13 +232,16 @@ async def test_a_service_killed_by_pid_is_restarted_and_the_runs_in_flight_finis
         return any(m is not None and m.status is RunStatus.RUNNING for m in await clients.runs(run_ids))
 
     await eventually(some_running, within=60, what="a run of the batch running")
+    # Taken before the look, not at the kill: a run seen running may still end in the moment
+    # between the look and the kill, and then it ended after this instant, never before it.
+    looked_at = datetime.now(UTC)
     metas_at_kill = await clients.runs(run_ids)
     in_flight = [
         run_id
         for run_id, meta in zip(run_ids, metas_at_kill, strict=True)
         if meta is None or meta.status is RunStatus.RUNNING  # None: not even started yet
     ]
-    killed_at, killed = datetime.now(UTC), time.monotonic()
+    killed = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
 
     async def exit_reported() -> bool:
@@ -268,7 +271,7 @@ async def test_a_service_killed_by_pid_is_restarted_and_the_runs_in_flight_finis
     assert in_flight, "no run of the batch was in flight at the kill"
     for meta in metas:
         if meta.run_id in in_flight:
-            assert meta.updated_at > killed_at, f"{meta.run_id} was closed before the kill"
+            assert meta.updated_at > looked_at, f"{meta.run_id} was closed before it was seen running"
     assert up.process.poll() is None
     print(
         f"{service}: exit reported {noticed_s:.2f} s after the kill, restarted after {restarted_s:.2f} s, "
