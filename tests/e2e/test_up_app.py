@@ -1,8 +1,9 @@
 """`quipu up --app`: a user's module with one agent and two tools, answered through `quipu run`, offline.
 
 The module is written to a tmp directory that is not importable from the repository, and
-`quipu up --app weather_app:app` is started from there as a real process (in one process, and
-with `--processes`, where the toolset's executor is a `quipu serve tools --app` child). A
+`quipu up --app weather_app:app --processes` is started from there as a real process, so the
+toolset's executor is a `quipu serve tools --app` child (the one-process form is what
+`tests/e2e/test_own_project.py` runs, in a fresh virtualenv, for the README's module). A
 `quipu run --agent forecaster` process from elsewhere is answered by the scripted model, which
 calls both tools; each tool writes a line to a file when it runs, so the test sees them run in
 the executor, and the run's transcript (`quipu runs show`) holds their results.
@@ -145,12 +146,12 @@ class Up:
                 self.process.wait()
 
 
-@pytest.fixture(params=["in-process", "processes"])
-def up(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Up]:
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
     folder = tmp_path / "user"
     folder.mkdir()
     (folder / "weather_app.py").write_text(textwrap.dedent(USER_MODULE))
-    running = Up(folder, processes=request.param == "processes")
+    running = Up(folder, processes=True)
     try:
         yield running
     finally:
