@@ -45,6 +45,7 @@ from quipu.services.kit.delivery import MessageErasedError, PermanentError
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.settings import KeySettings
 from quipu.services.kit.store_client import KafkaStore
+from quipu.services.kit.topic_replay import at_the_end
 from quipu.services.storage_owner.mongo import client_options
 from tests.conformance.builders import (
     all_run_records,
@@ -619,19 +620,11 @@ async def every_record_on_topics(
             batches = await consumer.getmany(*partitions, timeout_ms=200)
             for partition, records in batches.items():
                 found[partition.topic] += records
-            if await _at_the_end(consumer, partitions):
+            if await at_the_end(consumer, partitions):
                 return found
             assert time.monotonic() < deadline, f"the ends of the topics of {prefix} not reached in time"
     finally:
         await consumer.stop()
-
-
-async def _at_the_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
-    for partition in partitions:
-        watermark = consumer.highwater(partition)
-        if watermark is None or await consumer.position(partition) < watermark:
-            return False
-    return True
 
 
 def readable_anywhere(records: dict[str, list[ConsumerRecord[bytes, bytes]]], phrase: str) -> list[str]:

@@ -73,7 +73,7 @@ async def read_to_end(
         await consumer.seek_to_beginning(*partitions)
         deadline = time.monotonic() + within_s
         read = 0
-        while not await _at_the_end(consumer, partitions):
+        while not await at_the_end(consumer, partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{physical}: the end was not reached within {within_s:g} s")
             batches = await consumer.getmany(*partitions, timeout_ms=200)
@@ -88,7 +88,8 @@ async def read_to_end(
             await consumer.stop()
 
 
-async def _at_the_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
+async def at_the_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
+    """Whether the consumer has read every partition up to the high watermark of its last fetch."""
     for partition in partitions:
         watermark = consumer.highwater(partition)
         if watermark is None or await consumer.position(partition) < watermark:
