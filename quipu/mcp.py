@@ -21,7 +21,9 @@ That executor then
 - when the server dies or the connection drops, connects again (backoff doubling up to a few
   seconds). A call in flight then is answered with an error result, unless the server declares
   the tool read-only or idempotent (`readOnlyHint`, `idempotentHint`): that call is sent once more
-  on the new connection. A call waits for a connection at most until its deadline.
+  on the new connection. A call waits for a connection at most until its deadline;
+- when the server says its tool list changed (`notifications/tools/list_changed`), or a new
+  connection finds another list, lists the tools again and serves and announces the new list.
 
 A canceled run cancels its MCP requests in flight (the SDK sends `notifications/cancelled`); a call
 past its deadline is canceled the same way. The server validates the arguments itself: its refusal

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -36,6 +36,12 @@ class ToolSource(Protocol):
 
     async def open(self, opened: Opened) -> tuple[ToolCatalog, Mapping[str, ToolImplementation]]:
         """Connect (closing through `opened`) and return the tools' catalog and implementations."""
+        ...
+
+    def follow(
+        self, serve: Callable[[ToolCatalog, Mapping[str, ToolImplementation]], Awaitable[None]]
+    ) -> None:
+        """From now on, call `serve` with the tools each time the source's list changes."""
         ...
 
 
@@ -139,8 +145,16 @@ def create_app(
     async def announce_toolset() -> None:
         # Once subscribed: every copy announces the same content at start-up (idempotent).
         broker = cast(KafkaBroker, app.broker)  # service_app built it: always a KafkaBroker
-        announcement = announce(given.toolset, given.version, running.get().catalog, at=utc_now_ms())
-        await broker_publisher(broker, kafka).publish(announcement)
+        publisher, runner = broker_publisher(broker, kafka), running.get()
+        await publisher.publish(announce(given.toolset, given.version, runner.catalog, at=utc_now_ms()))
+
+        async def serve(catalog: ToolCatalog, implementations: Mapping[str, ToolImplementation]) -> None:
+            # Served before announced: a call the planner routes on the announcement finds its tool.
+            runner.serve(catalog, implementations)
+            await publisher.publish(announce(given.toolset, given.version, catalog, at=utc_now_ms()))
+
+        if given.source is not None:
+            given.source.follow(serve)
 
     app.after_startup(announce_toolset)
     return app

@@ -197,17 +197,13 @@ class ToolRunner:
         canceled_runs_capacity: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        runnable = {definition.name for definition in catalog if not definition.is_agent_tool}
-        if missing := runnable - set(implementations):
-            raise ValueError(f"tools without an implementation: {sorted(missing)}")
-        if unknown := set(implementations) - runnable:
-            raise ValueError(f"implementations of tools the catalog does not run: {sorted(unknown)}")
-        self._catalog = catalog
-        self._implementations = dict(implementations)
+        self._catalog = ToolCatalog()
+        self._implementations: dict[str, ToolImplementation] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+        self.serve(catalog, implementations)
         self._completed = completed_calls
         self._max_timeout_s = max_timeout_s
         self._clock = clock
-        self._limits = {name: asyncio.Semaphore(catalog.get(name).max_concurrency) for name in runnable}
         self._canceled_runs = _BoundedSet(canceled_runs_capacity)
         self._running: dict[CallKey, _Execution] = {}
         self._running_by_run: dict[str, set[CallKey]] = {}
@@ -216,6 +212,29 @@ class ToolRunner:
     def catalog(self) -> ToolCatalog:
         """The tools this runner runs."""
         return self._catalog
+
+    def serve(self, catalog: ToolCatalog, implementations: Mapping[str, ToolImplementation]) -> None:
+        """Run these tools from now on (an MCP server's changed list); a call already running ends
+        with the tool it started with, and a tool kept with its concurrency keeps its slots.
+
+        Raises ValueError when the catalog and the implementations do not name the same tools.
+        """
+        runnable = {definition.name for definition in catalog if not definition.is_agent_tool}
+        if missing := runnable - set(implementations):
+            raise ValueError(f"tools without an implementation: {sorted(missing)}")
+        if unknown := set(implementations) - runnable:
+            raise ValueError(f"implementations of tools the catalog does not run: {sorted(unknown)}")
+        kept = {
+            name
+            for name in runnable & set(self._limits)
+            if self._catalog.get(name).max_concurrency == catalog.get(name).max_concurrency
+        }
+        self._limits = {
+            name: self._limits[name] if name in kept else asyncio.Semaphore(catalog.get(name).max_concurrency)
+            for name in runnable
+        }
+        self._catalog = catalog
+        self._implementations = dict(implementations)
 
     # -- cancellation --
 

@@ -12,6 +12,13 @@ exits, even while idle) or from a call failing on it; it then leaves the old cli
 new one, waiting between failed attempts (doubling, capped). Calls wait for a connection, bounded
 by their deadline.
 
+The owner also follows the server's tool list: a server announces a change with
+`notifications/tools/list_changed` (on a 2026-07-28 session only to a client that opened a
+`subscriptions/listen` stream, which the owner keeps open; before that, sent to every session),
+and a new session after a drop may find another list. Either way the owner lists the tools
+again and, when they differ from what was announced, hands them to `McpTools.follow`'s listener
+(the executor serves and announces them).
+
 Nothing here logs arguments, results or the server's error texts: only tool names, error types
 and counts.
 """
@@ -22,7 +29,7 @@ import asyncio
 import copy
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, ClassVar, TextIO
@@ -31,11 +38,13 @@ import anyio
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client._transport import TransportStreams
+from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
-from mcp_types import CallToolResult, EmbeddedResource, TextContent
+from mcp_types import CallToolResult, EmbeddedResource, TextContent, ToolListChangedNotification
 from mcp_types import Tool as McpTool
 from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quipu.contracts.errors import QuipuError
@@ -56,6 +65,9 @@ CLOSE_GRACE_S = 5.0
 
 MAX_TOOL_PAGES = 100
 """A server whose `tools/list` pages never end is cut here."""
+
+MAX_RELISTEN_DELAY_S = 60.0
+"""Waits between `subscriptions/listen` streams that end (each end re-lists the tools) double up to this."""
 
 
 class McpUnavailableError(QuipuError):
@@ -196,7 +208,7 @@ async def http_transport(url: str, headers: Mapping[str, str]) -> AsyncIterator[
 
 
 LIST_TIMEOUT_S = 10.0
-"""How long a reconnected session's check of the tool list may take."""
+"""How long listing the tools again (after a change, or on a new session) may take."""
 
 
 async def listed_tools(client: Client) -> list[McpTool]:
@@ -213,8 +225,24 @@ async def listed_tools(client: Client) -> list[McpTool]:
 
 
 def tool_shapes(tools: list[McpTool]) -> dict[str, str]:
-    """Each tool's input schema as sorted JSON, by name: what must not change under an announcement."""
-    return {tool.name: json.dumps(tool.input_schema, sort_keys=True) for tool in tools}
+    """What the executor serves of each tool (description, schema, hints) as sorted JSON, by name."""
+    return {
+        tool.name: json.dumps(
+            [
+                tool.description,
+                tool.title,
+                tool.input_schema,
+                tool.annotations and tool.annotations.model_dump(),
+            ],
+            sort_keys=True,
+            default=str,
+        )
+        for tool in tools
+    }
+
+
+ToolsChanged = Callable[[list[McpTool]], Awaitable[None]]
+"""Told the server's whole new tool list when it differs from the one last served."""
 
 
 class ConnectionLostError(QuipuError):
@@ -237,7 +265,12 @@ class McpConnection:
         self._last_error: BaseException | None = None
         self._server_log_file: TextIO | None = None
         self._announced: dict[str, str] | None = None
-        """Each announced tool's input schema (as JSON), by name."""
+        """What is served of each tool (`tool_shapes`), by name."""
+        self._tools_changed: ToolsChanged | None = None
+        self._following = asyncio.Event()
+        """Set once a listener follows the tool list: until then a change waits (it is not lost)."""
+        self._maybe_changed = asyncio.Event()
+        """Set when the tool list may have changed: the owner lists the tools again."""
         self.connections = 0
         """How many sessions were established (1 + reconnections); each is a generation."""
 
@@ -290,6 +323,11 @@ class McpConnection:
             self._server_log_file = None
         self._connected.set()  # wakes the calls waiting for a session: they see it is closing
 
+    @property
+    def protocol_version(self) -> str | None:
+        """The MCP protocol version of the live session, None while there is none."""
+        return self._client.protocol_version if self._client is not None else None
+
     def _lose(self, generation: int) -> None:
         """The session of `generation` dropped: stop handing it out, and have the owner leave it."""
         if generation == self.connections:
@@ -304,7 +342,7 @@ class McpConnection:
             generation = self.connections + 1
             try:
                 transport = watched(self._transport(), partial(self._lose, generation))
-                async with Client(transport, cache=None) as client:
+                async with Client(transport, cache=None, message_handler=self._on_message) as client:
                     self.connections = generation
                     self._client = client
                     self._last_error = None
@@ -312,8 +350,8 @@ class McpConnection:
                     delay = FIRST_RECONNECT_DELAY_S
                     if generation > 1:
                         logger.info("reconnected to the MCP server", toolset=self._toolset.name)
-                        await self._check_tools(client)
-                    await self._lost.wait()
+                        self._maybe_changed.set()  # a new session (or a new server) may list other tools
+                    await self._serve_session(client)
             except Exception as error:  # whatever the transport raises, the answer is to connect again
                 self._last_error = error
             finally:
@@ -328,6 +366,96 @@ class McpConnection:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RECONNECT_DELAY_S)
+
+    async def _serve_session(self, client: Client) -> None:
+        """Follow the session's tool list until it is lost."""
+        async with anyio.create_task_group() as group:
+            capabilities = client.server_capabilities.tools
+            if (
+                client.protocol_version in MODERN_PROTOCOL_VERSIONS
+                and capabilities
+                and capabilities.list_changed
+            ):
+                group.start_soon(self._listen, client)
+            group.start_soon(self._follow_tools, client)
+            await self._lost.wait()
+            group.cancel_scope.cancel()
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        # A server before 2026-07-28 sends the change to every session, unasked.
+        if isinstance(message, ToolListChangedNotification):
+            self._maybe_changed.set()
+
+    async def _listen(self, client: Client) -> None:
+        """Keep a `subscriptions/listen` stream for tool list changes open (2026-07-28 sessions)."""
+        delay = FIRST_RECONNECT_DELAY_S
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    async for _ in subscription:
+                        self._maybe_changed.set()
+                        delay = FIRST_RECONNECT_DELAY_S
+            except Exception as error:  # a lost stream (or a refused one): listen again, later
+                logger.info(
+                    "MCP change stream ended", toolset=self._toolset.name, error_type=type(error).__name__
+                )
+            # No replay: whatever changed while no stream was open is found by listing again.
+            self._maybe_changed.set()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RELISTEN_DELAY_S)
+
+    async def _follow_tools(self, client: Client) -> None:
+        """List the tools again each time they may have changed; hand a changed list to the listener."""
+        while True:
+            await self._maybe_changed.wait()
+            await self._following.wait()
+            self._maybe_changed.clear()
+            try:
+                async with asyncio.timeout(LIST_TIMEOUT_S):
+                    tools = await listed_tools(client)
+            except (
+                Exception
+            ) as error:  # a dropped session is noticed by the owner; a slow list is tried later
+                logger.warning(
+                    "listing the MCP server's tools again failed",
+                    toolset=self._toolset.name,
+                    error_type=type(error).__name__,
+                )
+                await self._retry_later()
+                continue
+            await self._changed(tools)
+
+    async def _changed(self, tools: list[McpTool]) -> None:
+        shapes, announced = tool_shapes(tools), self._announced or {}
+        if shapes == announced or self._tools_changed is None:
+            return
+        logger.info(
+            "the MCP server's tools changed: announcing them",
+            toolset=self._toolset.name,
+            added=sorted(set(shapes) - set(announced)),
+            removed=sorted(set(announced) - set(shapes)),
+            changed=sorted(name for name in set(shapes) & set(announced) if shapes[name] != announced[name]),
+        )
+        try:
+            await self._tools_changed(tools)
+        except Exception as error:  # the announcement failed (the broker?): the next try sends it
+            logger.warning(
+                "serving the MCP server's changed tools failed",
+                toolset=self._toolset.name,
+                error_type=type(error).__name__,
+            )
+            await self._retry_later()
+            return
+        self._announced = shapes
+
+    async def _retry_later(self) -> None:
+        await asyncio.sleep(MAX_RECONNECT_DELAY_S)
+        self._maybe_changed.set()
+
+    def follow(self, tools_changed: ToolsChanged) -> None:
+        """Have `tools_changed` told each new tool list that differs from the one last served."""
+        self._tools_changed = tools_changed
+        self._following.set()
 
     async def _session(self) -> tuple[Client, int]:
         """The live client and its generation, once there is one (callers' deadlines bound the wait)."""
@@ -345,28 +473,6 @@ class McpConnection:
         tools = await listed_tools(client)
         self._announced = tool_shapes(tools)
         return tools
-
-    async def _check_tools(self, client: Client) -> None:
-        """Warn when a new session's server lists other tools than were announced (never fails)."""
-        if self._announced is None:
-            return
-        try:
-            async with asyncio.timeout(LIST_TIMEOUT_S):
-                shapes = tool_shapes(await listed_tools(client))
-        except Exception:  # the calls will tell: this is only a warning
-            return
-        if shapes != self._announced:
-            announced = self._announced
-            logger.warning(
-                "the MCP server's tools changed since they were announced: restart the executor to announce"
-                " them",
-                toolset=self._toolset.name,
-                added=sorted(set(shapes) - set(announced)),
-                removed=sorted(set(announced) - set(shapes)),
-                changed=sorted(
-                    name for name in set(shapes) & set(announced) if shapes[name] != announced[name]
-                ),
-            )
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, resend: bool) -> CallToolResult:
         """`tools/call`; sent once more on a new connection when `resend` and the first one dropped.
@@ -392,6 +498,10 @@ class McpConnection:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+ServedTools = Callable[[ToolCatalog, Mapping[str, ToolImplementation]], Awaitable[None]]
+"""Serves (and announces) a toolset's new catalog and implementations."""
+
+
 class McpTools:
     """The tools of one MCP server, for a `ToolExecutorDeps.source`."""
 
@@ -404,6 +514,26 @@ class McpTools:
         await self.connection.start()
         opened.on_close(self.connection.stop)
         listed = await self.connection.list_tools()
+        catalog, implementations = self._served(listed)
+        logger.info(
+            "MCP server connected",
+            toolset=self.toolset.name,
+            transport=self.toolset.transport,
+            protocol_version=self.connection.protocol_version,
+            tools=len(catalog),
+            left_out=len(listed) - len(catalog),
+        )
+        return catalog, implementations
+
+    def follow(self, serve: ServedTools) -> None:
+        """From now on, have `serve` serve each changed tool list of the server (see the module doc)."""
+
+        async def changed(listed: list[McpTool]) -> None:
+            await serve(*self._served(listed))
+
+        self.connection.follow(changed)
+
+    def _served(self, listed: list[McpTool]) -> tuple[ToolCatalog, dict[str, ToolImplementation]]:
         catalog = ToolCatalog()
         implementations: dict[str, ToolImplementation] = {}
         for tool in listed:
@@ -412,13 +542,6 @@ class McpTools:
                 continue
             catalog.register(definition)
             implementations[definition.name] = self._caller(definition.name, resend=may_resend(tool))
-        logger.info(
-            "MCP server connected",
-            toolset=self.toolset.name,
-            transport=self.toolset.transport,
-            tools=len(catalog),
-            left_out=len(listed) - len(catalog),
-        )
         return catalog, implementations
 
     def _caller(self, name: str, *, resend: bool) -> ToolImplementation:

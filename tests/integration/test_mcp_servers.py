@@ -13,20 +13,23 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
+from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.mcp import McpToolset
+from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.kit.lifecycle import Opened
 from quipu.services.tool_executor.adapters import RememberedResults
 from quipu.services.tool_executor.logic import ToolRunner
 from quipu.services.tool_executor.mcp_client import McpTools, McpUnavailableError
+from quipu.tools import ToolImplementation
 from tests.timing import eventually, scaled
 
 SERVER = Path(__file__).parents[1] / "mcp_servers" / "files_server.py"
@@ -45,11 +48,16 @@ def served_folder(path: Path) -> Path:
 
 @dataclass
 class Served:
-    """An MCP server's tools as the executor runs them."""
+    """An MCP server's tools as the executor runs them, and each list it served since it opened."""
 
     tools: McpTools
     runner: ToolRunner
     root: Path
+    served: list[list[str]] = field(default_factory=list)
+
+    async def serve(self, catalog: ToolCatalog, implementations: Mapping[str, ToolImplementation]) -> None:
+        self.runner.serve(catalog, implementations)  # what the executor does before it announces
+        self.served.append(catalog.names())
 
     async def call(
         self, tool_name: str, arguments: dict[str, Any], run_id: str = "", timeout_s: float | None = None
@@ -77,7 +85,9 @@ async def serve(toolset: McpToolset, opened: Opened, root: Path) -> Served:
     runner = ToolRunner(
         catalog, implementations, RememberedResults(100), max_timeout_s=scaled(SERVER_START_S)
     )
-    return Served(tools, runner, root)
+    served = Served(tools, runner, root)
+    tools.follow(served.serve)
+    return served
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +127,18 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         process.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+async def http(http_server: tuple[str, Path]) -> AsyncIterator[Served]:
+    url, root = http_server
+    await listening(url)
+    opened = Opened()
+    remote = McpToolset("remote", url=url, headers=AUTHORIZED, timeout_s=scaled(SERVER_START_S))
+    try:
+        yield await serve(remote, opened, root)
+    finally:
+        await opened.close()
+
+
 async def listening(url: str) -> None:
     port = int(url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
 
@@ -141,6 +163,8 @@ async def test_the_servers_tools_are_listed_with_their_schemas(stdio: Served) ->
         "crash",
         "read_once_flaky",
         "wait_forever",
+        "add_echo_tool",
+        "remove_tool",
     }
     # files.list is left out: Quipu's (and the models') tool names have no dots.
     read_file = catalog.get("read_file")
@@ -170,10 +194,10 @@ async def test_a_server_that_dies_mid_call_settles_the_call_and_comes_back(stdio
     with structlog.testing.capture_logs() as logs:
         crashed = await stdio.call("crash", {})
 
-        async def warned() -> bool:
-            return any("tools changed" in line["event"] for line in logs)
+        async def served_anew() -> bool:
+            return "delete_file" in stdio.runner.catalog
 
-        await eventually(warned, within=SERVER_START_S, what="a warning that the tools changed")
+        await eventually(served_anew, within=SERVER_START_S, what="the new server's tools served")
 
     assert crashed.is_error and "went away during the call to crash" in crashed.content
     assert (stdio.root / "crashed").exists()
@@ -183,7 +207,57 @@ async def test_a_server_that_dies_mid_call_settles_the_call_and_comes_back(stdio
     assert stdio.tools.connection.connections >= 2
     [changed] = [line for line in logs if "tools changed" in line["event"]]
     assert changed["added"] == ["delete_file"] and changed["removed"] == []
-    assert "delete_file" not in stdio.runner.catalog  # not announced: the executor serves what it announced
+    deleted = await stdio.call("delete_file", {"name": "crashed"})
+    assert not deleted.is_error and not (stdio.root / "crashed").exists()
+
+
+async def follows_the_servers_list(served: Served, how: str) -> None:
+    """A tool the server adds is served; one it removes is not (the server says so `how`)."""
+    name = f"echo_{how}_{uuid.uuid4().hex[:6]}"
+    before = len(served.served)
+
+    added = await served.call("add_echo_tool", {"name": name, "how": how})
+
+    async def serving() -> bool:
+        return name in served.runner.catalog
+
+    await eventually(serving, within=20.0, what=f"{name} served once the server added it")
+    assert not added.is_error and name in served.served[before]
+    echoed = await served.call(name, {"text": "hello"})
+    assert not echoed.is_error and echoed.content == {"result": f"{name}: hello"}
+    assert served.runner.catalog.get(name).description == f"Answers with the text, after {name}."
+
+    await served.call("remove_tool", {"name": name, "how": how})
+
+    async def withdrawn() -> bool:
+        return name not in served.runner.catalog
+
+    await eventually(withdrawn, within=20.0, what=f"{name} withdrawn once the server removed it")
+    gone = await served.call(name, {"text": "hello"})
+    assert gone.is_error and f"unknown tool {name!r}" in gone.content
+    assert "read_file" in served.runner.catalog  # the rest of the list is still served
+
+
+async def test_a_stdio_servers_changed_tool_list_is_served(stdio: Served) -> None:
+    await follows_the_servers_list(stdio, "listen")
+
+
+async def test_an_http_servers_changed_tool_list_is_served(http: Served) -> None:
+    await follows_the_servers_list(http, "listen")
+
+
+async def test_a_changed_tool_list_is_served_from_a_server_before_2026(tmp_path: Path) -> None:
+    root = served_folder(tmp_path)
+    command = [sys.executable, str(SERVER), str(root), "--legacy"]
+    opened = Opened()
+    try:
+        toolset = McpToolset("old", command=command, connect_timeout_s=scaled(SERVER_START_S))
+        served = await serve(toolset, opened, root)
+        assert served.tools.connection.protocol_version == LATEST_HANDSHAKE_VERSION
+        # Such a server sends notifications/tools/list_changed unasked (there is no listen stream).
+        await follows_the_servers_list(served, "notification")
+    finally:
+        await opened.close()
 
 
 async def test_a_read_only_call_whose_server_died_is_sent_once_more(stdio: Served) -> None:
@@ -241,21 +315,11 @@ async def test_a_redelivered_call_is_answered_again_without_calling_the_server(s
     assert (stdio.root / "ledger.txt").read_text() == "paid\n"  # the effect happened once
 
 
-async def test_a_streamable_http_server_is_served_the_same_way(
-    http_server: tuple[str, Path], tmp_path: Path
-) -> None:
-    url, root = http_server
-    await listening(url)
-    opened = Opened()
-    try:
-        remote = McpToolset("remote", url=url, headers=AUTHORIZED, timeout_s=scaled(SERVER_START_S))
-        served = await serve(remote, opened, root)
-        read = await served.call("read_file", {"name": "poem.txt"})
-        missing = await served.call("file_size", {"name": "nowhere.txt"})
-    finally:
-        await opened.close()
+async def test_a_streamable_http_server_is_served_the_same_way(http: Served) -> None:
+    read = await http.call("read_file", {"name": "poem.txt"})
+    missing = await http.call("file_size", {"name": "nowhere.txt"})
 
-    assert "read_file" in served.runner.catalog and "files.list" not in served.runner.catalog
+    assert "read_file" in http.runner.catalog and "files.list" not in http.runner.catalog
     assert read.content == {"result": "the river keeps its knots"}
     assert missing.is_error and "no file named nowhere.txt" in missing.content
 

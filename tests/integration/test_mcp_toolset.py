@@ -43,11 +43,16 @@ from tests.timing import eventually, scaled
 pytestmark = pytest.mark.slow
 
 SERVER = Path(__file__).parents[1] / "mcp_servers" / "files_server.py"
-LIBRARIAN = AgentSpec(agent_id="librarian", system_prompt="You read files.", tools=("read_file", "crash"))
+LIBRARIAN = AgentSpec(
+    agent_id="librarian", system_prompt="You read files.", tools=("read_file", "crash", "add_echo_tool")
+)
+CRIER = AgentSpec(agent_id="crier", system_prompt="You shout.", tools=("shout",))
+"""Its tool is one the server adds while it runs."""
 
 
 def librarian(request: ModelRequest) -> ModelAnswer:
-    """Calls the tool the user's words name (`read NAME` or `crash`) once, then says what came back."""
+    """Calls the tool the user's words name (`read NAME`, `crash`, `grow NAME`, `shout TEXT`) once, then
+    says what came back."""
     results = [
         part for message in request.messages for part in message.parts if isinstance(part, ToolResultPart)
     ]
@@ -58,6 +63,11 @@ def librarian(request: ModelRequest) -> ModelAnswer:
     use_id = "toolu_" + uuid.uuid4().hex[:16]
     if words == "crash":
         return [ToolUsePart(id=use_id, name="crash", input={})]
+    if words.startswith("grow "):
+        grown = {"name": words.removeprefix("grow "), "how": "listen"}
+        return [ToolUsePart(id=use_id, name="add_echo_tool", input=grown)]
+    if words.startswith("shout "):
+        return [ToolUsePart(id=use_id, name="shout", input={"text": words.removeprefix("shout ")})]
     return [ToolUsePart(id=use_id, name="read_file", input={"name": words.removeprefix("read ")})]
 
 
@@ -71,11 +81,11 @@ class Library:
     root: Path
     logs: Path
 
-    async def run(self, text: str) -> tuple[RunStatus, list[Message]]:
+    async def run(self, text: str, agent: str = "librarian") -> tuple[RunStatus, list[Message]]:
         session_id = "s-" + uuid.uuid4().hex[:10]
         await self.store.create_session(session_id, utc_now_ms())
         request = RunRequested(
-            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id="librarian", text=text
+            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id=agent, text=text
         )
         await self.publisher.send(
             self.prefix + Topic.RUNS_REQUESTED.value,
@@ -135,7 +145,7 @@ async def library(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory
         deps=PlannerDeps(
             model=FunctionModel(librarian),
             catalog=default_catalog(),
-            agents=AgentRegistry([LIBRARIAN]),
+            agents=AgentRegistry([LIBRARIAN, CRIER]),
             registry=registry,
         ),
     )
@@ -208,6 +218,24 @@ async def test_an_is_error_result_goes_back_to_the_model_as_an_error(library: Li
     # kept apart, in the file it was given.
     assert "nowhere.txt" in (library.logs / "server.log").read_text()
     assert "nowhere.txt" not in (library.logs / "executor.log").read_text()
+
+
+async def test_a_tool_the_server_adds_while_it_runs_is_announced_and_offered(library: Library) -> None:
+    await announced(library)
+    assert library.registry.find("shout") is None
+
+    grown, _ = await library.run("grow shout")
+
+    async def offered() -> bool:
+        return library.registry.find("shout") is not None
+
+    await eventually(offered, within=30.0, what="the tool the server added announced on tools.registry")
+    assert grown is RunStatus.COMPLETED
+    assert library.registry.calls_topic("shout") == "tools.calls.files"
+    assert library.registry.calls_topic("read_file") == "tools.calls.files"  # the rest still offered
+    status, messages = await library.run("shout hello", agent="crier")
+    assert status is RunStatus.COMPLETED
+    assert tool_result(messages).content == {"result": "shout: hello"}
 
 
 async def test_a_server_crash_mid_call_settles_the_call_and_the_next_run_is_served(library: Library) -> None:

@@ -3,13 +3,17 @@
     python tests/mcp_servers/files_server.py ROOT                 # stdio
     python tests/mcp_servers/files_server.py ROOT --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
     python tests/mcp_servers/files_server.py ROOT --http PORT --token T   # ... `Authorization: Bearer T` only
+    python tests/mcp_servers/files_server.py ROOT --legacy        # speaks only the protocol before 2026-07-28
 
 It serves the files under ROOT. Besides the tools a user would write (read a file, its size,
 append to one), it
 has the ones the tests need to misbehave on purpose: one that kills the server mid-call, one that
 does so only on its first call (and says it is read-only, so a dropped call may be sent again),
 one that waits until it is canceled and leaves a mark when it is, and one whose name Quipu refuses.
-Each mark is a file under ROOT, so the test reads what happened in the server process.
+Each mark is a file under ROOT, so the test reads what happened in the server process. Two change
+the server's tool list while it runs (`add_echo_tool`, `remove_tool`) and tell the client so,
+either way the protocol has: on the client's `subscriptions/listen` stream (2026-07-28) or with
+a plain `notifications/tools/list_changed` (what servers before 2026-07-28 send).
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ import argparse
 import asyncio
 import os
 from pathlib import Path
+from typing import Literal
 
+import anyio
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.runner import serve_loop
+from mcp.server.stdio import stdio_server
 from mcp_types import ToolAnnotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -98,7 +106,47 @@ def build(root: Path) -> MCPServer:
         """Every file's name (its name has a dot, which Quipu's tool names refuse)."""
         return sorted(path.name for path in root.iterdir())
 
+    changing_its_list(server)
     return server
+
+
+def changing_its_list(server: MCPServer) -> None:
+    """The tools that add and remove tools of `server` while it runs, telling the client `how`."""
+
+    async def tell_tools_changed(context: Context, how: Literal["listen", "notification"]) -> None:
+        if how == "listen":
+            await context.notify_tools_changed()
+        else:
+            await context.session.send_tool_list_changed()
+
+    @server.tool()
+    async def add_echo_tool(name: str, how: Literal["listen", "notification"], context: Context) -> str:
+        """Adds a tool called `name` that answers with its text, and tells the clients the list changed."""
+
+        def echo(text: str) -> str:
+            return f"{name}: {text}"
+
+        server.add_tool(echo, name=name, description=f"Answers with the text, after {name}.")
+        await tell_tools_changed(context, how)
+        return "added"
+
+    @server.tool()
+    async def remove_tool(name: str, how: Literal["listen", "notification"], context: Context) -> str:
+        """Removes the tool called `name`, and tells the clients the list changed."""
+        server.remove_tool(name)
+        await tell_tools_changed(context, how)
+        return "removed"
+
+
+async def serve_before_2026(server: MCPServer) -> None:
+    """Serve stdio as a server before 2026-07-28 does: the initialize handshake only.
+
+    (`MCPServer.run` serves both eras, the client's first request deciding which.)
+    """
+    lowlevel = server._lowlevel_server
+    async with stdio_server() as (read, write), lowlevel.lifespan(lowlevel) as state:
+        options = lowlevel.create_initialization_options()
+        await serve_loop(lowlevel, read, write, lifespan_state=state, init_options=options)
 
 
 def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
@@ -121,8 +169,14 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--http", type=int, default=0, help="Serve streamable HTTP on this loopback port.")
     parser.add_argument("--token", default="", help="With --http: refuse requests without this bearer token.")
+    parser.add_argument(
+        "--legacy", action="store_true", help="Stdio, speaking only the protocol before 2026-07-28."
+    )
     arguments = parser.parse_args()
     server = build(arguments.root)
+    if arguments.legacy:
+        anyio.run(serve_before_2026, server)
+        return
     if not arguments.http:
         server.run()
         return

@@ -363,3 +363,53 @@ def test_every_tool_the_executor_runs_needs_an_implementation() -> None:
         ToolRunner(
             catalog, {"slow": Probe().slow, "other": Probe().slow}, RememberedResults(1), max_timeout_s=1
         )
+
+
+# --- a changed list (an MCP server's) ------------------------------------------------------------------
+
+
+async def test_serving_a_new_list_runs_its_tools_and_refuses_the_removed_ones() -> None:
+    probe = Probe()
+    runner = ToolRunner(
+        ToolCatalog([_tool("slow")]), {"slow": probe.slow}, RememberedResults(100), max_timeout_s=5.0
+    )
+    running = asyncio.create_task(_answer(runner, _call("slow", {"seconds": 0.2}, tool_use_id="before")))
+    await probe.started.wait()
+
+    runner.serve(ToolCatalog([_tool("fraction")]), {"fraction": probe.fraction})
+
+    added = await _answer(runner, _call("fraction"))
+    removed = await _answer(runner, _call("slow", tool_use_id="after"))
+    assert added.content == {"value": 0.1, "count": 3}
+    assert removed.is_error and removed.content == "unknown tool 'slow'; available tools: fraction"
+    assert not (await running).is_error  # a call already running ends with the tool it started with
+
+
+async def test_a_tool_kept_in_a_new_list_keeps_its_concurrency_slots() -> None:
+    probe = Probe()
+    narrow = _tool("narrow", max_concurrency=2)
+    runner = ToolRunner(
+        ToolCatalog([narrow]), {"narrow": probe.slow}, RememberedResults(100), max_timeout_s=5.0
+    )
+    first = [
+        asyncio.create_task(_answer(runner, _call("narrow", {"seconds": 0.1}, tool_use_id=f"a{n}")))
+        for n in range(2)
+    ]
+    await probe.started.wait()
+
+    runner.serve(ToolCatalog([narrow]), {"narrow": probe.slow})
+    later = [_answer(runner, _call("narrow", {"seconds": 0.05}, tool_use_id=f"b{n}")) for n in range(2)]
+    await asyncio.gather(*first, *later)
+
+    assert probe.most_at_once == 2
+
+
+def test_a_list_whose_tools_and_implementations_differ_is_refused() -> None:
+    probe = Probe()
+    runner = ToolRunner(
+        ToolCatalog([_tool("slow")]), {"slow": probe.slow}, RememberedResults(100), max_timeout_s=5.0
+    )
+
+    with pytest.raises(ValueError, match="without an implementation"):
+        runner.serve(ToolCatalog([_tool("slow"), _tool("large")]), {"slow": probe.slow})
+    assert runner.catalog.names() == ["slow"]  # the list it served is kept
