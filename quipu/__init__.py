@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
     from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted
     from quipu.contracts.topics import TOPICS, Topic, TopicSpec
-    from quipu.mcp import McpToolset
+    from quipu.mcp import McpOAuth, McpToolset
     from quipu.tools import (
         AwaitInput,
         AwaitKind,
@@ -69,10 +69,11 @@ _PUBLIC: dict[str, str] = {
     "AwaitInput": "quipu.tools",
     "AwaitKind": "quipu.tools",
     "McpToolset": "quipu.mcp",
+    "McpOAuth": "quipu.mcp",
 }
 
 __all__ = ["TOPICS", "Agent", "AgentFileError", "App", "AppError", "AppLoadError", "AwaitInput", "AwaitKind",
-           "CancelRun", "Cancellation", "Client", "McpToolset",
+           "CancelRun", "Cancellation", "Client", "McpOAuth", "McpToolset",
            "RunEvent", "RunEvents", "RunPhase", "RunRequested",
            "RunResult", "StreamEventType", "Tool", "ToolArguments", "ToolContext", "ToolError", "Toolset",
            "Topic", "TopicSpec", "TurnCompleted", "__version__", "load_agents", "load_app", "tool"]

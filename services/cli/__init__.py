@@ -386,6 +386,50 @@ def serve(
             help="mcp with --url: sent with every request, e.g. 'Authorization: Bearer $TOKEN' (repeatable).",
         ),
     ] = None,
+    bearer_token_env: Annotated[
+        str,
+        typer.Option(
+            "--bearer-token-env",
+            metavar="VARIABLE",
+            help="mcp with --url: send `Authorization: Bearer <its value>` (never on the command line).",
+        ),
+    ] = "",
+    bearer_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--bearer-token-file",
+            metavar="FILE",
+            help="mcp with --url: the same, the token read from FILE at every request (a mounted Secret).",
+        ),
+    ] = None,
+    oauth_client_id: Annotated[
+        str,
+        typer.Option("--oauth-client-id", metavar="ID", help="mcp with --url: OAuth 2 client credentials."),
+    ] = "",
+    oauth_issuer: Annotated[
+        str,
+        typer.Option(
+            "--oauth-issuer", metavar="URL", help="with --oauth-client-id: the authorization server."
+        ),
+    ] = "",
+    oauth_client_secret_env: Annotated[
+        str,
+        typer.Option(
+            "--oauth-client-secret-env",
+            metavar="VARIABLE",
+            help="with --oauth-client-id: where the secret is.",
+        ),
+    ] = "",
+    oauth_client_secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--oauth-client-secret-file", metavar="FILE", help="with --oauth-client-id: or this file."
+        ),
+    ] = None,
+    oauth_scope: Annotated[
+        str,
+        typer.Option("--oauth-scope", metavar="SCOPE", help="with --oauth-client-id: the scope to ask for."),
+    ] = "",
     version: Annotated[str, typer.Option("--version", help="mcp: announced with its tools.")] = "1",
     server_log: Annotated[
         Path | None,
@@ -416,7 +460,20 @@ def serve(
             )
 
         try:
-            apps.serve_mcp(toolset, url, command or [], version, timeout_s, server_log, header or [])
+            credentials = apps.mcp_credentials(
+                bearer_token_env,
+                bearer_token_file,
+                apps.McpOAuthOptions(
+                    oauth_client_id,
+                    oauth_issuer,
+                    oauth_client_secret_env,
+                    oauth_client_secret_file,
+                    oauth_scope,
+                ),
+            )
+            apps.serve_mcp(
+                toolset, url, command or [], version, timeout_s, server_log, header or [], credentials
+            )
         except CliError as error:
             fail(str(error))
         return

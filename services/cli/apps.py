@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
 from quipu.contracts.tools import ToolsetAnnounced
 from quipu.contracts.topics import Topic, toolset_calls_topic
-from quipu.mcp import McpToolset
+from quipu.mcp import McpOAuth, McpToolset
 from quipu.services.catalog import Consumer
 from quipu.services.cli.output import CliError, note
 from quipu.services.cli.state import adopt_running_stack
@@ -79,6 +80,42 @@ def serve_beside_running_stack(definition: ServiceDefinition[Any]) -> None:
     definition.main()
 
 
+@dataclass(frozen=True)
+class McpOAuthOptions:
+    """`quipu serve mcp`'s `--oauth-*` options (all empty: no OAuth)."""
+
+    client_id: str = ""
+    issuer: str = ""
+    client_secret_env: str = ""
+    client_secret_file: Path | None = None
+    scope: str = ""
+
+
+def mcp_credentials(
+    bearer_token_env: str, bearer_token_file: Path | None, oauth: McpOAuthOptions
+) -> dict[str, Any]:
+    """The `McpToolset` credential fields the options name (where the secrets are, never a secret)."""
+    credentials: dict[str, Any] = {}
+    if bearer_token_env:
+        credentials["bearer_token_env"] = bearer_token_env
+    if bearer_token_file is not None:
+        credentials["bearer_token_file"] = bearer_token_file
+    if oauth != McpOAuthOptions():
+        try:
+            credentials["oauth"] = McpOAuth(
+                client_id=oauth.client_id,
+                issuer=oauth.issuer,
+                client_secret_env=oauth.client_secret_env,
+                client_secret_file=oauth.client_secret_file,
+                scope=oauth.scope,
+            )
+        except ValueError as error:
+            raise CliError(
+                f"{error} (--oauth-client-id, --oauth-issuer and one --oauth-client-secret-*)"
+            ) from None
+    return credentials
+
+
 def serve_mcp(
     toolset: str | None,
     url: str | None,
@@ -87,8 +124,10 @@ def serve_mcp(
     timeout_s: float,
     server_log: Path | None = None,
     headers: Sequence[str] = (),
+    credentials: Mapping[str, Any] | None = None,
 ) -> None:
-    """`quipu serve mcp --toolset NAME (--url URL | -- COMMAND ...)`: an MCP server as toolset NAME."""
+    """`quipu serve mcp --toolset NAME (--url URL | -- COMMAND ...)`: an MCP server as toolset NAME;
+    `credentials` are `McpToolset` fields (`mcp_credentials`)."""
     if toolset is None:
         raise CliError("`quipu serve mcp` serves an MCP server as a toolset: give --toolset NAME")
     named = [header.partition(":") for header in headers]
@@ -103,6 +142,7 @@ def serve_mcp(
             timeout_s=timeout_s,
             server_log=server_log,
             headers={name.strip(): value.strip() for name, _, value in named},
+            **(credentials or {}),
         )
     except ValueError as error:
         raise CliError(

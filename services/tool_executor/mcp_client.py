@@ -29,17 +29,21 @@ import asyncio
 import copy
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 import anyio
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client._transport import TransportStreams
+from mcp.client.auth import TokenStorage
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from mcp.shared.message import SessionMessage
 from mcp_types import CallToolResult, EmbeddedResource, TextContent, ToolListChangedNotification
 from mcp_types import Tool as McpTool
@@ -198,13 +202,97 @@ HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 
 @asynccontextmanager
-async def http_transport(url: str, headers: Mapping[str, str]) -> AsyncIterator[TransportStreams]:
-    """The streamable HTTP transport to `url`, every request carrying `headers`."""
+async def http_transport(
+    url: str, headers: Mapping[str, str], auth: httpx2.Auth | None = None
+) -> AsyncIterator[TransportStreams]:
+    """The streamable HTTP transport to `url`, every request carrying `headers` and `auth`."""
     async with (
-        httpx2.AsyncClient(headers=dict(headers), timeout=HTTP_TIMEOUT) as http,
+        httpx2.AsyncClient(headers=dict(headers), timeout=HTTP_TIMEOUT, auth=auth) as http,
         streamable_http_client(url, http_client=http) as streams,
     ):
         yield streams
+
+
+# --- credentials: read where a deployment keeps its secrets, never logged -------------------------
+
+
+def secret_reader(env: str, file: str | Path | None, what: str) -> Callable[[], str]:
+    """Reads a secret: the environment variable `env` (once, now) or the file (now and at each
+    call, so a rotated file takes effect). Raises McpUnavailableError naming where it looked."""
+    if env:
+        value = os.environ.get(env, "").strip()
+        if not value:
+            raise McpUnavailableError(f"{what}: the environment variable {env} is not set")
+        return lambda: value
+    path = Path(file or "")
+
+    def read() -> str:
+        return path.read_text(encoding="utf-8").strip()
+
+    try:
+        first = read()
+    except OSError as error:
+        raise McpUnavailableError(f"{what}: cannot read {path} ({type(error).__name__})") from None
+    if not first:
+        raise McpUnavailableError(f"{what}: {path} is empty")
+    return read
+
+
+class BearerToken(httpx2.Auth):
+    """`Authorization: Bearer <token>` on every request, the token read from its source each time."""
+
+    def __init__(self, token: Callable[[], str]) -> None:
+        self._token = token
+
+    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
+        """Send `request` with the token."""
+        request.headers["Authorization"] = f"Bearer {self._token()}"
+        yield request
+
+
+class RememberedTokens(TokenStorage):
+    """The OAuth tokens of one executor, in its memory: a restarted executor asks for a new one."""
+
+    def __init__(self) -> None:
+        self._tokens: OAuthToken | None = None
+        self._client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        """The token last issued, if any."""
+        return self._tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        """Keep the token just issued."""
+        self._tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        """The client's registration (client credentials need none)."""
+        return self._client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        """Keep the client's registration."""
+        self._client = client_info
+
+
+def http_auth(toolset: McpToolset) -> httpx2.Auth | None:
+    """How `toolset`'s requests authenticate (None: only its headers); raises McpUnavailableError
+    when a secret it names cannot be read."""
+    what = f"the credentials of toolset {toolset.name!r}"
+    if toolset.bearer_token_env or toolset.bearer_token_file is not None:
+        return BearerToken(secret_reader(toolset.bearer_token_env, toolset.bearer_token_file, what))
+    oauth = toolset.oauth
+    if oauth is None:
+        return None
+    secret = secret_reader(oauth.client_secret_env, oauth.client_secret_file, what)
+    return ClientCredentialsOAuthProvider(
+        server_url=toolset.url,
+        storage=RememberedTokens(),
+        client_id=oauth.client_id,
+        client_secret=secret(),
+        token_endpoint_auth_method=oauth.token_endpoint_auth_method,
+        scope=oauth.scope or None,
+        issuer=oauth.issuer,
+    )
 
 
 LIST_TIMEOUT_S = 10.0
@@ -245,6 +333,13 @@ ToolsChanged = Callable[[list[McpTool]], Awaitable[None]]
 """Told the server's whole new tool list when it differs from the one last served."""
 
 
+def innermost(error: BaseException | None) -> BaseException | None:
+    """The first error inside task groups' exception groups: the one that says what failed."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
 class ConnectionLostError(QuipuError):
     """The connection a call was sent on dropped before its answer; not retryable, since the call
     may have taken effect."""
@@ -264,6 +359,7 @@ class McpConnection:
         self._owner: asyncio.Task[None] | None = None
         self._last_error: BaseException | None = None
         self._server_log_file: TextIO | None = None
+        self._auth: httpx2.Auth | None = None
         self._announced: dict[str, str] | None = None
         """What is served of each tool (`tool_shapes`), by name."""
         self._tools_changed: ToolsChanged | None = None
@@ -277,7 +373,7 @@ class McpConnection:
     def _transport(self) -> AbstractAsyncContextManager[TransportStreams]:
         toolset = self._toolset
         if toolset.url:
-            return http_transport(toolset.url, toolset.headers)
+            return http_transport(toolset.url, toolset.headers, self._auth)
         command, *args = toolset.command
         parameters = StdioServerParameters(command=command, args=args, env=dict(toolset.env), cwd=toolset.cwd)
         # The server's stderr is its own log, which may quote what it was called with: never ours.
@@ -290,14 +386,16 @@ class McpConnection:
         return self._server_log_file
 
     async def start(self) -> None:
-        """Connect; raises McpUnavailableError when no session is up within `connect_timeout_s`."""
+        """Connect; raises McpUnavailableError when no session is up within `connect_timeout_s`, or
+        when a credential the toolset names cannot be read."""
+        self._auth = http_auth(self._toolset)
         self._owner = asyncio.create_task(self._hold(), name=f"mcp {self._toolset.name}")
         try:
             async with asyncio.timeout(self._toolset.connect_timeout_s):
                 await self._connected.wait()
         except TimeoutError:
             await self.stop()
-            error = self._last_error
+            error = innermost(self._last_error)
             why = f": {type(error).__name__}" if error is not None else ""
             if error is not None and not self._toolset.url:
                 why += f": {error}"  # a command's failure names the program; an HTTP one may quote the URL

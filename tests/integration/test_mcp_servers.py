@@ -23,7 +23,7 @@ import structlog
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
-from quipu.mcp import McpToolset
+from quipu.mcp import McpOAuth, McpToolset
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.kit.lifecycle import Opened
 from quipu.services.tool_executor.adapters import RememberedResults
@@ -114,17 +114,23 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     root = served_folder(tmp_path_factory.mktemp("http"))
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, str(SERVER), str(root), "--http", str(port), "--token", TOKEN],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, url = http_process(root, "--token", TOKEN)
     try:
-        yield f"http://127.0.0.1:{port}/mcp", root
+        yield url, root
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def http_process(root: Path, *options: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The files server over HTTP on a free loopback port, and its MCP URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(SERVER), str(root), "--http", str(port), *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return process, f"http://127.0.0.1:{port}/mcp"
 
 
 @pytest.fixture(scope="module")
@@ -362,3 +368,95 @@ async def test_closing_the_executor_ends_the_calls_waiting_for_a_server(tmp_path
 
     answered = await asyncio.wait_for(waiting, scaled(10.0))  # not at the call's deadline
     assert answered.is_error and "shutting down" in answered.content
+
+
+# --- credentials from where a deployment keeps its secrets -------------------------------------------
+
+
+async def read_a_file_through(toolset: McpToolset, root: Path) -> tuple[ToolCallCompleted, list[str]]:
+    """Connect as `toolset`, read a file; the log lines written meanwhile, as text."""
+    opened = Opened()
+    with structlog.testing.capture_logs() as logs:
+        try:
+            served = await serve(toolset, opened, root)
+            read = await served.call("read_file", {"name": "poem.txt"})
+        finally:
+            await opened.close()
+    return read, [str(line) for line in logs]
+
+
+async def test_a_bearer_token_is_read_from_the_environment_or_a_file_and_never_logged(
+    http_server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, root = http_server
+    await listening(url)
+    monkeypatch.setenv("FILES_TOKEN", TOKEN)
+    token_file = tmp_path / "files-token"
+    token_file.write_text(TOKEN + "\n")  # as `kubectl create secret --from-file` often leaves it
+
+    for toolset in (
+        McpToolset("remote", url=url, bearer_token_env="FILES_TOKEN"),
+        McpToolset("remote", url=url, bearer_token_file=token_file),
+    ):
+        read, logs = await read_a_file_through(toolset, root)
+
+        assert read.content == {"result": "the river keeps its knots"}
+        assert logs and not any(TOKEN in line for line in logs)
+        assert TOKEN not in repr(toolset)
+
+
+async def test_a_secret_that_cannot_be_read_is_a_clear_error_at_start_up(
+    http_server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = http_server
+    monkeypatch.delenv("FILES_TOKEN", raising=False)
+
+    with pytest.raises(
+        McpUnavailableError, match=r"'remote'.*the environment variable FILES_TOKEN is not set"
+    ):
+        await McpTools(McpToolset("remote", url=url, bearer_token_env="FILES_TOKEN")).open(Opened())
+    with pytest.raises(McpUnavailableError, match=r"'remote'.*cannot read .*no-token"):
+        await McpTools(McpToolset("remote", url=url, bearer_token_file=tmp_path / "no-token")).open(Opened())
+
+
+@pytest.fixture(scope="module")
+def oauth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    root = served_folder(tmp_path_factory.mktemp("oauth"))
+    process, url = http_process(root, "--oauth", f"quipu:{TOKEN}")
+    try:
+        yield url, root
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def test_oauth_client_credentials_get_a_token_from_the_servers_authorization_server(
+    oauth_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, root = oauth_server
+    await listening(url)
+    issuer = url.removesuffix("/mcp")
+    monkeypatch.setenv("FILES_CLIENT_SECRET", TOKEN)
+    oauth = McpOAuth(client_id="quipu", client_secret_env="FILES_CLIENT_SECRET", issuer=issuer)
+
+    read, logs = await read_a_file_through(McpToolset("remote", url=url, oauth=oauth), root)
+
+    assert read.content == {"result": "the river keeps its knots"}
+    assert (root / "tokens-issued").read_text() == "1"  # one token, for the session and its calls
+    assert not any(TOKEN in line for line in logs)
+
+
+async def test_oauth_with_a_wrong_secret_is_a_clear_error_at_start_up(
+    oauth_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = oauth_server
+    await listening(url)
+    monkeypatch.setenv("FILES_CLIENT_SECRET", "not-" + TOKEN)
+    oauth = McpOAuth(
+        client_id="quipu", client_secret_env="FILES_CLIENT_SECRET", issuer=url.removesuffix("/mcp")
+    )
+    toolset = McpToolset("remote", url=url, oauth=oauth, connect_timeout_s=scaled(2.0))
+
+    with pytest.raises(McpUnavailableError, match=r"'remote' .* not reachable .*: OAuth") as refused:
+        await McpTools(toolset).open(Opened())
+    assert TOKEN not in str(refused.value)

@@ -3,7 +3,13 @@
     python tests/mcp_servers/files_server.py ROOT                 # stdio
     python tests/mcp_servers/files_server.py ROOT --http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
     python tests/mcp_servers/files_server.py ROOT --http PORT --token T   # ... `Authorization: Bearer T` only
+    python tests/mcp_servers/files_server.py ROOT --http PORT --oauth ID:SECRET   # ... OAuth 2 tokens only
     python tests/mcp_servers/files_server.py ROOT --legacy        # speaks only the protocol before 2026-07-28
+
+With `--oauth` the process is also the authorization server (issuer http://127.0.0.1:PORT): it
+issues tokens for the client credentials ID:SECRET at `/token`, publishes its metadata and the
+MCP endpoint's protected-resource metadata (RFC 8414, RFC 9728), and refuses `/mcp` without a
+token it issued (401 pointing at the metadata). It counts the tokens it issued in ROOT/tokens-issued.
 
 It serves the files under ROOT. Besides the tools a user would write (read a file, its size,
 append to one), it
@@ -20,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
+import secrets
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
 
 import anyio
 import uvicorn
@@ -31,6 +40,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
 from mcp_types import ToolAnnotations
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
@@ -163,12 +176,72 @@ def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
     return guarded
 
 
+def oauth_only(app: ASGIApp, root: Path, port: int, client_id: str, client_secret: str) -> ASGIApp:
+    """`app` behind OAuth 2 client credentials, with this process as the authorization server."""
+    origin = f"http://127.0.0.1:{port}"
+    resource_metadata = f"{origin}/.well-known/oauth-protected-resource/mcp"
+    issued: set[str] = set()
+    expected_basic = base64.b64encode(f"{quote(client_id, safe='')}:{quote(client_secret, safe='')}".encode())
+
+    async def protected_resource(_request: Request) -> Response:
+        return JSONResponse({"resource": f"{origin}/mcp", "authorization_servers": [origin]})
+
+    async def authorization_server(_request: Request) -> Response:
+        return JSONResponse(
+            {
+                "issuer": origin,
+                "authorization_endpoint": f"{origin}/authorize",
+                "token_endpoint": f"{origin}/token",
+                "grant_types_supported": ["client_credentials"],
+                "token_endpoint_auth_methods_supported": ["client_secret_basic"],
+                "response_types_supported": ["code"],
+            }
+        )
+
+    async def token(request: Request) -> Response:
+        form = await request.form()
+        if request.headers.get("authorization", "").encode() != b"Basic " + expected_basic:
+            return JSONResponse({"error": "invalid_client"}, status_code=401)
+        if form.get("grant_type") != "client_credentials":
+            return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+        access_token = secrets.token_urlsafe(24)
+        issued.add(access_token)
+        (root / "tokens-issued").write_text(str(len(issued)))
+        return JSONResponse({"access_token": access_token, "token_type": "Bearer", "expires_in": 3600})
+
+    authorization = Starlette(
+        routes=[
+            Route("/.well-known/oauth-protected-resource/mcp", protected_resource),
+            Route("/.well-known/oauth-protected-resource", protected_resource),
+            Route("/.well-known/oauth-authorization-server", authorization_server),
+            Route("/token", token, methods=["POST"]),
+        ]
+    )
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/mcp"):
+            await (authorization if scope["type"] == "http" else app)(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"").decode()
+        if given.removeprefix("Bearer ") not in issued:
+            challenge = f'Bearer resource_metadata="{resource_metadata}"'.encode()
+            await send(
+                {"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", challenge)]}
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def main() -> None:
     """Serve on stdio, or on streamable HTTP with --http PORT (behind a bearer token with --token)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("root", type=Path)
     parser.add_argument("--http", type=int, default=0, help="Serve streamable HTTP on this loopback port.")
     parser.add_argument("--token", default="", help="With --http: refuse requests without this bearer token.")
+    parser.add_argument("--oauth", default="", help="With --http: OAuth 2 client credentials ID:SECRET only.")
     parser.add_argument(
         "--legacy", action="store_true", help="Stdio, speaking only the protocol before 2026-07-28."
     )
@@ -180,10 +253,13 @@ def main() -> None:
     if not arguments.http:
         server.run()
         return
-    app = server.streamable_http_app()
-    uvicorn.run(
-        bearer_only(app, arguments.token) if arguments.token else app, host="127.0.0.1", port=arguments.http
-    )
+    app: ASGIApp = server.streamable_http_app()
+    if arguments.token:
+        app = bearer_only(app, arguments.token)
+    if arguments.oauth:
+        client_id, _, client_secret = arguments.oauth.partition(":")
+        app = oauth_only(app, arguments.root, arguments.http, client_id, client_secret)
+    uvicorn.run(app, host="127.0.0.1", port=arguments.http)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from typer.testing import CliRunner, Result
 
 import quipu
 from quipu.contracts.wire import utc_now_ms
-from quipu.mcp import McpToolset
+from quipu.mcp import McpOAuth, McpToolset
 from quipu.services import cli
+from quipu.services.cli import apps as cli_apps
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import announce
 from quipu.services.tool_executor.mcp_client import definition_of, may_resend, result_value
@@ -46,6 +47,25 @@ def test_a_declaration_names_one_way_to_reach_its_server() -> None:
         McpToolset("files", url="http://h/mcp", env={"TOKEN": "t"})
     with pytest.raises(ValueError, match="headers are a url's"):
         McpToolset("files", command=["x"], headers={"Authorization": "Bearer t"})
+
+
+def test_credentials_are_named_where_they_are_kept_one_way_per_url() -> None:
+    oauth = McpOAuth(client_id="quipu", client_secret_env="SEARCH_SECRET", issuer="https://auth.example")
+    assert McpToolset("search", url="https://h/mcp", bearer_token_env="SEARCH_TOKEN").bearer_token_env
+    assert McpToolset("search", url="https://h/mcp", oauth=oauth).oauth is oauth
+    assert quipu.McpOAuth is McpOAuth and "McpOAuth" in quipu.__all__
+    with pytest.raises(ValueError, match="for a url, not a command"):
+        McpToolset("files", command=["x"], bearer_token_file="/run/secrets/token")
+    with pytest.raises(ValueError, match="one way to authenticate, not bearer_token_env and oauth"):
+        McpToolset("search", url="https://h/mcp", bearer_token_env="SEARCH_TOKEN", oauth=oauth)
+    with pytest.raises(ValueError, match="one way to authenticate, not an Authorization header"):
+        McpToolset("search", url="https://h/mcp", headers={"authorization": "Bearer t"}, bearer_token_env="T")
+    with pytest.raises(ValueError, match="exactly one of"):
+        McpOAuth(client_id="quipu", issuer="https://auth.example")
+    with pytest.raises(ValueError, match="exactly one of"):
+        McpOAuth(client_id="q", issuer="https://a", client_secret_env="S", client_secret_file="/s")
+    with pytest.raises(ValueError, match="issuer"):
+        McpOAuth(client_id="quipu", issuer="auth.example", client_secret_env="S")
 
 
 def test_its_repr_shows_neither_the_url_nor_the_environment() -> None:
@@ -128,6 +148,27 @@ def test_serve_mcp_help_says_what_each_form_takes() -> None:
     said = serve("--help").output
     for words in ("mcp", "--toolset", "--url", "COMMAND", "--header", "--server-log", "--timeout-s"):
         assert words in said
+    for words in ("--bearer-token-env", "--bearer-token-file", "--oauth-client-id", "--oauth-issuer"):
+        assert words in said
+
+
+def test_serve_mcp_takes_where_the_credentials_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[McpToolset] = []
+    monkeypatch.setattr(cli_apps, "toolset_definition", served.append)
+    monkeypatch.setattr(cli_apps, "serve_beside_running_stack", lambda definition: None)
+    url = ("mcp", "--toolset", "search", "--url", "http://h/mcp")
+
+    assert serve(*url, "--bearer-token-env", "SEARCH_TOKEN").exit_code == 0
+    assert serve(*url, "--bearer-token-file", "/run/secrets/search").exit_code == 0
+    oauth = ("--oauth-client-id", "quipu", "--oauth-issuer", "https://auth.example", "--oauth-scope", "read")
+    assert serve(*url, *oauth, "--oauth-client-secret-env", "SEARCH_SECRET").exit_code == 0
+
+    by_env, by_file, by_oauth = served
+    assert by_env.bearer_token_env == "SEARCH_TOKEN"
+    assert str(by_file.bearer_token_file) == "/run/secrets/search"
+    assert by_oauth.oauth == McpOAuth(
+        client_id="quipu", issuer="https://auth.example", client_secret_env="SEARCH_SECRET", scope="read"
+    )
 
 
 @pytest.mark.parametrize(
@@ -139,6 +180,8 @@ def test_serve_mcp_help_says_what_each_form_takes() -> None:
         (("mcp", "--toolset", "files", "--url", "ftp://h/mcp"), "http(s) URL"),
         (("mcp", "--toolset", "my files", "--", "python"), "must match"),
         (("mcp", "--toolset", "files", "--url", "http://h/mcp", "--header", "Bearer x"), "'NAME: VALUE'"),
+        (("mcp", "--toolset", "files", "--url", "http://h/mcp", "--oauth-client-id", "q"), "--oauth-issuer"),
+        (("mcp", "--toolset", "files", "--bearer-token-env", "T", "--", "python"), "not a command"),
     ],
 )
 def test_serve_mcp_refuses_what_no_executor_could_serve(args: tuple[str, ...], says: str) -> None:
