@@ -39,8 +39,8 @@ from quipu.services.domain.memory.summary import Summarizer, read_summarizer_req
 from quipu.services.domain.models.estimate import estimate_request_tokens
 from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
 from quipu.services.domain.models.scripted import ScriptedModel
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.planner.adapters import PublishedTurns
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
@@ -127,7 +127,7 @@ class LongConversation:
         recording = Recording(recorder)
         published = PublishedTurns(recording, turns_per_session=window // 2)
         context = MemoryContextSource(memory, window_messages=window, recent_turns=published)
-        deps = ReadyDeps(store, model, default_catalog(), AgentRegistry([AGENT]), context)
+        deps = ReadyDeps(store, model, ToolsetRegistry(), AgentRegistry([AGENT]), context)  # no tools
         planner = Planner(deps, published, PlannerSettings(history_messages=window))
         session_id = "s-" + hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:10]
         await store.create_session(session_id, utc_now_ms())

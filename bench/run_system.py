@@ -133,7 +133,8 @@ async def started_system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await owner.start()
     await planner_store.start()
     await setup_store.start()
-    await asyncio.gather(planner.start(), executor.start(), producer.start(), watcher.start())
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await asyncio.gather(planner.start(), producer.start(), watcher.start())
     pids = {"bench": os.getpid(), **stack_pids(stack)}
     try:
         yield System(settings, producer, setup_store, planner_store, owner_spans, model, watcher, pids)

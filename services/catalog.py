@@ -70,6 +70,7 @@ class Service:
 
 SERVICES: tuple[Service, ...] = (
     Service("storage_owner", consumes=(("storage-owner", Topic.STORAGE_COMMANDS),)),
+    Service("tool_executor", consumes=(("tool-executor", Topic.TOOLS_CALLS),)),
     Service(
         "planner",
         consumes=(
@@ -78,13 +79,14 @@ SERVICES: tuple[Service, ...] = (
             ("planner-results", Topic.TOOLS_RESULTS),
         ),
     ),
-    Service("tool_executor", consumes=(("tool-executor", Topic.TOOLS_CALLS),)),
     Service("transcript_recorder", consumes=(("transcript-recorder", Topic.HISTORY_TURNS),)),
     Service("fact_extractor", consumes=(("fact-extractor", Topic.HISTORY_RECORDED),)),
     Service("enricher", consumes=(("enricher", Topic.MEMORY_CHANGES),)),
     Service("gateway", http=True),
 )
-"""Every service, in start order: the owner first (every other one calls the store), the gateway last."""
+"""Every service, in start order: the owner first (every other one calls the store), the default
+tool executor before the planner (the planner offers only announced tools, and the executor
+announces the shipped ones once started), the gateway last."""
 
 CONSUMING: tuple[Service, ...] = tuple(service for service in SERVICES if not service.http)
 """The services that consume topics in consumer groups (FastStream applications)."""

@@ -32,6 +32,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from quipu.app import App
+from quipu.contracts.tools import DEFAULT_TOOLSET
 from quipu.services import catalog
 from quipu.services.cli import apps
 from quipu.services.cli.keys import local_gateway_access
@@ -98,11 +99,16 @@ class Started:
 
 
 def in_process_services(user_app: App) -> list[tuple[str, ServiceDefinition[Any]]]:
-    """What `quipu up` starts in its own process before the gateway: every consuming service of the
-    catalog, then an executor for each toolset of the app."""
-    services = [(service.name, service.definition()) for service in catalog.CONSUMING]
-    for toolset in user_app.toolsets:
-        services.append((apps.executor_name(toolset), apps.toolset_definition(toolset)))
+    """What `quipu up` starts in its own process before the gateway, one after the other: every
+    consuming service of the catalog, with an executor for each toolset of the app right after the
+    default one. Every executor has announced its toolset once started, so the planner, started
+    next, finds every tool on `tools.registry` when it reads it (the App's agents are published
+    before anything starts) and no early run waits for an announcement."""
+    services: list[tuple[str, ServiceDefinition[Any]]] = []
+    for service in catalog.CONSUMING:
+        services.append((service.name, service.definition()))
+        if service.name == "tool_executor":
+            services += [(apps.executor_name(ts), apps.toolset_definition(ts)) for ts in user_app.toolsets]
     return services
 
 
@@ -221,11 +227,15 @@ async def _start_supervised(
 
 
 async def _app_ready(kafka: KafkaSettings, user_app: App) -> None:
-    """Wait until every toolset of the app is announced: a run started before would miss its tools."""
+    """Wait until the shipped tools and every toolset of the app are announced: the planner offers
+    only announced tools (a run started before waits for them, a bounded time)."""
     from quipu.services.cli.settings import CliSettings  # noqa: PLC0415
 
     names = [toolset.name for toolset in user_app.toolsets]
-    problems = apps.readiness(user_app, await apps.announced(kafka, names, CliSettings().toolsets_ready_s))
+    found = await apps.announced(kafka, [DEFAULT_TOOLSET, *names], CliSettings().toolsets_ready_s)
+    problems = apps.readiness(user_app, found)
+    if DEFAULT_TOOLSET not in found:
+        problems.append("not announced (the default executor is still starting?): the shipped tools")
     for problem in problems:
         warn(problem)
     if names and not problems:

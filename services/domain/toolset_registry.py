@@ -9,6 +9,11 @@ the model only what the latest announcements hold, routing each call to its tool
     registry = ToolsetRegistry()                                            # the planner
     registry.apply(announcement)
     registry.calls_topic("render")   # "tools.calls.gpu"
+    await registry.offered_within(["render"], seconds=10.0)                 # True once announced
+
+The planner offers nothing else: a tool no toolset announced is not offered, whatever the
+deployment's executors could run. A run whose tools are not announced yet (an executor started
+beside the planner, still joining) waits for them a bounded time (`offered_within`).
 
 `offered_tools` is the rule itself, a pure function of the announcements: a toolset whose
 announced topic is not the one its name gives is refused (a route never comes from a message
@@ -18,6 +23,7 @@ every planner copy decides the same whatever order it read them in.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -93,9 +99,12 @@ def offered_tools(announcements: Iterable[ToolsetAnnounced]) -> dict[str, Offere
 class ToolsetRegistry:
     """The planner's view of `tools.registry`: each toolset's latest announcement, and what they offer."""
 
-    def __init__(self) -> None:
+    def __init__(self, announcements: Iterable[ToolsetAnnounced] = ()) -> None:
         self._latest: dict[str, ToolsetAnnounced] = {}
         self._offered: Mapping[str, OfferedTool] = {}
+        self._changed = asyncio.Event()
+        for announcement in announcements:
+            self.apply(announcement)
 
     def apply(self, announcement: ToolsetAnnounced) -> None:
         """Take an announcement; one older than the toolset's latest is ignored (a replay)."""
@@ -104,6 +113,24 @@ class ToolsetRegistry:
             return
         self._latest[announcement.toolset] = announcement
         self._offered = offered_tools(self._latest.values())
+        # Wake whoever waits on this view, and give later waiters a fresh event.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def offered_within(self, names: Iterable[str], seconds: float) -> bool:
+        """Wait until every tool of `names` is offered or `seconds` passed; whether they all are."""
+        wanted = list(names)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while any(name not in self._offered for name in wanted):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return False
+        return True
 
     def find(self, name: str) -> OfferedTool | None:
         """The announced tool called `name`, or None when no toolset offers it."""

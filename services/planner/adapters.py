@@ -22,7 +22,7 @@ from quipu.services.domain.agents import AgentRegistry, AgentSpec
 from quipu.services.domain.memory.context import ContextBlocks, SpokenTurn, history_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
-from quipu.services.domain.tool_catalog import ToolCatalog, agent_tool
+from quipu.services.domain.tool_catalog import agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
 from quipu.services.kit.delivery import PermanentError, describe_error
@@ -140,7 +140,8 @@ class CallRouter:
     """Publishes each tool call to the topic of the toolset that announced its tool.
 
     The route is the registry's (what the deployment's executors announced), looked up by the
-    tool's name; a tool no toolset announced (a catalog tool) goes to `tools.calls`.
+    tool's name; a call is only made for an announced tool, so the default topic (`tools.calls`)
+    is left only for a tool whose toolset was withdrawn between the step and its dispatch.
     """
 
     def __init__(self, publisher: TopicPublisher, registry: ToolsetRegistry) -> None:
@@ -212,40 +213,31 @@ class PublishedTurns:
 
 
 class MissingToolsError(QuipuError):
-    """Raised when an agent declares tools that no toolset announced, no catalog holds and no agent is."""
+    """Raised when an agent declares tools that no toolset announced and no agent is."""
 
     def __init__(self, agent_id: str, names: list[str]) -> None:
         super().__init__(
             f"agent {agent_id!r} declares tools nobody serves: {', '.join(names)} "
-            "(no executor announced them on tools.registry)"
+            "(no executor announced them on tools.registry, and no agent has that id)"
         )
         self.names = names
 
 
-def tool_book(
-    agent: AgentSpec, catalog: ToolCatalog, agents: AgentRegistry, registry: ToolsetRegistry | None = None
-) -> dict[str, ToolInfo]:
-    """The tools `agent` may call: announced tools (on their toolset's topic), catalog tools (on
-    `tools.calls`), and other agents as agent-tools (child runs); MissingToolsError for the rest."""
+def tool_book(agent: AgentSpec, agents: AgentRegistry, registry: ToolsetRegistry) -> dict[str, ToolInfo]:
+    """The tools `agent` may call: tools some toolset announced (on their toolset's topic), and
+    other agents as agent-tools (child runs); MissingToolsError for the rest."""
     book: dict[str, ToolInfo] = {}
     missing: list[str] = []
     for name in agent.tools:
-        offered = registry.find(name) if registry is not None else None
+        offered = registry.find(name)
         if offered is not None:
             book[name] = ToolInfo(spec=offered.spec, timeout_s=offered.timeout_s)
-            continue
-        definition = catalog.find(name)
-        if definition is None and agents.is_agent_tool(name):
+        elif agents.is_agent_tool(name):
             callee = agents.get_agent(name)
             definition = agent_tool(name, callee.description or f"The {name} agent.", callee.agent_id)
-        if definition is None:
+            book[name] = ToolInfo(spec=definition.spec(), timeout_s=None, agent_id=definition.agent_id)
+        else:
             missing.append(name)
-            continue
-        book[name] = ToolInfo(
-            spec=definition.spec(),
-            timeout_s=None if definition.agent_id else definition.timeout_s,
-            agent_id=definition.agent_id,
-        )
     if missing:
         raise MissingToolsError(agent.agent_id, missing)
     return book

@@ -9,7 +9,6 @@ from quipu.services.domain.agents import default_agents
 from quipu.services.domain.memory.context import ContextSource, MemoryContextSource
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
 from quipu.services.kit.delivery import Delivery
@@ -63,7 +62,9 @@ def memory_context(
 def create_app(
     kafka: KafkaSettings, settings: PlannerSettings | None = None, deps: PlannerDeps | None = None
 ) -> FastStream:
-    """The planner application; `deps` replaces any of store, model, catalog, agents, context source.
+    """The planner application; `deps` replaces any of store, model, agents, context source.
+
+    The tools it offers are those announced on `tools.registry`, and nothing else.
 
     `deps.agents` (default: the built-in agents) are served with every agent registered on
     `agents.registry`; a registered agent replaces a given one of the same id.
@@ -108,11 +109,10 @@ def create_app(
         ready = ReadyDeps(
             store=store,
             model=model,
-            catalog=given.catalog or default_catalog(),
+            registry=registry,
             agents=agents,
             context=context,
             owners=SessionOwners(memory, store) if memory is not None else None,
-            registry=registry,
         )
         return Planner(ready, publisher, settings)
 

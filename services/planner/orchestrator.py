@@ -60,7 +60,6 @@ from quipu.services.domain.memory.summary import Summarizer, SummaryError, Utter
 from quipu.services.domain.models.estimate import estimate_request_tokens
 from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequest
 from quipu.services.domain.store.protocol import Store
-from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError, describe_error
@@ -168,7 +167,6 @@ class PlannerDeps:
 
     store: Store | None = None
     model: ModelClient | None = None
-    catalog: ToolCatalog | None = None
     agents: AgentRegistry | None = None
     """The built-in agents (default: `default_agents()`); the app applies `agents.registry` to them."""
     context: ContextSource | None = None
@@ -176,7 +174,8 @@ class PlannerDeps:
     """Conversation memory: with it, the default context source is `MemoryContextSource`, and
     sessions are claimed there (else through the owner when the store is its Kafka client)."""
     registry: ToolsetRegistry | None = None
-    """The view of `tools.registry` the app keeps current (given: a test watches what it holds)."""
+    """The view of `tools.registry` the app keeps current (given: a test watches what it holds).
+    The planner offers the tools it holds and nothing else."""
 
 
 @dataclass(frozen=True)
@@ -185,12 +184,11 @@ class ReadyDeps:
 
     store: Store
     model: ModelClient
-    catalog: ToolCatalog
+    registry: ToolsetRegistry
+    """The announced toolsets: the only tools offered, besides other agents (agent-tools)."""
     agents: AgentRegistry
     context: ContextSource
     owners: SessionOwners | None = None
-    registry: ToolsetRegistry | None = None
-    """The announced toolsets; their tools are offered before the catalog's."""
 
 
 def _permanent(what: str, error: StoreError) -> PermanentError:
@@ -511,7 +509,7 @@ class Planner:
 
     async def advance(self, view: RunView, trigger: Trigger) -> None:
         """Take the run's next steps until it waits for a message or is closed."""
-        agent, tools, failure = self._equipment(view)
+        agent, tools, failure = await self._equipment(view)
         if failure is not None and not view.closed:
             logger.warning("run failed: its agent cannot run", kind=failure.kind)
             view = await self._fail(view, trigger, failure)
@@ -819,17 +817,28 @@ class Planner:
 
     # --- helpers --------------------------------------------------------------------------------
 
-    def _equipment(self, view: RunView) -> tuple[AgentSpec | None, dict[str, ToolInfo], Failure | None]:
+    async def _equipment(self, view: RunView) -> tuple[AgentSpec | None, dict[str, ToolInfo], Failure | None]:
         """The run's agent and the tools it may call, or the failure that ends the run: its agent was
-        removed from agents.registry after the run started, or it declares tools nobody serves."""
+        removed from agents.registry after the run started, or it declares tools nobody announced.
+
+        Tools not announced yet are waited for, at most `tools_wait_s`: an executor started
+        beside the planner announces its toolset once it has joined its group."""
         try:
             agent = self.deps.agents.get_agent(view.agent_id)
         except UnknownAgentError as error:
             return None, {}, Failure(message=str(error), kind=AGENT_REMOVED, retryable=False)
         try:
-            return agent, tool_book(agent, self.deps.catalog, self.deps.agents, self.deps.registry), None
+            return agent, tool_book(agent, self.deps.agents, self.deps.registry), None
         except MissingToolsError as error:
-            return agent, {}, Failure(message=str(error), kind=MISSING_TOOL, retryable=False)
+            missing = error
+        if not view.closed:
+            logger.info("waiting for tools to be announced", run_id=view.run_id, tools=missing.names)
+            await self.deps.registry.offered_within(missing.names, self.settings.tools_wait_s)
+            try:
+                return agent, tool_book(agent, self.deps.agents, self.deps.registry), None
+            except MissingToolsError as error:
+                missing = error
+        return agent, {}, Failure(message=str(missing), kind=MISSING_TOOL, retryable=False)
 
     def _agent(self, agent_id: str) -> AgentSpec:
         try:

@@ -124,3 +124,12 @@ class PlannerSettings(ConsumerSettings, StoreClientSettings):
             "folded in without reading the run's log again (0: always read)."
         ),
     )
+    tools_wait_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "How long a run whose agent declares tools no toolset has announced yet waits for their "
+            "announcement before it fails with `missing_tool`: an executor started beside the planner "
+            "announces once it has joined its group (0: fail at once)."
+        ),
+    )

@@ -9,7 +9,6 @@ instructions it was given, so an answer says which agent's definition ran.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -129,14 +128,13 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     seen = Seen()
     agents = default_agents()
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
-    planner = create_planner(
-        settings, deps=PlannerDeps(model=scripted(seen), catalog=default_catalog(), agents=agents)
-    )
+    planner = create_planner(settings, deps=PlannerDeps(model=scripted(seen), agents=agents))
     executor = create_executor(settings)
     await owner.start()
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
-    await asyncio.gather(planner.start(), executor.start())
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await planner.start()
     events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
     await events.start()
     try:

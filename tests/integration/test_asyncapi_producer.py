@@ -61,7 +61,8 @@ async def prefix(stack: EmbeddedStack) -> AsyncIterator[str]:
     executor = create_executor(settings)
     started = time.monotonic()
     await owner.start()
-    await asyncio.gather(planner.start(), executor.start())
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await planner.start()
     print(f"system up in {time.monotonic() - started:.1f} s")
     try:
         yield prefix

@@ -25,7 +25,6 @@ from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
 from quipu.services.domain.models.scripted import ScriptedModel
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.run_events import StreamedEvent
 from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
@@ -69,11 +68,12 @@ async def kafka(stack: EmbeddedStack) -> AsyncIterator[KafkaSettings]:
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(
         settings,
-        deps=PlannerDeps(model=ScriptedModel(), catalog=default_catalog(desk), agents=AgentRegistry([CLERK])),
+        deps=PlannerDeps(model=ScriptedModel(), agents=AgentRegistry([CLERK])),
     )
     executor = create_executor(settings, deps=ToolExecutorDeps.serving(desk))
     await owner.start()
-    await asyncio.gather(planner.start(), executor.start())
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await planner.start()
     try:
         yield settings
     finally:

@@ -29,7 +29,6 @@ from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUs
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import build_messages_from_run_log
 from quipu.services.kit.store_client import KafkaStore
@@ -144,7 +143,6 @@ async def library(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory
         settings,
         deps=PlannerDeps(
             model=FunctionModel(librarian),
-            catalog=default_catalog(),
             agents=AgentRegistry([LIBRARIAN, CRIER]),
             registry=registry,
         ),

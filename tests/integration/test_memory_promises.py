@@ -39,6 +39,7 @@ from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
@@ -125,14 +126,16 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     recorder = create_recorder(settings, deps=RecorderDeps(model=ScriptedModel()))
     extractor = create_extractor(settings, deps=FactExtractorDeps(model=ScriptedModel()))
     enricher = create_enricher(settings)
-    services = (planner, recorder, extractor, enricher)
+    executor = create_executor(settings)  # announces the shipped tools the assistant declares
+    services = (executor, planner, recorder, extractor, enricher)
     started = time.monotonic()
     await owner.start()
     memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
     await memory.start()
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
-    await asyncio.gather(*(service.start() for service in services))
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await asyncio.gather(*(service.start() for service in services[1:]))
     events, changes = readers = [
         TopicReader(stack.bootstrap, prefix + name)
         for name in (Topic.RUNS_EVENTS.value, Topic.MEMORY_CHANGES.value)

@@ -9,7 +9,6 @@ their schemas; the executor validates and runs them; the run completes with thei
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 import time
@@ -30,7 +29,6 @@ from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
@@ -129,16 +127,15 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[Shop]:
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(
         settings,
-        deps=PlannerDeps(
-            model=ScriptedModel(), catalog=default_catalog(shop), agents=AgentRegistry([SHOPPER])
-        ),
+        deps=PlannerDeps(model=ScriptedModel(), agents=AgentRegistry([SHOPPER])),
     )
     executor = create_executor(settings, deps=ToolExecutorDeps.serving(shop))
     started = time.monotonic()
     await owner.start()
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
-    await asyncio.gather(planner.start(), executor.start())
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await planner.start()
     events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
     results = TopicReader(stack.bootstrap, prefix + Topic.TOOLS_RESULTS.value)
     await events.start()

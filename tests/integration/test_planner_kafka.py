@@ -14,7 +14,6 @@ until one more copy per replayed message has arrived.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -105,7 +104,8 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await owner.start()
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
-    await asyncio.gather(planner.start(), executor.start())
+    await executor.start()  # announced before the planner starts, as `quipu up` orders them
+    await planner.start()
     readers = [TopicReader(stack.bootstrap, prefix + name.value) for name in _READ]
     for reader in readers:
         await reader.start()

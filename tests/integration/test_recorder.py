@@ -36,6 +36,7 @@ from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from tests.owner_support import RawPublisher, TopicReader
@@ -97,13 +98,15 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     recorder = create_recorder(settings, deps=RecorderDeps(model=ScriptedModel()))
     planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
+    executor = create_executor(settings)  # announces the shipped tools the assistant declares
     started = time.monotonic()
     await owner.start()
     memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
     await memory.start()
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
-    await asyncio.gather(recorder.start(), planner.start())
+    await asyncio.gather(recorder.start(), executor.start())
+    await planner.start()  # once the tools are announced, as `quipu up` orders them
     recorded, dead_letters, events = readers = [
         TopicReader(stack.bootstrap, prefix + name)
         for name in (Topic.HISTORY_RECORDED.value, Topic.HISTORY_TURNS.dlq, Topic.RUNS_EVENTS.value)
@@ -118,6 +121,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
         for reader in readers:
             await reader.stop()
         await planner.stop()
+        await executor.stop()
         await recorder.stop()
         await store.stop()
         await memory.stop()

@@ -19,6 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faststream import FastStream
 
+from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.store import RunStatus
@@ -28,11 +29,12 @@ from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.toolset_registry import ToolsetRegistry
+from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
+from quipu.services.planner.settings import PlannerSettings
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import ToolExecutorDeps
 from quipu.services.tool_executor.app import create_app as create_executor
@@ -105,10 +107,20 @@ AGENTS = AgentRegistry(
         AgentSpec(agent_id="pinger", system_prompt="Ping.", tools=("ping",)),
         AgentSpec(agent_id="hanger", system_prompt="Wait.", tools=("hang",)),
         AgentSpec(agent_id="stranded", system_prompt="Try.", tools=("ping", "vanished_tool")),
+        AgentSpec(agent_id="latecomer", system_prompt="Ping late.", tools=("ping_late",)),
     ]
 )
 
-ARGUMENTS = {"crunch": {"size": 3}, "hang": {"seconds": 5}, "ping": {"word": "hi"}}
+ARGUMENTS = {"crunch": {"size": 3}, "hang": {"seconds": 5}, "ping": {"word": "hi"}, "ping_late": {}}
+
+
+@tool
+def ping_late() -> str:
+    """Answers, once its executor is up."""
+    return "pong, late"
+
+
+LATE = Toolset("late", tools=[ping_late], version="1")
 
 
 def call_the_first_tool(request: ModelRequest) -> ModelAnswer:
@@ -129,6 +141,7 @@ class System:
     fast_ran: list[str]
     publisher: RawPublisher
     prefix: str
+    settings: KafkaSettings
     sessions: dict[str, str] = field(default_factory=dict)
 
     async def cancel(self, run_id: str) -> None:
@@ -168,7 +181,7 @@ class System:
 
     async def until_announced(self) -> None:
         async def every_toolset() -> bool:
-            return self.registry.toolsets() == ["default", "fast", "slow"]
+            return {"default", "fast", "slow"} <= set(self.registry.toolsets())
 
         await eventually(every_toolset, within=20.0, what="every executor's announcement read by the planner")
 
@@ -196,19 +209,17 @@ async def create_toolset_topics(bootstrap: str, prefix: str, toolsets: list[str]
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     prefix = f"ts{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
-    await create_toolset_topics(stack.bootstrap, prefix, ["slow", "fast"])
+    await create_toolset_topics(stack.bootstrap, prefix, ["slow", "fast", "late"])
     settings = stack.kafka_settings(topic_prefix=prefix)
     slow, fast_ran = Slow(), list[str]()
     registry = ToolsetRegistry()
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(
         settings,
-        deps=PlannerDeps(
-            model=FunctionModel(call_the_first_tool),
-            catalog=default_catalog(),
-            agents=AGENTS,
-            registry=registry,
-        ),
+        # Runs wait this long for tools not announced yet: the latecomer's toolset comes in time,
+        # the stranded agent's never does.
+        PlannerSettings(tools_wait_s=scaled(10.0)),
+        deps=PlannerDeps(model=FunctionModel(call_the_first_tool), agents=AGENTS, registry=registry),
     )
     executors: list[FastStream] = [
         create_executor(settings),
@@ -219,14 +230,15 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await owner.start()
     store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
     await store.start()
-    await asyncio.gather(planner.start(), *(executor.start() for executor in executors))
+    await asyncio.gather(*(executor.start() for executor in executors))  # announced first
+    await planner.start()
     events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
     results = TopicReader(stack.bootstrap, prefix + Topic.TOOLS_RESULTS.value)
     await events.start()
     await results.start()
     try:
         async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(store, registry, events, results, slow, fast_ran, publisher, prefix)
+            yield System(store, registry, events, results, slow, fast_ran, publisher, prefix, settings)
     finally:
         slow.release.set()
         await events.stop()
@@ -312,3 +324,30 @@ async def test_a_cancel_reaches_the_toolsets_executor_running_the_call(system: S
     await system.until_closed([run_id], "the canceled run closed")
     assert (await system.store.load_run(run_id)).status is RunStatus.CANCELED
     assert system.results_of(run_id) == []  # a canceled call publishes no result
+
+
+async def test_a_run_taken_before_its_toolset_is_announced_waits_for_it_then_runs(system: System) -> None:
+    """`quipu up --processes` starts the planner and the executors at once: a run the planner takes
+    before an executor has announced its toolset waits for the announcement instead of failing."""
+    await system.until_announced()
+    run_id = await system.start("latecomer")
+
+    async def taken() -> bool:
+        try:
+            return (await system.store.load_run(run_id)).status is RunStatus.RUNNING
+        except StoreRefusedError as error:
+            assert error.code is ErrorCode.RUN_NOT_FOUND
+            return False  # not taken yet
+
+    await eventually(taken, within=20.0, what="the latecomer's run started")
+    assert system.registry.find("ping_late") is None and not system.closed(run_id)
+    late = create_executor(system.settings, deps=ToolExecutorDeps.dedicated(LATE))
+    await late.start()
+    try:
+        await system.until_closed([run_id], "the latecomer's run closed once its toolset was announced")
+    finally:
+        await late.stop()
+
+    assert (await system.store.load_run(run_id)).status is RunStatus.COMPLETED
+    [result] = system.results_of(run_id)
+    assert (result.tool_name, result.content, result.is_error) == ("ping_late", "pong, late", False)

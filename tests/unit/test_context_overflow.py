@@ -47,13 +47,13 @@ from quipu.services.domain.models.port import (
     Usage,
 )
 from quipu.services.domain.models.scripted import ScriptedModel
-from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.kit.delivery import RetryableError
 from quipu.services.planner.adapters import PublishedTurns, load_records
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
+from tests.support.announced import announced
 
 AT = datetime(2026, 2, 1, tzinfo=UTC)
 AGENTS = AgentRegistry(
@@ -159,7 +159,7 @@ async def harness(
     published = PublishedTurns(bus)
     context = MemoryContextSource(memory, recent_turns=published)
     settings = PlannerSettings(request_budget_tokens=budget, compaction_summary_tokens=100)
-    planner = Planner(ReadyDeps(store, language, default_catalog(), AGENTS, context), published, settings)
+    planner = Planner(ReadyDeps(store, language, announced(), AGENTS, context), published, settings)
     h = Harness(store, memory, language, bus, planner)
     await store.create_session(h.session_id, utc_now_ms())
     for number in range(1, turns + 1):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -23,7 +23,7 @@ from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
 from quipu.contracts.store import Record, RunStatus, SessionOwner
-from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.tools import DEFAULT_TOOLSET, AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, AgentSpec, defined, removed
@@ -39,6 +39,7 @@ from quipu.services.domain.models.port import (
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.domain.toolset_registry import ToolsetRegistry, announce
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError
 from quipu.services.kit.settings import KafkaSettings
@@ -49,6 +50,8 @@ from quipu.services.planner.logic.keys import child_run_id
 from quipu.services.planner.logic.payloads import SuspensionCheckpoint
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
+from tests.support.announced import announced
+from tests.timing import eventually, scaled
 
 # --- a fake model -------------------------------------------------------------------------------
 
@@ -212,15 +215,17 @@ def make_harness(
     settings: PlannerSettings | None = None,
     history: MemoryStore | None = None,
     agents: AgentRegistry | None = None,
+    registry: ToolsetRegistry | None = None,
 ) -> Harness:
-    """A planner over in-memory parts; with `history`, its sessions' owners are claimed there."""
+    """A planner over in-memory parts, offered the shipped tools as their executor announces them
+    (or what `registry` holds); with `history`, its sessions' owners are claimed there."""
     store = InMemoryStore()
     model = FakeModel(answer)
     bus = Bus()
     deps = ReadyDeps(
         store=store,
         model=model,
-        catalog=default_catalog(),
+        registry=registry if registry is not None else announced(),
         agents=agents if agents is not None else AGENTS,
         context=SessionHistoryContext(store, 12),
         owners=SessionOwners(history, store) if history is not None else None,
@@ -352,6 +357,71 @@ async def test_an_agent_removed_while_its_run_waits_fails_the_run_instead_of_lea
     terminal = await h.terminal(request.run_id)
     assert terminal.failure.kind == "agent_removed" and "courier" in terminal.failure.message
     assert len(h.model.requests) == 1
+
+
+SHIPPED = announce(DEFAULT_TOOLSET, "1", default_catalog(), at=utc_now_ms())
+
+
+async def test_a_shipped_tool_no_executor_announced_is_not_offered_and_the_run_fails_at_its_start() -> None:
+    nothing_announced = ToolsetRegistry()
+    h = make_harness(lambda _: says("never"), PlannerSettings(tools_wait_s=0), registry=nothing_announced)
+    request = turn("calculate 6*7", await h.session())
+
+    await h.deliver(request)
+
+    assert await h.status(request.run_id) is RunStatus.FAILED
+    failure = (await h.terminal(request.run_id)).failure
+    assert failure.kind == "missing_tool"
+    for name in ("calculator", "current_time", "ask_user"):
+        assert name in failure.message
+    assert "math_agent" not in failure.message  # an agent-tool: another registered agent
+    assert h.model.requests == []
+
+
+class WatchedRegistry(ToolsetRegistry):
+    """A toolset registry that counts who waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    async def offered_within(self, names: Iterable[str], seconds: float) -> bool:
+        self.waits += 1
+        return await super().offered_within(names, seconds)
+
+
+async def test_a_run_whose_tools_are_not_announced_yet_waits_for_the_announcement() -> None:
+    registry = WatchedRegistry()
+    settings = PlannerSettings(tools_wait_s=scaled(60))
+    h = make_harness(lambda request: says("Hello."), settings, registry=registry)
+    request = turn("hi", await h.session())
+
+    delivered = asyncio.ensure_future(h.deliver(request))
+
+    async def waiting() -> bool:
+        return registry.waits == 1
+
+    await eventually(waiting, within=30, what="the run waiting for its tools")
+    assert not delivered.done() and h.model.requests == []
+    registry.apply(SHIPPED)
+    await delivered
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    [model_request] = h.model.requests
+    offered = [tool.name for tool in model_request.tools]
+    assert offered == ["calculator", "current_time", "ask_user", "math_agent"]
+
+
+async def test_a_run_whose_tools_nobody_announces_fails_after_the_bounded_wait() -> None:
+    settings = PlannerSettings(tools_wait_s=0.05)
+    h = make_harness(lambda request: says("never"), settings, registry=ToolsetRegistry())
+    request = turn("hi", await h.session())
+
+    await h.deliver(request)
+
+    failure = (await h.terminal(request.run_id)).failure
+    assert failure.kind == "missing_tool" and "no executor announced them" in failure.message
+    assert h.model.requests == []
 
 
 async def test_step_budget_exhausted_fails_the_run_without_another_model_call() -> None:
@@ -775,7 +845,7 @@ async def test_a_step_another_writer_recorded_first_is_reused() -> None:
     h = make_harness(lambda request: says("Mine."))
     store = RacingStore()
     h.store = store
-    h.planner.deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    h.planner.deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
     session = await h.session()
     request = turn("hi", session)
 
@@ -858,7 +928,7 @@ class SlowModel(FakeModel):
 async def test_a_model_call_that_outlives_its_timeout_is_retried_later() -> None:
     h = make_harness(lambda request: says("unused"), PlannerSettings(model_timeout_s=0.05))
     h.planner.deps = ReadyDeps(
-        h.store, SlowModel(h.model.answer), default_catalog(), AGENTS, SessionHistoryContext(h.store)
+        h.store, SlowModel(h.model.answer), announced(), AGENTS, SessionHistoryContext(h.store)
     )
     session = await h.session()
     request = turn("hi", session)
@@ -895,7 +965,7 @@ async def test_results_arriving_together_are_handled_one_at_a_time_per_run() -> 
     h = make_harness(tool_then_answer(*uses))
     store = YieldingStore()
     h.store = store
-    h.planner.deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    h.planner.deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
     session = await h.session()
     request = turn("four at once", session)
     await h.deliver(request)
@@ -915,7 +985,7 @@ async def test_two_planner_processes_racing_on_one_run_finish_it_once() -> None:
     h = make_harness(tool_then_answer(*uses))
     store = YieldingStore()
     h.store = store
-    deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
     h.planner.deps = deps
     other = Planner(deps, h.bus, PlannerSettings())
     session = await h.session()
@@ -966,7 +1036,7 @@ def counting_harness(answer: Answer) -> tuple[Harness, ReadCountingStore]:
     h = make_harness(answer)
     store = ReadCountingStore()
     h.store = store
-    h.planner.deps = ReadyDeps(store, h.model, default_catalog(), AGENTS, SessionHistoryContext(store))
+    h.planner.deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
     return h, store
 
 

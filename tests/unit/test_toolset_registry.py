@@ -3,6 +3,7 @@ planner's tool book over it: pure functions, no broker."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from quipu.services.domain.tool_catalog import ToolCatalog, agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry, announce, offered_tools
 from quipu.services.planner.adapters import MissingToolsError, tool_book
 from quipu.tools import Toolset, tool
+from tests.timing import scaled
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -113,23 +115,46 @@ AGENT = AgentSpec(agent_id="artist", system_prompt="Draw.", tools=("render", "ca
 
 
 def test_the_book_names_every_tool_an_agent_declares_that_nobody_serves() -> None:
-    registry = ToolsetRegistry()
-    registry.apply(announced(GPU))
+    registry = ToolsetRegistry([announced(GPU)])
 
     with pytest.raises(MissingToolsError) as raised:
-        tool_book(AGENT, default_catalog(), AgentRegistry([AGENT]), registry)
+        tool_book(AGENT, AgentRegistry([AGENT]), registry)
 
-    assert raised.value.names == ["nobody_has_it"]
+    # `calculator` ships with Quipu, but here no executor announced it: it is not offered.
+    assert raised.value.names == ["calculator", "nobody_has_it"]
     assert "nobody_has_it" in str(raised.value) and "render" not in str(raised.value)
 
 
-def test_the_book_takes_announced_tools_with_their_deadline() -> None:
-    registry = ToolsetRegistry()
-    registry.apply(announced(GPU))
-    agent = AGENT.model_copy(update={"tools": ("render", "calculator")})
+def test_the_book_takes_announced_tools_with_their_deadline_and_agents_as_agent_tools() -> None:
+    shipped = announce(DEFAULT_TOOLSET, "1", default_catalog(), at=AT)
+    registry = ToolsetRegistry([announced(GPU), shipped])
+    helper = AgentSpec(agent_id="helper", description="Helps.", system_prompt="Help.")
+    agent = AGENT.model_copy(update={"tools": ("render", "calculator", "helper")})
 
-    book = tool_book(agent, default_catalog(), AgentRegistry([agent]), registry)
+    book = tool_book(agent, AgentRegistry([agent, helper]), registry)
 
     assert book["render"].timeout_s == 30.0
     assert book["render"].spec.input_schema == render.definition.arguments.model_json_schema()
-    assert set(book) == {"render", "calculator"}
+    assert set(book) == {"render", "calculator", "helper"}
+    assert book["helper"].agent_id == "helper" and book["helper"].timeout_s is None
+
+
+async def test_a_wait_for_tools_ends_when_their_toolset_is_announced() -> None:
+    registry = ToolsetRegistry()
+    waiting = asyncio.ensure_future(registry.offered_within(["render"], seconds=scaled(30)))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+
+    registry.apply(announced(WORDS))  # another toolset: still waiting
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    registry.apply(announced(GPU))
+
+    assert await waiting is True
+
+
+async def test_a_wait_for_tools_nobody_announces_gives_up_after_its_bound() -> None:
+    registry = ToolsetRegistry([announced(WORDS)])
+
+    assert await registry.offered_within(["lookup"], seconds=0) is True
+    assert await registry.offered_within(["lookup", "render"], seconds=0.01) is False
