@@ -51,7 +51,7 @@ from quipu.agents import Agent
 from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.tools import DEFAULT_TOOLSET
-from quipu.services.domain.shipped_tools import DEFAULT_TOOLS
+from quipu.services.domain.shipped_tools import SHIPPED_TOOL_NAMES
 from quipu.services.domain.tool_catalog import TOOL_NAME_PATTERN
 from quipu.tools import Tool, Toolset
 
@@ -87,7 +87,7 @@ AnyToolset = Toolset | ServedToolset
 
 def shipped_tool_names() -> frozenset[str]:
     """The tools the default executor serves in every `quipu up` (`current_time`, `calculator`, ...)."""
-    return frozenset(definition.name for definition in DEFAULT_TOOLS)
+    return frozenset(SHIPPED_TOOL_NAMES)
 
 
 def declared_tools(agent: AgentDefinition) -> Sequence[str | Tool[..., Any] | AgentDefinition]:

@@ -1,23 +1,29 @@
 """The tools Quipu ships with: `current_time`, `calculator`, `notes` and `ask_user`.
 
-`calculator` and `ask_user` are written as a user writes a tool (`quipu.tools.tool` on a typed
-function): their definition and their implementation are one object, and the planner and the
-tool executor read the same one. `current_time` and `notes` need a clock and a notebook the
-executor provides (`quipu.services.tool_executor.adapters`), so here they are definitions only.
+Each is written as a user writes a tool (`quipu.tools.tool` on a typed function): its definition
+and its implementation are one object. `current_time` reads a clock and `notes` a notebook, which
+are given to it (`current_time_tool(clock)`, `notes_tool(notebook)`), as a user's tool would be
+built over its client. The default tool executor serves them as the default toolset
+(`shipped_toolset()`, on `tools.calls`) and announces them on `tools.registry`; the planner knows
+them only from that announcement.
 
-    catalog = default_catalog()          # what the planner offers and the executor runs
+    toolset = shipped_toolset(clock=system_clock, notebook=NotesStore())   # what the executor runs
+    catalog = default_catalog()                                            # their definitions
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, StringConstraints, model_validator
 
-from quipu.contracts.tools import AwaitInput, AwaitKind
+from quipu.contracts.tools import DEFAULT_TOOLSET, AwaitInput, AwaitKind
 from quipu.services.domain.calculator import Number, calculate
-from quipu.services.domain.tool_catalog import ToolArguments, ToolCatalog, ToolDefinition
-from quipu.tools import Toolset, tool
+from quipu.services.domain.tool_catalog import ToolArguments, ToolCatalog
+from quipu.tools import AnyTool, ToolContext, ToolError, Toolset, tool
 
 CURRENT_TIME = "current_time"
 CALCULATOR = "calculator"
@@ -93,40 +99,124 @@ class NotesArguments(ToolArguments):
         return self
 
 
-CURRENT_TIME_TOOL = ToolDefinition(
-    name=CURRENT_TIME,
-    description=(
-        "The current date and time, in UTC or in the given IANA time zone. Use it whenever the "
-        "answer depends on today's date or the time of day."
-    ),
-    arguments=CurrentTimeArguments,
-    timeout_s=2.0,
-    max_concurrency=32,
-)
+Clock = Callable[[], datetime]
+"""The current time, timezone-aware."""
 
-NOTES_TOOL = ToolDefinition(
-    name=NOTES,
-    description=(
-        "A small notebook for the person you work for: 'set' saves a text under a key, 'get' "
-        "reads it back, 'list' lists the keys. Notes outlive the conversation turn."
-    ),
-    arguments=NotesArguments,
-    timeout_s=5.0,
-    max_concurrency=8,
-)
 
-DEFAULT_TOOLS: tuple[ToolDefinition, ...] = (
-    CURRENT_TIME_TOOL,
-    calculator.definition,
-    NOTES_TOOL,
-    ask_user.definition,
-)
-"""The tools the tool executor ships with."""
+def system_clock() -> datetime:
+    """Now, in UTC."""
+    return datetime.now(UTC)
+
+
+def current_time_tool(clock: Clock = system_clock) -> AnyTool:
+    """The `current_time` tool, reading `clock`."""
+
+    @tool(name=CURRENT_TIME, timeout_s=2.0, max_concurrency=32)
+    async def current_time(arguments: CurrentTimeArguments) -> dict[str, str]:
+        """The current date and time, in UTC or in the given IANA time zone. Use it whenever the
+        answer depends on today's date or the time of day."""
+        name = arguments.timezone or "UTC"
+        try:
+            zone = ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ToolError(f"unknown time zone {name!r}; use an IANA name such as 'Europe/Madrid'") from None
+        now = clock().astimezone(zone)
+        return {
+            "timezone": name,
+            "iso": now.isoformat(timespec="seconds"),
+            "date": now.date().isoformat(),
+            "time": now.strftime("%H:%M:%S"),
+            "weekday": now.strftime("%A"),
+            "utc_offset": now.strftime("%z"),
+        }
+
+    return current_time
+
+
+NOTES_PER_SCOPE = 200
+"""Most notes one person (or session) keeps."""
+
+
+class NotesStore:
+    """Notes by scope and key, in the process that serves `notes`.
+
+    That is enough for the demo: a redelivered call finds its result in the executor's record
+    and is not run again. It is not shared between executor copies nor kept across restarts
+    (notes written through one copy are not seen by another); a notebook that must outlive the
+    process is a tool of your own over a store of your own.
+    """
+
+    def __init__(self, max_notes: int = NOTES_PER_SCOPE) -> None:
+        self._max_notes = max_notes
+        self._notes: dict[tuple[str, str], dict[str, str]] = {}
+
+    @staticmethod
+    def scope(context: ToolContext) -> tuple[str, str]:
+        """Whose notebook a call reads: the person's, else the session's, else the run's; per tenant."""
+        if context.principal_id:
+            owner = f"principal:{context.principal_id}"
+        elif context.session_id:
+            owner = f"session:{context.session_id}"
+        else:
+            owner = f"run:{context.run_id}"
+        return (context.tenant_id, owner)
+
+    def get(self, scope: tuple[str, str], key: str) -> str | None:
+        """The note under `key`, if any."""
+        return self._notes.get(scope, {}).get(key)
+
+    def set(self, scope: tuple[str, str], key: str, value: str) -> None:
+        """Save a note; raises ToolError when the notebook is full."""
+        notes = self._notes.setdefault(scope, {})
+        if key not in notes and len(notes) >= self._max_notes:
+            raise ToolError(f"the notebook is full ({self._max_notes} notes); overwrite an existing key")
+        notes[key] = value
+
+    def keys(self, scope: tuple[str, str]) -> list[str]:
+        """Every key, sorted."""
+        return sorted(self._notes.get(scope, {}))
+
+
+def notes_tool(notebook: NotesStore) -> AnyTool:
+    """The `notes` tool over `notebook`."""
+
+    @tool(name=NOTES, timeout_s=5.0, max_concurrency=8)
+    async def notes(arguments: NotesArguments, context: ToolContext) -> dict[str, Any]:
+        """A small notebook for the person you work for: 'set' saves a text under a key, 'get'
+        reads it back, 'list' lists the keys. Notes outlive the conversation turn."""
+        scope = NotesStore.scope(context)
+        if arguments.action == "list":
+            return {"keys": notebook.keys(scope)}
+        key = arguments.key or ""
+        if arguments.action == "set":
+            notebook.set(scope, key, arguments.value or "")
+            return {"key": key, "saved": True}
+        value = notebook.get(scope, key)
+        return {"key": key, "found": value is not None, "value": value}
+
+    return notes
+
+
+SHIPPED_TOOLS_VERSION = "1"
+
+
+def shipped_toolset(*, clock: Clock = system_clock, notebook: NotesStore | None = None) -> Toolset:
+    """The shipped tools as the default toolset, `current_time` on `clock` and `notes` on
+    `notebook` (a new, empty one by default)."""
+    return Toolset(
+        DEFAULT_TOOLSET,
+        tools=[current_time_tool(clock), calculator, notes_tool(notebook or NotesStore()), ask_user],
+        version=SHIPPED_TOOLS_VERSION,
+    )
+
+
+SHIPPED_TOOL_NAMES: tuple[str, ...] = (CURRENT_TIME, CALCULATOR, NOTES, ASK_USER)
+"""The names of the tools the default executor serves, in the order it announces them."""
 
 
 def default_catalog(*toolsets: Toolset) -> ToolCatalog:
-    """A new catalog of the shipped tools and then the tools of `toolsets` (each call a new one:
-    registering agent-tools is local); a toolset's tool named like another is a ValueError."""
-    return ToolCatalog(
-        [*DEFAULT_TOOLS, *(definition for toolset in toolsets for definition in toolset.definitions())]
-    )
+    """A new catalog of the shipped tools and then the tools of `toolsets` (what the default executor
+    serves with `ToolExecutorDeps.serving(*toolsets)`); a toolset's tool named like another is a
+    ValueError."""
+    served = [shipped_toolset(), *toolsets]
+    return ToolCatalog(definition for toolset in served for definition in toolset.definitions())

@@ -15,7 +15,7 @@ from quipu.contracts.tools import DEFAULT_TOOLSET
 from quipu.contracts.topics import toolset_calls_topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.mcp import McpToolset
-from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.domain.shipped_tools import default_catalog, shipped_toolset
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import announce
 from quipu.services.kit.keys import message_seals
@@ -23,7 +23,7 @@ from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, ser
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.tool_executor import handlers
-from quipu.services.tool_executor.adapters import RememberedResults, default_implementations
+from quipu.services.tool_executor.adapters import RememberedResults
 from quipu.services.tool_executor.logic import CompletedCalls, ToolRunner
 from quipu.services.tool_executor.settings import ToolExecutorSettings
 from quipu.tools import ToolImplementation, Toolset
@@ -51,7 +51,9 @@ class ToolExecutorDeps:
     implementations, and the record of results."""
 
     catalog: ToolCatalog = field(default_factory=default_catalog)
-    implementations: Mapping[str, ToolImplementation] = field(default_factory=default_implementations)
+    implementations: Mapping[str, ToolImplementation] = field(
+        default_factory=lambda: shipped_toolset().implementations()
+    )
     completed_calls: CompletedCalls | None = None
     toolset: str = DEFAULT_TOOLSET
     """Announced on `tools.registry`; its calls come on `toolset_calls_topic(toolset)`."""
@@ -63,8 +65,8 @@ class ToolExecutorDeps:
     def serving(cls, *toolsets: Toolset, completed_calls: CompletedCalls | None = None) -> ToolExecutorDeps:
         """The default toolset: the shipped tools and those of `toolsets` (your own `@tool`
         functions), on `tools.calls`."""
-        implementations = dict(default_implementations())
-        for toolset in toolsets:
+        implementations: dict[str, ToolImplementation] = {}
+        for toolset in (shipped_toolset(), *toolsets):
             implementations.update(toolset.implementations())
         return cls(default_catalog(*toolsets), implementations, completed_calls)
 

@@ -84,9 +84,9 @@ def instrumented(
 
 def main() -> None:
     """Serve the tool executor with journaled (and maybe slowed) tools until interrupted."""
+    from quipu.services.domain.shipped_tools import shipped_toolset  # noqa: PLC0415
     from quipu.services.kit.logging import configure_logging  # noqa: PLC0415 - only in the executor process
     from quipu.services.kit.settings import KafkaSettings, ServiceSettings  # noqa: PLC0415
-    from quipu.services.tool_executor.adapters import default_implementations  # noqa: PLC0415
     from quipu.services.tool_executor.app import SERVICE, ToolExecutorDeps, create_app  # noqa: PLC0415
     from quipu.services.tool_executor.settings import ToolExecutorSettings  # noqa: PLC0415
 
@@ -94,7 +94,7 @@ def main() -> None:
     delays: dict[str, float] = json.loads(os.environ.get(DELAYS_ENV) or "{}")
     implementations = {
         name: instrumented(name, implementation, journal, float(delays.get(name, 0.0)))
-        for name, implementation in default_implementations().items()
+        for name, implementation in shipped_toolset().implementations().items()
     }
     configure_logging(ServiceSettings(service_name=SERVICE))
     app = create_app(

@@ -27,10 +27,9 @@ from quipu.contracts.envelope import derive_id
 from quipu.contracts.runs import CancelRun
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic
-from quipu.services.domain.shipped_tools import default_catalog
+from quipu.services.domain.shipped_tools import default_catalog, shipped_toolset
 from quipu.services.domain.tool_catalog import ToolArguments, ToolDefinition
 from quipu.services.kit.settings import KafkaSettings
-from quipu.services.tool_executor.adapters import default_implementations
 from quipu.services.tool_executor.app import ToolExecutorDeps, create_app
 from quipu.services.tool_executor.settings import ToolExecutorSettings
 from quipu.tools import ToolContext
@@ -96,7 +95,7 @@ class Rendezvous:
 def _deps(sleeper: Sleeper, rendezvous: Rendezvous | None = None) -> ToolExecutorDeps:
     catalog = default_catalog()
     catalog.register(ToolDefinition("nap", "Takes a while.", Nap, timeout_s=10.0, max_concurrency=50))
-    implementations = {**default_implementations(), "nap": sleeper.nap}
+    implementations = {**shipped_toolset().implementations(), "nap": sleeper.nap}
     if rendezvous is not None:
         catalog.register(
             ToolDefinition("meet", "Waits for the others.", Nap, timeout_s=scaled(30.0), max_concurrency=50)

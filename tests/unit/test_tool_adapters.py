@@ -1,11 +1,16 @@
-"""The tools' I/O: notes kept per person, the record of results given."""
+"""The shipped tools over what they are given (a clock, a notebook), and the record of results given."""
 
 from __future__ import annotations
 
-from quipu.contracts.tools import ToolCallCompleted
-from quipu.services.domain.shipped_tools import NotesArguments
-from quipu.services.tool_executor.adapters import NotesStore, RememberedResults, notes_tool
-from quipu.tools import ToolContext, ToolError
+from datetime import UTC, datetime
+
+import pytest
+
+from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallCompleted
+from quipu.services.domain.shipped_tools import NotesArguments, NotesStore, notes_tool, shipped_toolset
+from quipu.services.tool_executor.adapters import RememberedResults
+from quipu.testing import ArgumentError, run_tool
+from quipu.tools import Tool, ToolContext, ToolError
 
 
 def _context(
@@ -72,3 +77,22 @@ def test_remembered_results_forget_the_oldest_beyond_capacity() -> None:
     assert record.get("r", "t0") is None
     assert [record.get("r", f"t{number}").content for number in (1, 2)] == [1, 2]  # type: ignore[union-attr]
     assert len(record) == 2
+
+
+async def test_the_shipped_tools_are_tools_of_one_toolset_over_the_clock_and_notebook_given() -> None:
+    notebook = NotesStore()
+    moment = datetime(2026, 7, 28, 15, 30, tzinfo=UTC)
+    toolset = shipped_toolset(clock=lambda: moment, notebook=notebook)
+
+    assert (toolset.name, [each.name for each in toolset]) == (
+        DEFAULT_TOOLSET,
+        ["current_time", "calculator", "notes", "ask_user"],
+    )
+    assert all(isinstance(each, Tool) for each in toolset)
+    now = await run_tool(toolset.get("current_time"), {"timezone": "America/Lima"})
+    assert (now["date"], now["time"], now["utc_offset"]) == ("2026-07-28", "10:30:00", "-0500")
+    context = _context(principal_id="ana")
+    await run_tool(toolset.get("notes"), {"action": "set", "key": "city", "value": "Lima"}, context)
+    assert notebook.get(NotesStore.scope(context), "city") == "Lima"
+    with pytest.raises(ArgumentError, match="needs a value"):
+        await run_tool(toolset.get("notes"), {"action": "set", "key": "city"}, context)

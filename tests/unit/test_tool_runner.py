@@ -17,9 +17,17 @@ from pydantic import Field
 from quipu.contracts.envelope import derive_id
 from quipu.contracts.tools import AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import TOOL_RESULT_MAX_BYTES, ToolResultPart, encode_json_value
-from quipu.services.domain.shipped_tools import ASK_USER, CALCULATOR, CURRENT_TIME, NOTES, default_catalog
+from quipu.services.domain.shipped_tools import (
+    ASK_USER,
+    CALCULATOR,
+    CURRENT_TIME,
+    NOTES,
+    NotesStore,
+    default_catalog,
+    shipped_toolset,
+)
 from quipu.services.domain.tool_catalog import ToolArguments, ToolCatalog, ToolDefinition, agent_tool
-from quipu.services.tool_executor.adapters import NotesStore, RememberedResults, default_implementations
+from quipu.services.tool_executor.adapters import RememberedResults
 from quipu.services.tool_executor.logic import ToolRunner
 from quipu.tools import ToolContext, ToolError, ToolImplementation
 
@@ -77,7 +85,9 @@ def _tool(name: str, *, timeout_s: float = 5.0, max_concurrency: int = 8) -> Too
 def _runner(probe: Probe, *, max_timeout_s: float = 30.0, notes: NotesStore | None = None) -> ToolRunner:
     catalog = default_catalog()
     implementations: dict[str, ToolImplementation] = {
-        **default_implementations(clock=lambda: datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC), notes=notes),
+        **shipped_toolset(
+            clock=lambda: datetime(2025, 3, 14, 9, 26, 53, tzinfo=UTC), notebook=notes
+        ).implementations(),
         "slow": probe.slow,
         "narrow": probe.slow,
         "failing": probe.failing,
