@@ -17,10 +17,12 @@ Definitions (printed by `python -m bench`):
 - Critical path: the planner's N commands sent before the terminal event (RecordRunTerminal
   included), in S steps: they follow one another, except that the memory context sends two at
   once (LoadSummary, HistoryTail: one step, 2 hops, both operations applied in turn by the
-  owner). H = 2S + 3 Kafka hops: 1 request (runs.requested -> planner) + 2 per step but the last
-  (commands -> owner, replies -> planner) + 1 for the terminal command + 1 for the terminal event
-  (owner -> reader; the terminal reply is off the path) + 2 for the tool (tools.calls ->
-  executor, tools.results -> planner).
+  owner). H = 2S + 3 - D Kafka hops: 1 request (runs.requested -> planner) + 2 per step but the
+  last (commands -> owner, replies -> planner) + 1 for the terminal command + 1 for the terminal
+  event (owner -> reader; the terminal reply is off the path) + 2 for the tool (tools.calls ->
+  executor, tools.results -> planner), less 1 for each of the D steps whose command carries the
+  tool calls (the owner publishes them after the commit: the run goes on through the call, and
+  that step's reply travels beside the call and the tool, off the path).
 - raw hop: aiokafka send_and_wait (the services' acks and idempotence) -> a group-less consumer
   (their fetch_max_wait_ms) on a topic of its own, services up and idle. Every consumer on the
   path has been waiting in a fetch when its message comes (Tansu's fetch does not wake on new
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 
 from bench.run_instruments import STARTED, Span, progress, quantile, to_ms
 from bench.run_system import Run, System, raw_hops, replay, started_system
+from quipu.contracts.commands import AppendRunRecords
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.kit.logging import configure_logging
 from quipu.services.kit.settings import ServiceSettings
@@ -74,8 +77,10 @@ run_overhead     publish RunRequested -> the run's terminal `workflow` event rea
 critical path    N = planner commands (runtime + memory, timed in its KafkaStore) sent before the
                  terminal event, in S steps (commands under way together are one step);
                  H = 1 request + 2 per step but the last + 1 terminal command + 1 terminal event
-                 + 2 tool (call, result) = 2S + 3 hops, plus N store operations, of which W are
-                 runtime-store writes (starts, appends, cancellation, suspension, terminal)
+                 + 2 tool (call, result) - 1 per step whose command carries the tool calls (the
+                 owner publishes them; its reply is off the path) = 2S + 3 - D hops, plus N store
+                 operations, of which W are runtime-store writes (starts, appends, cancellation,
+                 suspension, terminal)
 raw hop          aiokafka send_and_wait -> group-less consumer, same client settings, own topic,
                  0-20 ms idle before each send (the path's consumers wait in a fetch)
 store op         the runs' own commands (20 runs) replayed one at a time on MongoStore and
@@ -190,6 +195,17 @@ def _steps(spans: list[Span]) -> list[Step]:
     return steps
 
 
+def carries_calls(step: Step) -> bool:
+    """Whether a step's command carries tool calls for the owner to publish (the outbox)."""
+    return any(isinstance(span.command, AppendRunRecords) and span.command.calls for span in step.spans)
+
+
+def path_hops(spans: list[Span]) -> int:
+    """The Kafka hops on a run's path (the module docstring's H = 2S + 3 - D)."""
+    steps = _steps(spans)
+    return 2 * len(steps) + 3 - sum(carries_calls(step) for step in steps[:-1])
+
+
 def _breakdown(system: System, paths: list[tuple[Run, list[Span]]]) -> dict[str, float]:
     """Where one sequential run's time goes: the mean of each span over the runs, ms.
 
@@ -264,8 +280,7 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
     shape = shapes.most_common(1)[0][0]
     path_ops = Counter(shape)
     store_floor = sum(op_p50[op] * count for op, count in path_ops.items())
-    step_counts = Counter(len(_steps(spans)) for _, spans in paths)
-    hops = 2 * step_counts.most_common(1)[0][0] + 3
+    hops = Counter(path_hops(spans) for _, spans in paths).most_common(1)[0][0]
     hop_p50 = statistics.median(hops_idle)
     raw = hops * hop_p50 + store_floor
     latencies = [run.seconds for run in sequential.runs]
@@ -312,7 +327,7 @@ def _print_details(
     for name, value in breakdown.items():
         print(f"  {name:44s} {value:8.1f}")
     hop = to_ms(hop_p50)
-    print(f"  (raw hop p50 {hop:.2f} ms; x {hops // 2 - 2} steps but the last: {hop * (hops // 2 - 2):.1f})")
+    print(f"  (raw hop p50 {hop:.2f} ms; x {hops} hops on the path: {hop * hops:.1f})")
     owner_ops = statistics.median(
         len(_within(system.owner_spans, run.published, run.ended)) for run in sequential.runs
     )

@@ -32,6 +32,7 @@ from quipu.contracts.store import (
     StartResult,
 )
 from quipu.contracts.store_operation import StoreOperation as StoreOperation  # noqa: PLC0414  re-exported
+from quipu.contracts.tools import TOOLSET_NAME_PATTERN, ToolCallRequested
 from quipu.contracts.wire import Timestamp
 
 
@@ -104,12 +105,40 @@ class AppendRunRecord(StoreOperation, result_type=AppendResult):
     record: Record = Field(description="The record to append (not a lifecycle type).")
 
 
+MAX_CARRIED_CALLS = 100
+"""The most tool calls one step's command carries."""
+
+
+class DispatchedCall(BaseModel):
+    """A tool call a step's commit justifies, carried by the step's command (docs/store-contract.md
+    §6.4): the owner publishes it once the records commit, to the calls topic its own naming gives
+    `toolset`, never to a topic the command names."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    toolset: str = Field(
+        pattern=TOOLSET_NAME_PATTERN,
+        description="The toolset serving the tool, as its executors announced it ('default': tools.calls).",
+    )
+    call: ToolCallRequested = Field(description="The call, exactly as the planner would publish it.")
+
+
 class AppendRunRecords(StoreOperation, result_type=list[AppendResult]):
-    """Append the ordinary records of one step to a running run, in order, atomically."""
+    """Append the ordinary records of one step to a running run, in order, atomically; then the
+    owner publishes the tool calls the step carries (again on an exact retry, never on a refusal)."""
 
     records: list[Record] = Field(
         description="The step's records, 1 to 100, of one run, keys pairwise distinct (not lifecycle types)."
     )
+    calls: list[DispatchedCall] = Field(
+        default_factory=list,
+        max_length=MAX_CARRIED_CALLS,
+        exclude_if=lambda calls: not calls,  # a step carrying none encodes as before the field
+        description="Tool calls of the step's run (same run, session and agent as its records) that "
+        "the records justify, published by the owner after the commit (not stored).",
+    )
+
+    published_fields: ClassVar[frozenset[str]] = frozenset({"calls"})
 
 
 class RecordRunCancellation(StoreOperation, result_type=AppendResult):

@@ -47,6 +47,8 @@ class StoreOperation(Envelope):
     result_type: ClassVar[Any]
     """What the method returns (None: nothing), given in the class statement."""
     backend: ClassVar[Backend] = Backend.RUNTIME
+    published_fields: ClassVar[frozenset[str]] = frozenset()
+    """Messages the command carries for the owner to publish after it commits: not arguments."""
     op: str = Field(default="", description="Operation name (STORE_CONTRACT wire name).")
 
     def __init_subclass__(cls, *, result_type: Any = _BASE, **kwargs: Any) -> None:
@@ -72,7 +74,8 @@ class StoreOperation(Envelope):
 
     def arguments(self) -> dict[str, Any]:
         """The keyword arguments of the matching store method."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in _ENVELOPE_FIELDS}
+        skipped = _ENVELOPE_FIELDS | self.published_fields
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in skipped}
 
     def partition_key(self) -> str:
         """Session id when the command has one, else the run id (ordering only, never correctness)."""

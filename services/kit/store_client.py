@@ -29,6 +29,7 @@ from quipu.contracts.commands import (
     AppendRunRecord,
     AppendRunRecords,
     CreateSession,
+    DispatchedCall,
     EndSession,
     ListRunRecords,
     ListRunsBySession,
@@ -337,8 +338,13 @@ class KafkaStore:
         result: AppendResult = await self.call(AppendRunRecord(record=record))
         return result
 
-    async def append_run_records(self, records: Sequence[Record]) -> list[AppendResult]:
-        result: list[AppendResult] = await self.call(AppendRunRecords(records=list(records)))
+    async def append_run_records(
+        self, records: Sequence[Record], calls: Sequence[DispatchedCall] = ()
+    ) -> list[AppendResult]:
+        """Append a step's records; the owner publishes `calls` once they commit (an outbox)."""
+        result: list[AppendResult] = await self.call(
+            AppendRunRecords(records=list(records), calls=list(calls))
+        )
         return result
 
     async def record_run_cancellation(self, record: Record) -> AppendResult:

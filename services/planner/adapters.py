@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime
 from typing import Protocol
 
 import structlog
 
+from quipu.contracts.commands import DispatchedCall
 from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
 from quipu.contracts.memory import MemoryScope
 from quipu.contracts.runs import TurnCompleted
-from quipu.contracts.store import Record, RunStatus, is_erased
-from quipu.contracts.tools import ToolCallRequested
+from quipu.contracts.store import AppendResult, Record, RunStatus, is_erased
+from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallRequested
 from quipu.contracts.transcript import TranscriptError
 from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentRegistry, AgentSpec
@@ -27,6 +28,7 @@ from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
 from quipu.services.kit.delivery import PermanentError, describe_error
 from quipu.services.kit.publishing import TopicPublisher
+from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.context import history_window
 from quipu.services.planner.logic.dispatch import ToolInfo
@@ -151,6 +153,37 @@ class CallRouter:
     async def publish(self, call: ToolCallRequested) -> None:
         """Publish `call` to its toolset's calls topic."""
         await self._publisher.publish(call, within=self._registry.calls_topic(call.tool_name))
+
+
+class StepWriter:
+    """Commits a step's records, then has the tool calls they justify published (never before).
+
+    Through the storage owner's client the step's command carries its calls and the owner publishes
+    them once the records commit, and again on an exact retry (an outbox): the calls leave without
+    waiting for the reply's hop back and the planner's turn. Any other store commits here, then
+    the calls are published here, as before.
+    """
+
+    def __init__(self, store: Store, publisher: Publisher, registry: ToolsetRegistry | None) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._registry = registry
+
+    def dispatched(self, call: ToolCallRequested) -> DispatchedCall:
+        """`call` with the toolset that announced its tool (the registry's, as `CallRouter` routes)."""
+        offered = self._registry.find(call.tool_name) if self._registry is not None else None
+        return DispatchedCall(toolset=offered.toolset if offered is not None else DEFAULT_TOOLSET, call=call)
+
+    async def append(
+        self, records: Sequence[Record], calls: Sequence[ToolCallRequested]
+    ) -> list[AppendResult]:
+        """Append `records` as one command; `calls` go out once it committed (not on a refusal)."""
+        if isinstance(self._store, KafkaStore):
+            return await self._store.append_run_records(records, [self.dispatched(call) for call in calls])
+        results = await self._store.append_run_records(records)
+        for call in calls:
+            await self._publisher.publish(call)
+        return results
 
 
 class PublishedTurns:

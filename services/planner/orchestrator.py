@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -38,7 +38,7 @@ from quipu.contracts.store import (
     StartOutcome,
     StartResult,
 )
-from quipu.contracts.tools import ToolCallCompleted
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_APPENDED,
     TRANSCRIPT_MESSAGES_SEEDED,
@@ -69,6 +69,7 @@ from quipu.services.planner.adapters import (
     MissingToolsError,
     Publisher,
     SessionOwners,
+    StepWriter,
     load_view,
     tool_book,
 )
@@ -218,6 +219,11 @@ class Planner:
         them is folded into this view instead of a read of the whole log. A stale one (another
         process wrote meanwhile) shows at the next write: a record it finds written, or a refusal,
         makes the planner read the log again."""
+
+    @property
+    def steps(self) -> StepWriter:
+        """Writes a step with the tool calls it justifies (over the deps in use now)."""
+        return StepWriter(self.deps.store, self.publisher, self.deps.registry)
 
     # --- triggers -------------------------------------------------------------------------------
 
@@ -540,13 +546,18 @@ class Planner:
                 outputs, local = dispatch_outputs(view, action.step, action.uses, tools, trigger)
                 for record in local:
                     view = await self._write(view, record)
-                # The step's records (its assistant message above all) commit before its calls go out.
-                written = await self._flush(view)
+                # The step's records (its assistant message above all) commit before its calls go
+                # out: the step's command carries them (published once it commits); a step written
+                # before (a redelivery) justifies them already, and they are published here.
+                calls = [message for message in outputs if isinstance(message, ToolCallRequested)]
+                carried = calls if view.unwritten else []
+                written = await self._flush(view, carried)
                 if written is not view:
                     view = written
                     continue
                 for message in outputs:
-                    await self.publisher.publish(message)
+                    if not (carried and isinstance(message, ToolCallRequested)):
+                        await self.publisher.publish(message)
                 dispatched = action.step
             elif isinstance(action, CallModel):
                 assert agent is not None  # a run whose agent is gone was failed above: no model call
@@ -742,13 +753,14 @@ class Planner:
         view = await self._flush(view)
         return await self._commit(view, record, lambda: operation(record))
 
-    async def _flush(self, view: RunView) -> RunView:
-        """Write the staged records as one command (a step commits as one); the view itself, or
-        the store's when another writer came first."""
+    async def _flush(self, view: RunView, calls: Sequence[ToolCallRequested] = ()) -> RunView:
+        """Write the staged records as one command (a step commits as one), with the tool `calls`
+        it justifies published once it committed; the view itself, or the store's when another
+        writer came first."""
         if not view.unwritten:
             return view
         step = list(view.unwritten)
-        return await self._commit(view, step[0], lambda: self.deps.store.append_run_records(step))
+        return await self._commit(view, step[0], lambda: self.steps.append(step, calls))
 
     async def _finish(self, view: RunView, record: Record) -> RunView:
         """Close the run; the terminal carries the records staged before it (one command)."""

@@ -1,5 +1,10 @@
 """The storage owner's subscriber: apply a command, reply, publish what committed, then commit.
 
+What a committed command justifies goes out after the commit and before the offset is committed,
+so a crash in between means a redelivery, an exact retry and the same messages again: the tool
+calls a step carries first (they are on the run's path), then the reply, then the stream events.
+A refused command publishes nothing but its reply.
+
 Commands are applied concurrently across keys (`kit.concurrent_delivery`): a command's key is its
 session (else its run), so one session's commands apply in the order sent while other sessions'
 run beside them, each in its own transaction (the store's rules hold under any interleaving; the
@@ -22,13 +27,14 @@ from faststream.kafka import KafkaBroker
 
 from quipu.contracts.commands import (
     STRICT_COMMAND,
+    DispatchedCall,
     StoreOperation,
     StoreReply,
 )
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
 from quipu.contracts.memory_commands import ForgetPrincipal
 from quipu.contracts.sealed import SealedFor
-from quipu.contracts.topics import Topic
+from quipu.contracts.topics import Topic, toolset_calls_topic
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.broker import topic
@@ -144,9 +150,15 @@ def register(
                 seals.keys.drop(
                     SealedFor(tenant_id=command.scope.tenant_id, principal_id=command.scope.principal_id)
                 )
+            calls = [each for each in announcements if isinstance(each, DispatchedCall)]
+            for carried in calls:
+                # The topic is the deployment's name for the toolset (validated by the command's
+                # schema), within the tools.calls family: never a topic the command names.
+                await publisher.publish(carried.call, within=toolset_calls_topic(carried.toolset))
             await publish_reply(reply, partition)
             for announcement in announcements:
-                await publisher.publish(announcement)
+                if not isinstance(announcement, DispatchedCall):
+                    await publisher.publish(announcement)
 
         async def refuse(body: bytes, reason: str) -> None:
             correlation_id = correlation_of(body)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
     REPLY_TO_HEADER,
     AppendRunRecord,
     AppendRunRecords,
+    DispatchedCall,
     RecordRunSuspension,
     RecordRunTerminal,
     StartChildRun,
@@ -41,8 +42,9 @@ from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 
-Announcement = RunEvent | HistoryRecorded | FactChanged
-"""A message published once the command's effect is committed (its topic and key: the registry)."""
+Announcement = RunEvent | HistoryRecorded | FactChanged | DispatchedCall
+"""A message published once the command's effect is committed (its topic and key: the registry; a
+tool call's topic: its toolset's, by the deployment's naming)."""
 
 
 def _event(record: Record, type_: StreamEventType, payload: dict[str, Any], key: str = "") -> RunEvent:
@@ -214,6 +216,7 @@ async def apply_command(
     """Apply one command to its backend; a contract error becomes the reply, UNAVAILABLE propagates."""
     memory_command = command.backend is Backend.MEMORY
     try:
+        _check_carried_calls(command)
         if memory_command and memory is None:
             raise StoreError(ErrorCode.UNAVAILABLE, "this storage owner serves no memory store")
         backend: object = memory if memory_command else store
@@ -227,9 +230,42 @@ async def apply_command(
     )
     if memory_command:
         return reply, memory_events_after_commit(command, result)
-    return reply, [
-        event.model_copy(update={"sealed_for": whose}) for event in events_after_commit(command, result)
+    return reply, [sealed_as(message, whose) for message in calls_after_commit(command)] + [
+        sealed_as(event, whose) for event in events_after_commit(command, result)
     ]
+
+
+def _check_carried_calls(command: StoreOperation) -> None:
+    """A step may only have calls of its own run published (INVALID_ARGUMENT before anything is
+    applied): what the owner publishes for a command is justified by that command's records."""
+    if not isinstance(command, AppendRunRecords) or not command.records:
+        return
+    first = command.records[0]
+    for carried in command.calls:
+        call = carried.call
+        if (call.run_id, call.session_id, call.agent_id) != (first.run_id, first.session_id, first.agent_id):
+            raise StoreRefusedError(
+                ErrorCode.INVALID_ARGUMENT, "a carried tool call must belong to the run of the step's records"
+            )
+
+
+def calls_after_commit(command: StoreOperation) -> list[DispatchedCall]:
+    """The tool calls a committed step (or its exact retry) carries for the owner to publish.
+
+    A call is not stored: the records that justify it are. A retry carries what the planner derived
+    again from the same records, so the calls repeat with the same ids (at-least-once, idempotent).
+    """
+    return list(command.calls) if isinstance(command, AppendRunRecords) else []
+
+
+_Sealable = TypeVar("_Sealable", bound=RunEvent | DispatchedCall)
+
+
+def sealed_as(message: _Sealable, whose: SealedFor | None) -> _Sealable:
+    """`message` sealed under `whose` (a carried call: the call itself)."""
+    if isinstance(message, DispatchedCall):
+        return message.model_copy(update={"call": message.call.model_copy(update={"sealed_for": whose})})
+    return message.model_copy(update={"sealed_for": whose})
 
 
 def correlation_of(body: bytes) -> str:

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from quipu.contracts.commands import (
+    DispatchedCall,
     ListRunRecords,
     ListSessionRunRecords,
     LoadRunSuspension,
@@ -31,7 +32,7 @@ from quipu.contracts.store_operation import Backend
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
-from quipu.services.storage_owner.logic import Announcement
+from quipu.services.storage_owner.logic import Announcement, sealed_as
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 
@@ -59,14 +60,14 @@ class TheirPerson:
     async def seal(
         self, command: StoreOperation, reply: StoreReply, announcements: Sequence[Announcement]
     ) -> tuple[StoreReply, list[Announcement]]:
-        """The reply and the stream events sealed for the person whose words they carry.
+        """The reply, the stream events and the tool calls sealed for the person whose words they carry.
 
         A refusal, and whatever this owner cannot place (a store that is not MongoDB's), keep the
         command's own `sealed_for`.
         """
         events = list(announcements)
         words_back = reply.error is None and reply.result is not None and _reads_words(command)
-        stream = any(isinstance(event, RunEvent) for event in events)
+        stream = any(isinstance(event, RunEvent | DispatchedCall) for event in events)
         if isinstance(command, ForgetPrincipal) or not (words_back or stream):
             return reply, events  # nothing of anyone's words, or a forget (sealing it makes a key anew)
         try:
@@ -78,7 +79,7 @@ class TheirPerson:
         if words_back:
             reply = reply.model_copy(update={"sealed_for": whose})
         return reply, [
-            event.model_copy(update={"sealed_for": whose}) if isinstance(event, RunEvent) else event
+            sealed_as(event, whose) if isinstance(event, RunEvent | DispatchedCall) else event
             for event in events
         ]
 

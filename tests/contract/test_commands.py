@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import inspect
 import typing
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from quipu.contracts.commands import StoreCommand
+from quipu.contracts.commands import AppendRunRecords, DispatchedCall, StoreCommand
+from quipu.contracts.store import Record
 from quipu.contracts.store_operation import Backend, StoreOperation
+from quipu.contracts.tools import ToolCallRequested
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 
@@ -36,7 +39,24 @@ def test_a_command_names_its_store_method_and_result(command: type[StoreOperatio
     assert command.result_type == expected
     if "arguments" not in vars(command):  # one that maps its fields itself says so in its docstring
         parameters = [name for name in inspect.signature(method).parameters if name != "self"]
-        arguments = [name for name in command.model_fields if name not in StoreOperation.model_fields]
+        # What the owner publishes after the commit (an outbox) rides along but is no argument.
+        skipped = StoreOperation.model_fields.keys() | command.published_fields
+        arguments = [name for name in command.model_fields if name not in skipped]
         assert arguments == parameters
     assert command.model_fields["op"].default == command.__name__
     assert typing.get_args(command.model_fields["op"].annotation) == (command.__name__,)
+
+
+def test_the_calls_a_step_carries_are_published_by_the_owner_never_passed_to_the_store() -> None:
+    record = Record(
+        event_key="step/1/assistant",
+        run_id="run-1",
+        agent_id="agent-a",
+        type="run_phase_changed",
+        payload=b'{"phase":"executing_tools"}',
+        timestamp=datetime(2025, 1, 1, tzinfo=UTC),
+    )
+    call = ToolCallRequested(run_id="run-1", agent_id="agent-a", tool_use_id="use-1", tool_name="calculator")
+    command = AppendRunRecords(records=[record], calls=[DispatchedCall(toolset="default", call=call)])
+    assert command.arguments() == {"records": [record]}
+    assert "calls" not in AppendRunRecords(records=[record]).model_dump(mode="json")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from quipu.contracts.commands import AppendRunRecords, RecordRunTerminal
+from quipu.contracts.commands import AppendRunRecords, DispatchedCall, RecordRunTerminal
 from quipu.contracts.events import RunEvent
 from quipu.contracts.store import Record
 from quipu.contracts.topics import TOPICS, Topic, TopicSpec, UnroutablePayloadError, spec_for, spec_of
@@ -84,7 +84,9 @@ def test_a_payload_no_topic_carries_is_refused() -> None:
 def test_everything_the_planner_and_the_owner_publish_has_a_topic() -> None:
     routed = {model for spec in TOPICS for model in spec.models}
     assert set(get_args(Output)) <= routed
-    assert set(get_args(Announcement)) <= routed
+    # A carried tool call goes out as its `call`, on the calls topic of its toolset.
+    assert set(get_args(Announcement)) - {DispatchedCall} <= routed
+    assert DispatchedCall.model_fields["call"].annotation in routed
 
 
 @SAMPLES
