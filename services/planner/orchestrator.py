@@ -353,13 +353,13 @@ class Planner:
                 ErrorCode.INVALID_ARGUMENT.value, f"run {request.run_id!r}: a turn needs the user's text"
             )
         context = run_context(request, agent)
-        await self._require_owner(request, request.session_id, context)
-        plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
-        # The turn's memory is read while the run starts (one round trip for both): it depends on
-        # the session and the person, not on the run. A start that stops or finds the turn's input
-        # already written drops what was read.
+        # The turn's memory is read while the session's owner is checked and the run starts: it
+        # depends on the session and the person, not on the run. A refused turn, a start that
+        # stops or finds the turn's input already written drops what was read, unseen.
         memory = self._read_memory(request, agent, context) if request.session_id else None
         try:
+            await self._require_owner(request, request.session_id, context)
+            plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
             view = await self._start(plan, request)
         except BaseException:
             await _drop(memory)
