@@ -302,9 +302,17 @@ topic, a partition the topic does not have or anything malformed is refused befo
 applied: an `INVALID_ARGUMENT` reply (on any partition), the command on `storage.commands.dlq`
 (`x-dlq-reason: permanent_error`), and a log line naming the rule, never the header's value.
 
-A client picks one partition (any; spreading clients spreads the reading), names it on every
-command, reads that partition without a consumer group from its end offset, and resolves each
-reply by `correlation_id`, ignoring replies nobody waits for.
+A client names one partition on every command, reads that partition without a consumer group
+from its end offset (fetching only while a command of its own waits), and resolves each reply by
+`correlation_id`, ignoring replies nobody waits for. Quipu's clients take a partition of their own
+so that none fetches another's replies: each is a member of the consumer group `store-replies`
+(prefixed like every group), whose assignor (`quipu-one-partition-each`) gives every member a
+partition number in its assignment's user data (`<partition>:<members sharing it>`) and no
+partition to fetch; a member joins with `held:<n>` (the partition it was given last, kept when no
+other member keeps it) or `preferred:<n>` (the one it reads before its first claim). Only with more
+clients than partitions do several share one. A client in another language may pick any partition:
+a partition is where honest clients look, not a permission. Whatever a command names, its reply
+stays in the deployment's replies topic, which only the deployment's services read.
 
 A reply is a [`StoreReply`](#storereply): `result` (the operation's result as JSON) or `error`
 (`{code, message, retryable}`). Only `UNAVAILABLE` is retryable (resend the identical command);

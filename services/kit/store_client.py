@@ -64,9 +64,9 @@ from quipu.contracts.store import (
 )
 from quipu.contracts.topics import Topic
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
-from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
+from quipu.services.kit.reply_claim import ReplyClaim
 from quipu.services.kit.sealing import current_sealing_for
 from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
 
@@ -113,9 +113,12 @@ class KafkaStore:
         tenant_id: str = "",
         seals: MessageSeals | None = None,
         keys: KeySettings | None = None,
+        claim_partition: bool = True,
     ) -> None:
         """`seals` seal the commands that carry a principal's words and open sealed replies
-        (default: the key channel `keys` names, else `KeySettings()`, closed with this client)."""
+        (default: the key channel `keys` names, else `KeySettings()`, closed with this client).
+        `claim_partition`: take a partition of its own from the claim group (kit.reply_claim);
+        without, it reads a partition picked at random, possibly shared."""
         self._settings = settings
         self._owns_seals = seals is None
         self._seals = (
@@ -131,7 +134,14 @@ class KafkaStore:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
         self._reply_partition: int | None = None
-        self._pace: FetchPace | None = None
+        self._reading: set[int] = set()
+        self._routes: dict[str, int] = {}
+        """The partition each pending call's last send named (it is read until the call ends)."""
+        self._assigning = asyncio.Lock()
+        self._claims = claim_partition
+        self._claim: ReplyClaim | None = None
+        self._moving: asyncio.Task[None] | None = None
+        self._passed_over = 0
 
     @classmethod
     def for_service(
@@ -171,24 +181,80 @@ class KafkaStore:
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
         )
         await self._consumer.start()
-        # Any partition will do; spreading clients over them spreads the reading.
+        # Until the claim group gives this client a partition of its own (a second or more), any
+        # partition will do: one shared for a moment still works (others' replies are passed over).
         self._reply_partition = random.choice(await self._reply_partitions())
-        partition = TopicPartition(self._replies_topic, self._reply_partition)
-        self._consumer.assign([partition])
-        # Tansu may under-report the end offset; starting a little early only re-reads replies
-        # that no pending call waits for. Resolving the position now means none is missed later.
-        await self._consumer.seek_to_end(partition)
-        await self._consumer.position(partition)
+        await self._read_from({self._reply_partition})
         self._reader = asyncio.create_task(self._read_replies(), name="store-replies")
-        # With no command under way there is no reply to wait for: the replies are read less often
-        # then, and each command brings the short wait back before it is sent.
-        self._pace = FetchPace(self._consumer, settings)
-        self._pace.start()
+        if self._claims:
+            self._claim = ReplyClaim(settings, self._replies_topic, self._claimed)
+            self._claim.prefer(self._reply_partition)
+            await self._claim.start()
 
     @property
     def reply_partition(self) -> int | None:
-        """The partition of the replies topic this client reads (set by `start`)."""
+        """The partition of the replies topic this client names in its commands (set by `start`)."""
         return self._reply_partition
+
+    @property
+    def claim(self) -> ReplyClaim | None:
+        """This client's membership of the claim group (None when it claims no partition)."""
+        return self._claim
+
+    @property
+    def fetching(self) -> set[int]:
+        """The partitions of the replies topic fetched now: none while no call waits for a reply."""
+        if self._consumer is None:
+            return set()
+        paused = self._consumer.paused()
+        return {tp.partition for tp in self._consumer.assignment() if tp not in paused}
+
+    @property
+    def replies_passed_over(self) -> int:
+        """Replies fetched that no call of this client waited for (another client's, or late)."""
+        return self._passed_over
+
+    def _claimed(self, partition: int) -> None:
+        if partition != self._reply_partition:
+            self._moving = asyncio.create_task(self._move_to(partition), name="store-replies-move")
+
+    async def _move_to(self, partition: int) -> None:
+        # Read the new partition before naming it; calls already sent keep theirs read until answered.
+        async with self._assigning:
+            await self._read_from({partition, *self._routes.values()})
+            self._reply_partition = partition
+
+    async def _settled(self) -> None:
+        # No call waits any more: stop fetching, and drop the partitions only earlier calls named.
+        assert self._consumer is not None and self._reply_partition is not None
+        async with self._assigning:
+            if self._pending:
+                return
+            if self._reading != {self._reply_partition}:
+                await self._read_from({self._reply_partition})
+            self._consumer.pause(*self._consumer.assignment())
+
+    async def _read_from(self, partitions: set[int]) -> None:
+        """Read exactly `partitions`: those read already from where they are, the others from their
+        end; fetched only while a call waits."""
+        assert self._consumer is not None
+        kept = {
+            number: await self._consumer.position(TopicPartition(self._replies_topic, number))
+            for number in partitions & self._reading
+        }
+        chosen = [TopicPartition(self._replies_topic, number) for number in sorted(partitions)]
+        self._consumer.assign(chosen)
+        for partition in chosen:
+            if partition.partition in kept:
+                self._consumer.seek(partition, kept[partition.partition])
+            else:
+                # Tansu may under-report the end offset; starting a little early only re-reads
+                # replies no pending call waits for. Resolving the position now means none is missed.
+                await self._consumer.seek_to_end(partition)
+                await self._consumer.position(partition)
+        self._reading = partitions
+        if not self._pending:
+            self._consumer.pause(*chosen)
 
     async def _reply_partitions(self) -> list[int]:
         assert self._consumer is not None
@@ -202,8 +268,11 @@ class KafkaStore:
 
     async def stop(self) -> None:
         """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""
-        if self._pace is not None:
-            await self._pace.stop()
+        if self._claim is not None:
+            await self._claim.stop()
+        if self._moving is not None:
+            self._moving.cancel()
+            await asyncio.gather(self._moving, return_exceptions=True)
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -237,6 +306,7 @@ class KafkaStore:
         # decoded or opened (the correlation id is in clear in every reply; a false match is only
         # decoded in vain).
         if not any(correlation_id.encode() in value for correlation_id in self._pending):
+            self._passed_over += 1
             return
         try:
             reply = StoreReply.model_validate_json(await self._seals.open(value))
@@ -268,6 +338,9 @@ class KafkaStore:
             reply = await self._send_until_answered(command, future)
         finally:
             self._pending.pop(correlation_id, None)
+            self._routes.pop(correlation_id, None)
+            if not self._pending:
+                await self._settled()
         if reply.error is not None:
             raise StoreError.from_body(reply.error)
         return decode_result(command, reply.result)
@@ -276,12 +349,13 @@ class KafkaStore:
         self, command: StoreOperation, future: asyncio.Future[StoreReply]
     ) -> StoreReply:
         assert self._commands is not None
-        # The reply route is this client's own partition; a resend is the same frozen command,
-        # so the same bytes (sealed ones under a fresh nonce: the same plaintext).
-        route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
+        assert self._consumer is not None and self._reply_partition is not None
+        # A resend is the same frozen command, so the same bytes (sealed ones under a fresh
+        # nonce: the same plaintext); its route is this client's partition at the time.
         for _ in range(self._attempts):
-            if self._pace is not None:
-                self._pace.wake()
+            self._routes[command.correlation_id] = self._reply_partition
+            self._consumer.resume(*self._consumer.assignment())
+            route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
             try:
                 await self._commands.publish(command, headers=route)
                 return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)

@@ -1,13 +1,16 @@
-"""A store client passes over the replies of the other clients that read its partition.
+"""Each store client reads a partition of `storage.replies` of its own, and only while it waits.
 
-Clients pick a partition of `storage.replies` each, and several share one when there are more
-clients than partitions: a reply for another client's call must not be decoded or opened here.
-Real broker; the replies are published by hand onto the client's partition (no owner).
+Clients claim a partition each in the claim group (kit.reply_claim), so none fetches another's
+replies; when there are more clients than partitions several share one, and a reply for another
+client's call must not be decoded or opened there. Real broker; the owner is a real process where
+a test needs one, else replies are published by hand onto the client's partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -15,10 +18,21 @@ from aiokafka import AIOKafkaProducer
 from quipu.contracts.commands import LoadSessionStatus, StoreReply
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.topics import Topic
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
-from tests.timing import scaled
+from tests.owner_support import Served
+from tests.timing import eventually, scaled
+
+
+def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """`predicate` as a check for `eventually`."""
+
+    async def check() -> bool:
+        return predicate()
+
+    return check
 
 
 class CountingSeals(MessageSeals):
@@ -67,3 +81,70 @@ async def test_replies_for_other_clients_are_not_opened(kafka_settings: KafkaSet
 
     assert refused.value.code is ErrorCode.SESSION_NOT_FOUND
     assert [StoreReply.model_validate_json(body).correlation_id for body in seals.opened] == ["mine"]
+
+
+async def test_each_client_reads_a_partition_of_its_own_and_no_other_clients_replies(
+    stack: EmbeddedStack, unique: str, tmp_path: Path
+) -> None:
+    """As many clients as the replies topic has partitions, beside one owner: the claim group gives
+    each a partition of its own, every call is answered there, and none fetches another's reply."""
+    async with Served(stack, f"{unique}.", unique, tmp_path / "owner.log") as served:
+        partitions = len(await served.store._reply_partitions())
+        clients = [KafkaStore(served.settings, reply_timeout_s=scaled(10)) for _ in range(partitions - 1)]
+        clients.append(served.store)
+        try:
+            await asyncio.gather(*(client.start() for client in clients[:-1]))
+
+            async def claimed_apart() -> bool:
+                claims = [client.claim.partition if client.claim else None for client in clients]
+                return (
+                    None not in claims
+                    and len(set(claims)) == len(clients)
+                    and all(
+                        client.reply_partition == claim for client, claim in zip(clients, claims, strict=True)
+                    )
+                )
+
+            await eventually(claimed_apart, within=60, what="a partition of its own for every client")
+
+            async def calls(client: KafkaStore, number: int) -> list[ErrorCode]:
+                codes = []
+                for turn in range(5):
+                    with pytest.raises(StoreError) as refused:
+                        await client.load_session_status(f"absent-{number}-{turn}")
+                    codes.append(refused.value.code)
+                return codes
+
+            # A client fetches only while it waits: a late duplicate of an earlier call of its own
+            # (the owner's readiness probe was resent) is read at its next call, so warm up first.
+            await asyncio.gather(*(calls(client, number) for number, client in enumerate(clients)))
+            before = [client.replies_passed_over for client in clients]
+            answers = await asyncio.gather(*(calls(client, number) for number, client in enumerate(clients)))
+            assert answers == [[ErrorCode.SESSION_NOT_FOUND] * 5] * len(clients)
+            assert [client.replies_passed_over for client in clients] == before
+            assert not any(client.claim and client.claim.shared for client in clients)
+            assert all(client.fetching == set() for client in clients), "idle clients fetch nothing"
+        finally:
+            await asyncio.gather(*(client.stop() for client in clients[:-1]))
+
+
+async def test_a_client_fetches_its_partition_only_while_a_call_waits(kafka_settings: KafkaSettings) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap, enable_idempotence=False)
+    async with (
+        asyncio.timeout(scaled(60)),
+        KafkaStore(kafka_settings, reply_timeout_s=scaled(30), claim_partition=False) as store,
+    ):
+        assert store.fetching == set()
+        await producer.start()
+        try:
+            call = asyncio.create_task(store.call(LoadSessionStatus(session_id="s-1", correlation_id="mine")))
+            await eventually(
+                holds(lambda: store.fetching == {store.reply_partition}), within=10, what="fetching"
+            )
+            topic = kafka_settings.topic_prefix + Topic.STORAGE_REPLIES.value
+            await producer.send_and_wait(topic, _refusal("mine"), partition=store.reply_partition)
+            with pytest.raises(StoreError):
+                await call
+        finally:
+            await producer.stop()
+        assert store.fetching == set()
