@@ -29,6 +29,7 @@ import asyncio
 import copy
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
@@ -37,6 +38,8 @@ from typing import Any, ClassVar, TextIO
 
 import anyio
 import httpx2
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import Draft202012Validator, validator_for
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client._transport import TransportStreams
 from mcp.client.auth import TokenStorage
@@ -109,8 +112,22 @@ def arguments_model(tool_name: str, input_schema: Mapping[str, Any]) -> type[Mcp
     )
 
 
+def schema_fault(schema: Mapping[str, Any]) -> str | None:
+    """Why `schema` cannot be a tool's argument schema, or None: it must be a valid JSON schema
+    (of the draft its `$schema` names, else 2020-12) of an object, as every model provider asks."""
+    if schema.get("type") != "object":
+        return "its inputSchema is not a JSON schema of type object"
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as error:
+        where = "/".join(str(step) for step in error.absolute_path) or "its root"
+        return f"its inputSchema is not a valid JSON schema (keyword {error.validator!r} at {where})"
+    return None
+
+
 def definition_of(tool: McpTool, toolset: McpToolset) -> ToolDefinition | None:
-    """The definition of an MCP tool, or None (with a warning) for a name Quipu's models refuse."""
+    """The definition of an MCP tool, or None (with a warning naming why) for a tool no model could
+    be offered: a name Quipu's models refuse, or an input schema that is not a JSON schema."""
     if not TOOL_NAME_PATTERN.fullmatch(tool.name):
         logger.warning(
             "MCP tool left out: its name does not match the tool name pattern",
@@ -118,6 +135,10 @@ def definition_of(tool: McpTool, toolset: McpToolset) -> ToolDefinition | None:
             tool_name=tool.name[:128],
             pattern=TOOL_NAME_PATTERN.pattern,
         )
+        return None
+    fault = schema_fault(tool.input_schema)
+    if fault is not None:
+        logger.warning(f"MCP tool left out: {fault}", toolset=toolset.name, tool_name=tool.name)
         return None
     description = (tool.description or tool.title or "").strip() or f"The MCP tool {tool.name}."
     return ToolDefinition(
@@ -127,6 +148,26 @@ def definition_of(tool: McpTool, toolset: McpToolset) -> ToolDefinition | None:
         timeout_s=toolset.timeout_s,
         max_concurrency=toolset.max_concurrency,
     )
+
+
+def served_tools(listed: list[McpTool], toolset: McpToolset) -> list[tuple[ToolDefinition, McpTool]]:
+    """What is served of a server's list: each tool a model can be offered, by the name the server
+    gives it. A name the list holds twice is left out both times (with a warning): a call by that
+    name could reach either, under a schema and description the model was not shown."""
+    counts = Counter(tool.name for tool in listed)
+    for name in sorted(name for name, count in counts.items() if count > 1):
+        logger.warning(
+            "MCP tools left out: the server lists two tools of one name",
+            toolset=toolset.name,
+            tool_name=name[:128],
+            times=counts[name],
+        )
+    served = []
+    for tool in listed:
+        definition = definition_of(tool, toolset) if counts[tool.name] == 1 else None
+        if definition is not None:
+            served.append((definition, tool))
+    return served
 
 
 def may_resend(tool: McpTool) -> bool:
@@ -632,14 +673,12 @@ class McpTools:
         self.connection.follow(changed)
 
     def _served(self, listed: list[McpTool]) -> tuple[ToolCatalog, dict[str, ToolImplementation]]:
-        catalog = ToolCatalog()
-        implementations: dict[str, ToolImplementation] = {}
-        for tool in listed:
-            definition = definition_of(tool, self.toolset)
-            if definition is None or definition.name in catalog:
-                continue
-            catalog.register(definition)
-            implementations[definition.name] = self._caller(definition.name, resend=may_resend(tool))
+        served = served_tools(listed, self.toolset)
+        catalog = ToolCatalog(definition for definition, _ in served)
+        implementations = {
+            definition.name: self._caller(definition.name, resend=may_resend(tool))
+            for definition, tool in served
+        }
         return catalog, implementations
 
     def _caller(self, name: str, *, resend: bool) -> ToolImplementation:

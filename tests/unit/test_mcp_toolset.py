@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import structlog
 from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from mcp_types import Tool as McpTool
 from typer.testing import CliRunner, Result
@@ -18,7 +19,7 @@ from quipu.services import cli
 from quipu.services.cli import apps as cli_apps
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import announce
-from quipu.services.tool_executor.mcp_client import definition_of, may_resend, result_value
+from quipu.services.tool_executor.mcp_client import definition_of, may_resend, result_value, served_tools
 from quipu.tools import ToolError
 
 FILES = McpToolset("files", command=["python", "-m", "files_server"], timeout_s=7.0)
@@ -104,6 +105,59 @@ def test_a_tool_name_quipu_refuses_is_left_out() -> None:
         assert definition_of(McpTool(name=name, description="d", input_schema=SCHEMA), FILES) is None
     untitled = definition_of(McpTool(name="stat", input_schema={"type": "object"}), FILES)
     assert untitled is not None and untitled.description  # the model picks tools by it: never empty
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"type": "array", "items": {"type": "string"}}, "not a JSON schema of type object"),
+        ({"properties": {"name": {"type": "string"}}}, "not a JSON schema of type object"),
+        (
+            {"type": "object", "properties": {"name": {"type": "strin"}}},
+            "keyword 'anyOf' at properties/name/type",
+        ),
+        ({"type": "object", "required": "name"}, "keyword 'type' at required"),
+        (
+            {"type": "object", "properties": {"n": {"minLength": -1}}},
+            "keyword 'minimum' at properties/n/minLength",
+        ),
+    ],
+)
+def test_a_tool_whose_schema_is_not_a_json_schema_is_left_out_saying_why(
+    schema: dict[str, object], says: str
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        assert definition_of(McpTool(name="read_file", description="d", input_schema=schema), FILES) is None
+
+    [warning] = logs
+    assert says in warning["event"] and warning["tool_name"] == "read_file" and warning["toolset"] == "files"
+
+
+def test_a_schema_of_an_older_draft_is_checked_against_that_draft() -> None:
+    draft_7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "items": [{"type": "string"}],
+    }
+    assert definition_of(McpTool(name="legacy", description="d", input_schema=draft_7), FILES) is not None
+
+
+def test_two_tools_of_one_name_are_both_left_out_and_the_rest_served() -> None:
+    listed = [
+        McpTool(name="search", description="Searches the articles.", input_schema=SCHEMA),
+        McpTool(name="read_file", description="Reads a file.", input_schema=SCHEMA),
+        McpTool(name="search", description="Searches the tickets.", input_schema={"type": "object"}),
+    ]
+    with structlog.testing.capture_logs() as logs:
+        served = served_tools(listed, FILES)
+
+    assert [definition.name for definition, _ in served] == ["read_file"]
+    [warning] = logs
+    assert (
+        "two tools of one name" in warning["event"]
+        and warning["tool_name"] == "search"
+        and warning["times"] == 2
+    )
 
 
 def test_only_a_read_only_or_idempotent_tool_is_sent_again() -> None:
