@@ -383,7 +383,7 @@ def serve(
         typer.Option(
             "--header",
             metavar="'NAME: VALUE'",
-            help="mcp with --url: sent with every request, e.g. 'Authorization: Bearer $TOKEN' (repeatable).",
+            help="mcp with --url: sent with every request, e.g. 'X-Tenant: acme' (repeatable).",
         ),
     ] = None,
     bearer_token_env: Annotated[

@@ -460,3 +460,32 @@ async def test_oauth_with_a_wrong_secret_is_a_clear_error_at_start_up(
     with pytest.raises(McpUnavailableError, match=r"'remote' .* not reachable .*: OAuth") as refused:
         await McpTools(toolset).open(Opened())
     assert TOKEN not in str(refused.value)
+
+
+async def test_an_expired_oauth_token_is_replaced_and_the_calls_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = served_folder(tmp_path)
+    process, url = http_process(root, "--oauth", f"quipu:{TOKEN}", "--token-lifetime-s", "1")
+    opened = Opened()
+    try:
+        await listening(url)
+        monkeypatch.setenv("FILES_CLIENT_SECRET", TOKEN)
+        oauth = McpOAuth(
+            client_id="quipu", client_secret_env="FILES_CLIENT_SECRET", issuer=url.removesuffix("/mcp")
+        )
+        served = await serve(McpToolset("remote", url=url, oauth=oauth), opened, root)
+        answers: list[ToolCallCompleted] = []
+
+        async def renewed() -> bool:
+            answers.append(await served.call("read_file", {"name": "poem.txt"}))
+            return int((root / "tokens-issued").read_text()) >= 2
+
+        await eventually(renewed, within=30.0, what="a second token once the first expired", interval=0.25)
+    finally:
+        await opened.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+    assert all(answer.content == {"result": "the river keeps its knots"} for answer in answers)
+    assert served.tools.connection.connections == 1  # renewed inside the session, no reconnection

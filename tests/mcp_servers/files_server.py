@@ -29,6 +29,7 @@ import asyncio
 import base64
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
@@ -176,11 +177,15 @@ def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
     return guarded
 
 
-def oauth_only(app: ASGIApp, root: Path, port: int, client_id: str, client_secret: str) -> ASGIApp:
-    """`app` behind OAuth 2 client credentials, with this process as the authorization server."""
+def oauth_only(
+    app: ASGIApp, root: Path, port: int, client_id: str, client_secret: str, lifetime_s: int
+) -> ASGIApp:
+    """`app` behind OAuth 2 client credentials, with this process as the authorization server;
+    a token it issues is refused `lifetime_s` seconds later."""
     origin = f"http://127.0.0.1:{port}"
     resource_metadata = f"{origin}/.well-known/oauth-protected-resource/mcp"
-    issued: set[str] = set()
+    issued: dict[str, float] = {}
+    """Each token issued, and when it stops being accepted (monotonic)."""
     expected_basic = base64.b64encode(f"{quote(client_id, safe='')}:{quote(client_secret, safe='')}".encode())
 
     async def protected_resource(_request: Request) -> Response:
@@ -205,9 +210,9 @@ def oauth_only(app: ASGIApp, root: Path, port: int, client_id: str, client_secre
         if form.get("grant_type") != "client_credentials":
             return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
         access_token = secrets.token_urlsafe(24)
-        issued.add(access_token)
+        issued[access_token] = time.monotonic() + lifetime_s
         (root / "tokens-issued").write_text(str(len(issued)))
-        return JSONResponse({"access_token": access_token, "token_type": "Bearer", "expires_in": 3600})
+        return JSONResponse({"access_token": access_token, "token_type": "Bearer", "expires_in": lifetime_s})
 
     authorization = Starlette(
         routes=[
@@ -223,7 +228,7 @@ def oauth_only(app: ASGIApp, root: Path, port: int, client_id: str, client_secre
             await (authorization if scope["type"] == "http" else app)(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"").decode()
-        if given.removeprefix("Bearer ") not in issued:
+        if issued.get(given.removeprefix("Bearer "), 0.0) < time.monotonic():
             challenge = f'Bearer resource_metadata="{resource_metadata}"'.encode()
             await send(
                 {"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", challenge)]}
@@ -243,6 +248,9 @@ def main() -> None:
     parser.add_argument("--token", default="", help="With --http: refuse requests without this bearer token.")
     parser.add_argument("--oauth", default="", help="With --http: OAuth 2 client credentials ID:SECRET only.")
     parser.add_argument(
+        "--token-lifetime-s", type=int, default=3600, help="With --oauth: how long a token lasts."
+    )
+    parser.add_argument(
         "--legacy", action="store_true", help="Stdio, speaking only the protocol before 2026-07-28."
     )
     arguments = parser.parse_args()
@@ -258,7 +266,8 @@ def main() -> None:
         app = bearer_only(app, arguments.token)
     if arguments.oauth:
         client_id, _, client_secret = arguments.oauth.partition(":")
-        app = oauth_only(app, arguments.root, arguments.http, client_id, client_secret)
+        lifetime_s = arguments.token_lifetime_s
+        app = oauth_only(app, arguments.root, arguments.http, client_id, client_secret, lifetime_s)
     uvicorn.run(app, host="127.0.0.1", port=arguments.http)
 
 
