@@ -252,6 +252,21 @@ async def test_an_http_servers_changed_tool_list_is_served(http: Served) -> None
     await follows_the_servers_list(http, "listen")
 
 
+async def test_a_changed_tool_list_is_served_from_an_http_server_before_2026(tmp_path: Path) -> None:
+    root = served_folder(tmp_path)
+    process, url = http_process(root, "--legacy")
+    opened = Opened()
+    try:
+        await listening(url)
+        served = await serve(McpToolset("old", url=url, timeout_s=scaled(SERVER_START_S)), opened, root)
+        assert served.tools.connection.protocol_version == LATEST_HANDSHAKE_VERSION
+        await follows_the_servers_list(served, "notification")
+    finally:
+        await opened.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
 async def test_a_changed_tool_list_is_served_from_a_server_before_2026(tmp_path: Path) -> None:
     root = served_folder(tmp_path)
     command = [sys.executable, str(SERVER), str(root), "--legacy"]

@@ -5,6 +5,7 @@
     python tests/mcp_servers/files_server.py ROOT --http PORT --token T   # ... `Authorization: Bearer T` only
     python tests/mcp_servers/files_server.py ROOT --http PORT --oauth ID:SECRET   # ... OAuth 2 tokens only
     python tests/mcp_servers/files_server.py ROOT --legacy        # speaks only the protocol before 2026-07-28
+    python tests/mcp_servers/files_server.py ROOT --http PORT --legacy   # ... over streamable HTTP
 
 With `--oauth` the process is also the authorization server (issuer http://127.0.0.1:PORT): it
 issues tokens for the client credentials ID:SECRET at `/token`, publishes its metadata and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import secrets
 import time
@@ -45,7 +47,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 def build(root: Path) -> MCPServer:
@@ -163,6 +165,42 @@ async def serve_before_2026(server: MCPServer) -> None:
         await serve_loop(lowlevel, read, write, lifespan_state=state, init_options=options)
 
 
+def handshake_only(app: ASGIApp) -> ASGIApp:
+    """`app` as a server before 2026-07-28 answers over HTTP: `server/discover` is an unknown
+    method, so a client falls back to the initialize handshake (the SDK's HTTP app serves both)."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        request = json.loads(body or b"null")
+        if isinstance(request, dict) and request.get("method") == "server/discover":
+            refusal = {
+                "jsonrpc": "2.0",
+                "id": request.get("id"),
+                "error": {"code": -32601, "message": "Method not found"},
+            }
+            await JSONResponse(refusal)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(scope, replay, send)
+
+    return guarded
+
+
 def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
     """`app` for requests that carry `Authorization: Bearer <token>`; 401 for any other."""
     expected = f"Bearer {token}".encode()
@@ -250,18 +288,18 @@ def main() -> None:
     parser.add_argument(
         "--token-lifetime-s", type=int, default=3600, help="With --oauth: how long a token lasts."
     )
-    parser.add_argument(
-        "--legacy", action="store_true", help="Stdio, speaking only the protocol before 2026-07-28."
-    )
+    parser.add_argument("--legacy", action="store_true", help="Speak only the protocol before 2026-07-28.")
     arguments = parser.parse_args()
     server = build(arguments.root)
-    if arguments.legacy:
+    if arguments.legacy and not arguments.http:
         anyio.run(serve_before_2026, server)
         return
     if not arguments.http:
         server.run()
         return
     app: ASGIApp = server.streamable_http_app()
+    if arguments.legacy:
+        app = handshake_only(app)
     if arguments.token:
         app = bearer_only(app, arguments.token)
     if arguments.oauth:
