@@ -64,7 +64,10 @@ ROLES: dict[Topic, tuple[str, str]] = {
     Topic.RUNS_CONTROL: ("gateway, CLI, planner", "planner, tool_executor"),
     Topic.TOOLS_CALLS: ("planner", "tool_executor"),
     Topic.TOOLS_RESULTS: ("tool_executor, planner", "planner"),
-    Topic.TOOLS_REGISTRY: ("tool_executor (at start-up)", "planner (replayed from the beginning)"),
+    Topic.TOOLS_REGISTRY: (
+        "tool_executor (at start-up; an MCP toolset's also when its server's tools change)",
+        "planner (replayed from the beginning)",
+    ),
     Topic.AGENTS_REGISTRY: (
         "`quipu agents apply|delete`, an App at start-up",
         "planner, fact_extractor (replayed from the beginning)",

@@ -99,7 +99,8 @@ class AnnouncedTool(BaseModel):
 class ToolsetAnnounced(Envelope):
     """An executor deployment serves a toolset: its tools and the topic its calls go to.
 
-    Published by every executor copy at start-up (the same content gives the same `event_id`);
+    Published by every executor copy at start-up, and again when an MCP server's tool list
+    changes (the same content gives the same `event_id`);
     `tools.registry` is compacted by toolset name, so its latest announcement is what remains.
     """
 
