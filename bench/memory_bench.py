@@ -30,9 +30,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from quipu.assistant import assistant
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.runs import RunRequested, TurnCompleted
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.agents import ASSISTANT, AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.context import MemoryContextSource
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.summary import Summarizer, read_summarizer_request
@@ -51,7 +53,7 @@ TURNS = 1000
 WINDOW = 12
 SUMMARY_TOKENS = 300
 
-AGENT = AgentSpec(agent_id="assistant", system_prompt=ASSISTANT.system_prompt)
+AGENT = AgentDefinition(id="assistant", instructions=assistant.instructions)
 """The built-in assistant's instructions without tools: memory does not depend on tools, and
 building five tool schemas per turn would make the run about schema generation, not memory."""
 

@@ -2,12 +2,13 @@
 
     agents = default_agents()            # the built-in agents
     agents.apply(changed)                # an entry of agents.registry (quipu.contracts.agents)
-    spec = agents.get_agent("assistant") # UnknownAgentError when not registered
+    agent = agents.get_agent("assistant") # an AgentDefinition; UnknownAgentError when not registered
 
-An agent's tools are names. A name is either a tool (announced on tools.registry, or of the tool
-catalog, `quipu.services.domain.tool_catalog`) or the id of another registered agent: that is an
-agent-tool, and calling it starts a child run of that agent. The planner reads the budgets and
-the model; memory services read `memory_opt_out`.
+An agent is its wire definition, `quipu.contracts.agents.AgentDefinition` (what a `quipu.Agent`
+is, and what `agents.registry` carries): the registry adds nothing to it. Its tools are names: a
+tool some toolset announced on tools.registry, or the id of another registered agent (an
+agent-tool: calling it starts a child run of that agent). The planner reads the budgets and the
+model; memory services read `memory_opt_out`.
 
 Agents are data: `defined(...)` and `removed(...)` make the entries `quipu agents apply|delete`
 and an App publish (`domain.agent_publisher`); every planner copy replays `agents.registry` and
@@ -22,7 +23,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from quipu.assistant import assistant, math_agent
 from quipu.contracts.agents import AgentChanged, AgentDefinition
@@ -32,60 +33,6 @@ from quipu.contracts.errors import QuipuError
 
 class UnknownAgentError(QuipuError, LookupError):
     """Raised when an agent id is not in the registry."""
-
-
-class AgentSpec(BaseModel):
-    """One agent: identity, instructions, tools and budgets."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    agent_id: str = Field(min_length=1, description="Stable identifier, used in runs and records.")
-    description: str = Field(
-        default="", description="What the agent does; the tool description when another agent calls it."
-    )
-    system_prompt: str = Field(description="Instructions given to the model as the system prompt.")
-    tools: tuple[str, ...] = Field(
-        default=(), description="Tool names the agent may call: catalog tools or other agents' ids."
-    )
-    max_steps: int = Field(default=8, ge=1, description="Model calls one run may make.")
-    max_output_tokens: int = Field(
-        default=16_000, ge=1, description="Output tokens one run may spend across all its model calls."
-    )
-    thinking_budget: int = Field(
-        default=0, ge=0, description="Extended-thinking tokens per call; 0 turns thinking off."
-    )
-    memory_opt_out: bool = Field(
-        default=False,
-        description=(
-            "The agent gets no cross-session memory: context sources give it no facts or profile, "
-            "and its turns feed no fact extraction. Session history (continuity) is unaffected."
-        ),
-    )
-
-    model: str | None = Field(
-        default=None, description="The model its calls ask for; None: the deployment's default."
-    )
-
-    @model_validator(mode="after")
-    def _no_self_call(self) -> AgentSpec:
-        if self.agent_id in self.tools:
-            raise ValueError(f"agent {self.agent_id!r} cannot call itself as a tool")
-        return self
-
-    @classmethod
-    def of(cls, definition: AgentDefinition) -> AgentSpec:
-        """The planner's view of a registered definition (ValueError when it calls itself)."""
-        return cls(
-            agent_id=definition.id,
-            description=definition.description,
-            system_prompt=definition.instructions,
-            tools=tuple(definition.tools),
-            max_steps=definition.max_steps,
-            max_output_tokens=definition.max_output_tokens,
-            thinking_budget=definition.thinking_budget,
-            memory_opt_out=definition.memory_opt_out,
-            model=definition.model,
-        )
 
 
 def defined(definition: AgentDefinition, *, at: datetime) -> AgentChanged:
@@ -110,16 +57,23 @@ class InvalidAgentEntryError(QuipuError, ValueError):
     """Raised when a registry entry cannot be served: its definition is about another id, or calls itself."""
 
 
-class AgentRegistry(Mapping[str, AgentSpec]):
+def calls_itself(agent: AgentDefinition) -> bool:
+    """Whether `agent` names itself among its tools (it could never be run)."""
+    return agent.id in agent.tools
+
+
+class AgentRegistry(Mapping[str, AgentDefinition]):
     """Agents by id: the built-in ones it is built with, and those registered through `apply`."""
 
-    def __init__(self, agents: Iterable[AgentSpec] = ()) -> None:
-        self._built_in: dict[str, AgentSpec] = {}
+    def __init__(self, agents: Iterable[AgentDefinition] = ()) -> None:
+        self._built_in: dict[str, AgentDefinition] = {}
         for agent in agents:
-            if agent.agent_id in self._built_in:
-                raise ValueError(f"agent {agent.agent_id!r} is registered twice")
-            self._built_in[agent.agent_id] = agent
-        self._latest: dict[str, tuple[datetime, AgentSpec | None]] = {}
+            if agent.id in self._built_in:
+                raise ValueError(f"agent {agent.id!r} is registered twice")
+            if calls_itself(agent):
+                raise ValueError(f"agent {agent.id!r} cannot call itself as a tool")
+            self._built_in[agent.id] = agent
+        self._latest: dict[str, tuple[datetime, AgentDefinition | None]] = {}
         self._agents = dict(self._built_in)
 
     def apply(self, entry: AgentChanged) -> None:
@@ -127,14 +81,11 @@ class AgentRegistry(Mapping[str, AgentSpec]):
 
         InvalidAgentEntryError (nothing changes) for a definition about another id or one that
         calls itself."""
-        if entry.agent is not None and entry.agent.id != entry.agent_id:
+        spec = entry.agent
+        if spec is not None and spec.id != entry.agent_id:
             raise InvalidAgentEntryError(f"the entry of agent {entry.agent_id!r} defines another agent")
-        try:
-            spec = AgentSpec.of(entry.agent) if entry.agent is not None else None
-        except ValueError as error:
-            raise InvalidAgentEntryError(
-                f"agent {entry.agent_id!r} cannot be served: it calls itself"
-            ) from error
+        if spec is not None and calls_itself(spec):
+            raise InvalidAgentEntryError(f"agent {entry.agent_id!r} cannot be served: it calls itself")
         latest = self._latest.get(entry.agent_id)
         if latest is not None and latest[0] > entry.changed_at:
             return
@@ -162,7 +113,7 @@ class AgentRegistry(Mapping[str, AgentSpec]):
         """The ids of the agents registered through `apply` (not removed since), sorted."""
         return sorted(agent_id for agent_id, (_, spec) in self._latest.items() if spec is not None)
 
-    def __getitem__(self, agent_id: str) -> AgentSpec:
+    def __getitem__(self, agent_id: str) -> AgentDefinition:
         return self._agents[agent_id]
 
     def __iter__(self) -> Iterator[str]:
@@ -171,7 +122,7 @@ class AgentRegistry(Mapping[str, AgentSpec]):
     def __len__(self) -> int:
         return len(self._agents)
 
-    def get_agent(self, agent_id: str) -> AgentSpec:
+    def get_agent(self, agent_id: str) -> AgentDefinition:
         """The agent `agent_id`; raises UnknownAgentError when it is not registered."""
         try:
             return self._agents[agent_id]
@@ -185,10 +136,7 @@ class AgentRegistry(Mapping[str, AgentSpec]):
         return name in self._agents
 
 
-# The built-in agents are the public example's (quipu/assistant.py), written once, as a user writes hers.
-ASSISTANT, MATH_AGENT = AgentSpec.of(assistant), AgentSpec.of(math_agent)
-
-
 def default_agents() -> AgentRegistry:
-    """The built-in agents: `assistant` (with the agent-tool `math_agent`) and `math_agent`."""
-    return AgentRegistry([ASSISTANT, MATH_AGENT])
+    """The built-in agents: `assistant` (with the agent-tool `math_agent`) and `math_agent`, the
+    public example's (quipu/assistant.py), written once, as a user writes hers."""
+    return AgentRegistry([assistant, math_agent])

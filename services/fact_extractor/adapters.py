@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.memory import (
     Fact,
@@ -34,7 +35,6 @@ from quipu.contracts.memory import (
     Profile,
 )
 from quipu.contracts.wire import to_millisecond
-from quipu.services.domain.agents import AgentSpec
 from quipu.services.domain.memory.context import is_anonymous_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
@@ -112,7 +112,7 @@ class FactExtractor:
         memory: MemoryStore,
         model: ModelClient,
         settings: FactExtractorSettings,
-        agents: Mapping[str, AgentSpec] | None = None,
+        agents: Mapping[str, AgentDefinition] | None = None,
     ) -> None:
         """`agents`, when given, adds the registry's `memory_opt_out` to the event's own flag."""
         self._memory = memory

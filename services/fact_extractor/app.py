@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.topics import Topic
 from quipu.services.domain.agent_publisher import agent_reader
-from quipu.services.domain.agents import AgentRegistry, AgentSpec, default_agents
+from quipu.services.domain.agents import AgentRegistry, default_agents
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import ModelClient
 from quipu.services.fact_extractor import handlers
@@ -35,7 +36,7 @@ class FactExtractorDeps:
 
     memory: MemoryStore | None = None
     model: ModelClient | None = None
-    agents: Mapping[str, AgentSpec] | None = None
+    agents: Mapping[str, AgentDefinition] | None = None
     """The built-in agents (default: `default_agents()`); agents.registry is applied to a registry of them."""
 
 
@@ -86,7 +87,7 @@ def create_app(
     )
 
 
-def _registry_of(agents: Mapping[str, AgentSpec]) -> AgentRegistry:
+def _registry_of(agents: Mapping[str, AgentDefinition]) -> AgentRegistry:
     return agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents.values())
 
 

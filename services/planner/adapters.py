@@ -11,6 +11,7 @@ from typing import Protocol
 
 import structlog
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.commands import DispatchedCall
 from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
 from quipu.contracts.memory import MemoryScope
@@ -19,7 +20,7 @@ from quipu.contracts.store import AppendResult, Record, RunStatus, is_erased
 from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallRequested
 from quipu.contracts.transcript import TranscriptError
 from quipu.contracts.wire import to_millisecond
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.context import ContextBlocks, SpokenTurn, history_principal
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
@@ -256,7 +257,9 @@ class MissingToolsError(QuipuError):
         self.names = names
 
 
-def tool_book(agent: AgentSpec, agents: AgentRegistry, registry: ToolsetRegistry) -> dict[str, ToolInfo]:
+def tool_book(
+    agent: AgentDefinition, agents: AgentRegistry, registry: ToolsetRegistry
+) -> dict[str, ToolInfo]:
     """The tools `agent` may call: tools some toolset announced (on their toolset's topic), and
     other agents as agent-tools (child runs); MissingToolsError for the rest."""
     book: dict[str, ToolInfo] = {}
@@ -267,12 +270,12 @@ def tool_book(agent: AgentSpec, agents: AgentRegistry, registry: ToolsetRegistry
             book[name] = ToolInfo(spec=offered.spec, timeout_s=offered.timeout_s)
         elif agents.is_agent_tool(name):
             callee = agents.get_agent(name)
-            definition = agent_tool(name, callee.description or f"The {name} agent.", callee.agent_id)
+            definition = agent_tool(name, callee.description or f"The {name} agent.", callee.id)
             book[name] = ToolInfo(spec=definition.spec(), timeout_s=None, agent_id=definition.agent_id)
         else:
             missing.append(name)
     if missing:
-        raise MissingToolsError(agent.agent_id, missing)
+        raise MissingToolsError(agent.id, missing)
     return book
 
 

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import structlog
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
 from quipu.contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
 from quipu.contracts.memory import HistoryRole, MemoryScope
@@ -48,7 +49,7 @@ from quipu.contracts.transcript import (
     encode_messages,
 )
 from quipu.contracts.wire import to_millisecond, utc_now_ms
-from quipu.services.domain.agents import AgentRegistry, AgentSpec, UnknownAgentError
+from quipu.services.domain.agents import AgentRegistry, UnknownAgentError
 from quipu.services.domain.memory.context import (
     ContextBlocks,
     ContextSource,
@@ -359,7 +360,7 @@ class Planner:
         memory = self._read_memory(request, agent, context) if request.session_id else None
         try:
             await self._require_owner(request, request.session_id, context)
-            plan = start_plan(run_start(request, agent_id=agent.agent_id, session_id=request.session_id))
+            plan = start_plan(run_start(request, agent_id=agent.id, session_id=request.session_id))
             view = await self._start(plan, request)
         except BaseException:
             await _drop(memory)
@@ -390,13 +391,13 @@ class Planner:
         return await self._write_input(view, request.text, trigger)
 
     def _read_memory(
-        self, request: RunRequested, agent: AgentSpec, context: RunContext
+        self, request: RunRequested, agent: AgentDefinition, context: RunContext
     ) -> asyncio.Task[ContextBlocks]:
         return asyncio.ensure_future(
             self.deps.context.context(
                 request.session_id,
                 context.principal_id,
-                agent.agent_id,
+                agent.id,
                 tenant_id=request.tenant_id,
                 query=request.text,
                 memory_opt_out=agent.memory_opt_out,
@@ -412,7 +413,7 @@ class Planner:
         agent = self._agent(request.agent_id)
         run = run_start(
             request,
-            agent_id=agent.agent_id,
+            agent_id=agent.id,
             session_id=request.session_id,
             parent_run_id=parent.parent_run_id,
         )
@@ -573,7 +574,12 @@ class Planner:
         )
 
     async def _model_step(
-        self, view: RunView, agent: AgentSpec, tools: Mapping[str, ToolInfo], step: int, trigger: Trigger
+        self,
+        view: RunView,
+        agent: AgentDefinition,
+        tools: Mapping[str, ToolInfo],
+        step: int,
+        trigger: Trigger,
     ) -> RunView:
         request = model_request(view, agent, tools, step, self.settings.max_tokens_per_call)
         try:
@@ -613,7 +619,7 @@ class Planner:
     async def _fit(
         self,
         view: RunView,
-        agent: AgentSpec,
+        agent: AgentDefinition,
         tools: Mapping[str, ToolInfo],
         step: int,
         trigger: Trigger,
@@ -829,7 +835,9 @@ class Planner:
 
     # --- helpers --------------------------------------------------------------------------------
 
-    async def _equipment(self, view: RunView) -> tuple[AgentSpec | None, dict[str, ToolInfo], Failure | None]:
+    async def _equipment(
+        self, view: RunView
+    ) -> tuple[AgentDefinition | None, dict[str, ToolInfo], Failure | None]:
         """The run's agent and the tools it may call, or the failure that ends the run: its agent was
         removed from agents.registry after the run started, or it declares tools nobody announced.
 
@@ -852,7 +860,7 @@ class Planner:
                 missing = error
         return agent, {}, Failure(message=str(missing), kind=MISSING_TOOL, retryable=False)
 
-    def _agent(self, agent_id: str) -> AgentSpec:
+    def _agent(self, agent_id: str) -> AgentDefinition:
         try:
             return self.deps.agents.get_agent(agent_id)
         except UnknownAgentError as error:

@@ -165,7 +165,7 @@ async def test_an_agent_applied_to_a_running_planner_is_served_without_a_restart
     assert "answered as: You add." in await system.answer_of(run_id)
     assert "claude-adder" in system.seen.models
     # The built-in agents stay available beside the registered ones.
-    assert system.agents.get_agent("assistant").agent_id == "assistant"
+    assert system.agents.get_agent("assistant").id == "assistant"
 
 
 async def test_a_registered_agent_calls_another_registered_agent_as_a_tool(system: System) -> None:

@@ -59,7 +59,7 @@ async def test_apply_a_yaml_and_a_toml_file_then_list_and_delete(
     assert (registry.registered(), skipped) == (["accountant", "forecaster", "helper"], 0)
     forecaster = registry.get_agent("forecaster")
     assert (forecaster.tools, forecaster.max_steps, forecaster.model) == (
-        ("current_time", "helper"),
+        ["current_time", "helper"],
         4,
         "claude-forecaster",
     )

@@ -18,12 +18,13 @@ import pytest
 from pydantic import SecretStr
 
 from quipu import Client
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import StreamEventType
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import CancellationReason, RunStatus
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.run_events import StreamedEvent
@@ -56,7 +57,7 @@ async def hold(ticket: str) -> str:
     return f"ticket {ticket} served"
 
 
-CLERK = AgentSpec(agent_id="clerk", system_prompt="You run a desk.", tools=("hold", "ask_user", "calculator"))
+CLERK = AgentDefinition(id="clerk", instructions="You run a desk.", tools=["hold", "ask_user", "calculator"])
 
 
 @pytest.fixture(scope="module")

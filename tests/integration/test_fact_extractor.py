@@ -23,12 +23,14 @@ from typing import Any
 import pytest
 
 import quipu
+from quipu.assistant import assistant
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.memory import FactChanged, HistoryRecorded, HistoryTurn, MemoryScope
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agent_publisher import publish_agents
-from quipu.services.domain.agents import ASSISTANT, AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.models.port import ModelRequest
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.fact_extractor.app import FactExtractorDeps
@@ -42,7 +44,7 @@ from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
 
-DIARY = AgentSpec(agent_id="diary", system_prompt="A private diary.", memory_opt_out=True)
+DIARY = AgentDefinition(id="diary", instructions="A private diary.", memory_opt_out=True)
 
 
 @dataclass
@@ -107,7 +109,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
         return answers.get(request.call_key)
 
     model = ScriptedModel(structured_output=answer)
-    agents = AgentRegistry([ASSISTANT, DIARY])
+    agents = AgentRegistry([assistant, DIARY])
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     extractor = create_extractor(
         settings,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import RunStatus
@@ -28,7 +29,7 @@ from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import build_messages_from_run_log
 from quipu.services.kit.store_client import KafkaStore
@@ -42,10 +43,10 @@ from tests.timing import eventually, scaled
 pytestmark = pytest.mark.slow
 
 SERVER = Path(__file__).parents[1] / "mcp_servers" / "files_server.py"
-LIBRARIAN = AgentSpec(
-    agent_id="librarian", system_prompt="You read files.", tools=("read_file", "crash", "add_echo_tool")
+LIBRARIAN = AgentDefinition(
+    id="librarian", instructions="You read files.", tools=["read_file", "crash", "add_echo_tool"]
 )
-CRIER = AgentSpec(agent_id="crier", system_prompt="You shout.", tools=("shout",))
+CRIER = AgentDefinition(id="crier", instructions="You shout.", tools=["shout"])
 """Its tool is one the server adds while it runs."""
 
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import Field
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import RunStatus
@@ -28,7 +29,7 @@ from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
@@ -87,8 +88,8 @@ def reserve(sku: Annotated[str, Field(pattern=SKU)], quantity: Annotated[int, Fi
     return f"reserved {quantity} of {sku}"
 
 
-SHOPPER = AgentSpec(
-    agent_id="shopper", system_prompt="You run a shop.", tools=("check_stock", "reserve", "calculator")
+SHOPPER = AgentDefinition(
+    id="shopper", instructions="You run a shop.", tools=["check_stock", "reserve", "calculator"]
 )
 
 

@@ -19,6 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faststream import FastStream
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.runs import CancelRun, RunRequested
@@ -28,7 +29,7 @@ from quipu.contracts.topics import Topic, dead_letter_topic, toolset_calls_topic
 from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -103,11 +104,11 @@ def fast_toolset(copy: str, ran: list[str]) -> Toolset:
 
 AGENTS = AgentRegistry(
     [
-        AgentSpec(agent_id="cruncher", system_prompt="Crunch.", tools=("crunch",)),
-        AgentSpec(agent_id="pinger", system_prompt="Ping.", tools=("ping",)),
-        AgentSpec(agent_id="hanger", system_prompt="Wait.", tools=("hang",)),
-        AgentSpec(agent_id="stranded", system_prompt="Try.", tools=("ping", "vanished_tool")),
-        AgentSpec(agent_id="latecomer", system_prompt="Ping late.", tools=("ping_late",)),
+        AgentDefinition(id="cruncher", instructions="Crunch.", tools=["crunch"]),
+        AgentDefinition(id="pinger", instructions="Ping.", tools=["ping"]),
+        AgentDefinition(id="hanger", instructions="Wait.", tools=["hang"]),
+        AgentDefinition(id="stranded", instructions="Try.", tools=["ping", "vanished_tool"]),
+        AgentDefinition(id="latecomer", instructions="Ping late.", tools=["ping_late"]),
     ]
 )
 

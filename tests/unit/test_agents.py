@@ -18,7 +18,6 @@ from quipu.contracts.agents import AgentChanged, AgentDefinition
 from quipu.contracts.topics import Topic
 from quipu.services.domain.agents import (
     AgentRegistry,
-    AgentSpec,
     InvalidAgentEntryError,
     UnknownAgentError,
     default_agents,
@@ -83,18 +82,37 @@ def test_a_definition_round_trips_on_the_wire() -> None:
     assert decoded.agent is not None and decoded.agent.model == "claude-x"
 
 
-def _spec(agents: AgentRegistry, agent_id: str) -> AgentSpec:
+def _spec(agents: AgentRegistry, agent_id: str) -> AgentDefinition:
     return agents.get_agent(agent_id)
+
+
+def test_the_registry_serves_an_agent_as_the_definition_it_was_published_with() -> None:
+    published = AgentDefinition(
+        id="scribe",
+        instructions="Write it down.",
+        description="Keeps notes.",
+        tools=["notes"],
+        max_steps=3,
+        max_output_tokens=900,
+        thinking_budget=64,
+        memory_opt_out=True,
+        model="claude-scribe",
+    )
+    agents = AgentRegistry()
+    agents.take(defined(published, at=T0).model_dump_json().encode())
+
+    # No copy in another shape: every field as it went onto agents.registry.
+    assert agents.get_agent("scribe") == published
 
 
 def test_the_registry_serves_a_registered_agent_and_its_latest_definition() -> None:
     agents = AgentRegistry()
     agents.apply(defined(quipu.Agent(id="forecaster", instructions="v1", model="claude-x"), at=T0))
-    assert _spec(agents, "forecaster").system_prompt == "v1"
+    assert _spec(agents, "forecaster").instructions == "v1"
     assert _spec(agents, "forecaster").model == "claude-x"
     agents.apply(defined(quipu.Agent(id="forecaster", instructions="v2"), at=T0 + timedelta(seconds=1)))
     agents.apply(defined(quipu.Agent(id="forecaster", instructions="v0"), at=T0 - timedelta(seconds=1)))
-    assert _spec(agents, "forecaster").system_prompt == "v2"
+    assert _spec(agents, "forecaster").instructions == "v2"
     assert agents.registered() == ["forecaster"]
 
 
@@ -108,14 +126,14 @@ def test_the_order_entries_are_read_in_does_not_matter() -> None:
         agents = AgentRegistry()
         for entry in order:
             agents.apply(entry)
-        assert _spec(agents, "a").system_prompt == "last"
+        assert _spec(agents, "a").instructions == "last"
 
 
 def test_a_registered_agent_replaces_a_built_in_one_and_its_removal_brings_it_back() -> None:
     agents = default_agents()
     built_in = _spec(agents, "assistant")
     agents.apply(defined(quipu.Agent(id="assistant", instructions="Mine."), at=T0))
-    assert _spec(agents, "assistant").system_prompt == "Mine."
+    assert _spec(agents, "assistant").instructions == "Mine."
     agents.apply(removed("assistant", at=T0 + timedelta(seconds=1)))
     assert _spec(agents, "assistant") == built_in
 

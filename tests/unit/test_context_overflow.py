@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.memory import (
@@ -32,7 +33,7 @@ from quipu.contracts.store import RunStatus
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import Message, TextPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.context import MemoryContextSource
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.ranking import build_index_entry
@@ -58,8 +59,8 @@ from tests.support.announced import announced
 AT = datetime(2026, 2, 1, tzinfo=UTC)
 AGENTS = AgentRegistry(
     [
-        AgentSpec(agent_id="assistant", system_prompt="Be brief.", tools=("calculator",)),
-        AgentSpec(agent_id="private", system_prompt="Be brief.", memory_opt_out=True),
+        AgentDefinition(id="assistant", instructions="Be brief.", tools=["calculator"]),
+        AgentDefinition(id="private", instructions="Be brief.", memory_opt_out=True),
     ]
 )
 _TURN = re.compile(r"old question (\d+)")

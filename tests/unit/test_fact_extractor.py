@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import structlog
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.memory import (
     Fact,
@@ -30,7 +31,6 @@ from quipu.contracts.memory import (
 )
 from quipu.contracts.transcript import TextPart
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.agents import AgentSpec
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.safety import SensitiveCategory
 from quipu.services.domain.models.port import (
@@ -429,7 +429,7 @@ async def test_an_opted_out_turn_is_not_read() -> None:
 
 
 async def test_an_agent_registered_as_opted_out_is_skipped_even_without_the_flag() -> None:
-    private = AgentSpec(agent_id="diary", system_prompt="A private diary.", memory_opt_out=True)
+    private = AgentDefinition(id="diary", instructions="A private diary.", memory_opt_out=True)
     f = Fixture(agents={"diary": private})
     scope = MemoryScope(tenant_id="acme", principal_id="alice", agent_id="diary")
     _, outcome = await f.say("I live in Lisbon", new("Lives in Lisbon"), scope=scope, session_id="s-diary")

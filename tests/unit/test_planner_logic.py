@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunPhase
 from quipu.contracts.lifecycle import decode_run_completed, encode_run_started
 from quipu.contracts.runs import ParentToolCall, RunRequested
@@ -18,7 +19,7 @@ from quipu.contracts.transcript import (
     encode_messages,
 )
 from quipu.contracts.wire import to_millisecond
-from quipu.services.domain.agents import AgentSpec, default_agents
+from quipu.services.domain.agents import default_agents
 from quipu.services.domain.memory.context import ContextBlocks
 from quipu.services.domain.models.port import ToolSpec
 from quipu.services.planner.logic.actions import Append, CallModel, Closed, Dispatch, Finish, Trigger, Wait
@@ -199,7 +200,7 @@ def test_model_request_joins_system_blocks_and_bounds_tokens() -> None:
         .add("seed", "transcript_messages_seeded", encode_messages([say("system", "Ana likes tea.")]))
     )
     log.messages("input", say("user", "hi"))
-    agent = AgentSpec(agent_id="assistant", system_prompt="Be kind.", tools=("calculator", "ghost"))
+    agent = AgentDefinition(id="assistant", instructions="Be kind.", tools=["calculator", "ghost"])
     tools = {"calculator": ToolInfo(ToolSpec("calculator", "adds", {"type": "object"}))}
     request = model_request(log.view(), agent, tools, 1, 4096)
     assert request.system == "Be kind.\n\nAna likes tea."
@@ -259,4 +260,4 @@ def test_default_agents() -> None:
     assert set(assistant.tools) == {"current_time", "calculator", "notes", "ask_user", "math_agent"}
     assert assistant.max_steps == 8
     assert agents.is_agent_tool("math_agent")
-    assert agents.get_agent("math_agent").tools == ("calculator",)
+    assert agents.get_agent("math_agent").tools == ["calculator"]

@@ -26,7 +26,7 @@ from quipu.contracts.store import Record, RunStatus, SessionOwner
 from quipu.contracts.tools import DEFAULT_TOOLSET, AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
 from quipu.contracts.wire import utc_now_ms
-from quipu.services.domain.agents import AgentRegistry, AgentSpec, defined, removed
+from quipu.services.domain.agents import AgentRegistry, defined, removed
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import (
     ModelError,
@@ -154,17 +154,17 @@ class Bus:
 
 AGENTS = AgentRegistry(
     [
-        AgentSpec(
-            agent_id="assistant",
+        AgentDefinition(
+            id="assistant",
             description="General assistant.",
-            system_prompt="Be brief.",
-            tools=("calculator", "current_time", "ask_user", "math_agent"),
+            instructions="Be brief.",
+            tools=["calculator", "current_time", "ask_user", "math_agent"],
         ),
-        AgentSpec(
-            agent_id="math_agent",
+        AgentDefinition(
+            id="math_agent",
             description="Does maths.",
-            system_prompt="Compute.",
-            tools=("calculator",),
+            instructions="Compute.",
+            tools=["calculator"],
             max_steps=3,
         ),
     ]

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.tools import DEFAULT_TOOLSET, ToolsetAnnounced
 from quipu.contracts.topics import toolset_calls_topic
-from quipu.services.domain.agents import AgentRegistry, AgentSpec
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog, agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry, announce, offered_tools
@@ -111,7 +112,7 @@ def test_a_tool_two_toolsets_announce_goes_to_the_first_by_name_whatever_the_ord
     assert offered_tools(reversed(both))["render"].toolset == "alpha"
 
 
-AGENT = AgentSpec(agent_id="artist", system_prompt="Draw.", tools=("render", "calculator", "nobody_has_it"))
+AGENT = AgentDefinition(id="artist", instructions="Draw.", tools=["render", "calculator", "nobody_has_it"])
 
 
 def test_the_book_names_every_tool_an_agent_declares_that_nobody_serves() -> None:
@@ -128,7 +129,7 @@ def test_the_book_names_every_tool_an_agent_declares_that_nobody_serves() -> Non
 def test_the_book_takes_announced_tools_with_their_deadline_and_agents_as_agent_tools() -> None:
     shipped = announce(DEFAULT_TOOLSET, "1", default_catalog(), at=AT)
     registry = ToolsetRegistry([announced(GPU), shipped])
-    helper = AgentSpec(agent_id="helper", description="Helps.", system_prompt="Help.")
+    helper = AgentDefinition(id="helper", description="Helps.", instructions="Help.")
     agent = AGENT.model_copy(update={"tools": ("render", "calculator", "helper")})
 
     book = tool_book(agent, AgentRegistry([agent, helper]), registry)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.envelope import derive_id
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import Failure
 from quipu.contracts.store import Record
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED, Message, encode_messages
-from quipu.services.domain.agents import AgentSpec
 from quipu.services.domain.models.port import ModelRequest, ModelResponse
 from quipu.services.planner.logic.context import compacted_messages
 from quipu.services.planner.logic.dispatch import ToolInfo
@@ -33,7 +33,7 @@ def model_failure(error_message: str, *, provider: str, code: str, http_status: 
 
 def model_request(
     view: RunView,
-    agent: AgentSpec,
+    agent: AgentDefinition,
     tools: Mapping[str, ToolInfo],
     step: int,
     max_tokens_per_call: int,
@@ -46,7 +46,7 @@ def model_request(
     """
     assert view.context is not None
     shown = compacted_messages(view.messages, view.compaction) if messages is None else list(messages)
-    system = [agent.system_prompt, *(text_of(m) for m in shown if m.role == "system")]
+    system = [agent.instructions, *(text_of(m) for m in shown if m.role == "system")]
     remaining = view.context.max_output_tokens - view.output_tokens
     max_tokens = max(1, min(max_tokens_per_call, remaining))
     thinking = agent.thinking_budget if agent.thinking_budget < max_tokens else 0

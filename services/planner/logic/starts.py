@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.lifecycle import encode_child_run_linked, encode_run_completed, encode_run_started
 from quipu.contracts.runs import ParentToolCall, RunKind, RunRequested
 from quipu.contracts.store import CancellationReason, LifecycleType, Record, RunStart, RunStatus
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, TranscriptError, bounded_tool_result
 from quipu.contracts.wire import to_millisecond
-from quipu.services.domain.agents import AgentSpec
 from quipu.services.planner.logic.keys import STARTED_KEY, STOPPED_KEY
 from quipu.services.planner.logic.payloads import PendingInput, RunContext
 from quipu.services.planner.logic.tool_results import result_part
@@ -79,7 +79,9 @@ def run_start(
     )
 
 
-def run_context(request: RunRequested, agent: AgentSpec, inherited: RunContext | None = None) -> RunContext:
+def run_context(
+    request: RunRequested, agent: AgentDefinition, inherited: RunContext | None = None
+) -> RunContext:
     """Budgets, tenant and principal of a new run: the request's, else the predecessor's, else the
     agent's."""
     return RunContext(
