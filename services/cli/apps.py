@@ -20,6 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from quipu.app import AnyToolset, App, AppError, AppLoadError, load_app
+from quipu.contracts.errors import QuipuError
 from quipu.contracts.tools import ToolsetAnnounced
 from quipu.contracts.topics import Topic, toolset_calls_topic
 from quipu.mcp import McpOAuth, McpToolset
@@ -77,7 +78,12 @@ def serve_beside_running_stack(definition: ServiceDefinition[Any]) -> None:
     running = adopt_running_stack()
     if running is not None:
         note(f"stack: {running} · kafka {os.environ['QUIPU_KAFKA_BOOTSTRAP']}")
-    definition.main()
+    try:
+        definition.main()
+    except QuipuError as error:
+        # An executor that cannot start (an MCP server out of reach, a secret that cannot be read)
+        # says why in one line; its message names no secret and no URL.
+        raise CliError(str(error)) from None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,13 @@ from quipu.services import cli
 from quipu.services.cli import apps as cli_apps
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.domain.toolset_registry import announce
-from quipu.services.tool_executor.mcp_client import definition_of, may_resend, result_value, served_tools
+from quipu.services.tool_executor.mcp_client import (
+    McpUnavailableError,
+    definition_of,
+    may_resend,
+    result_value,
+    served_tools,
+)
 from quipu.tools import ToolError
 
 FILES = McpToolset("files", command=["python", "-m", "files_server"], timeout_s=7.0)
@@ -241,6 +247,23 @@ def test_serve_mcp_takes_where_the_credentials_are(monkeypatch: pytest.MonkeyPat
 def test_serve_mcp_refuses_what_no_executor_could_serve(args: tuple[str, ...], says: str) -> None:
     result = serve(*args)
     assert result.exit_code == 1 and says in result.output, result.output
+
+
+def test_an_executor_that_cannot_start_says_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Unstartable:
+        def main(self) -> None:
+            raise McpUnavailableError(
+                "the credentials of toolset 'search': the environment variable T is not set"
+            )
+
+    monkeypatch.setattr(cli_apps, "toolset_definition", lambda _toolset: Unstartable())
+    result = serve("mcp", "--toolset", "search", "--url", "http://h/mcp", "--bearer-token-env", "T")
+
+    assert result.exit_code == 1
+    assert (
+        "error: the credentials of toolset 'search': the environment variable T is not set" in result.output
+    )
+    assert "Traceback" not in result.output
 
 
 def test_a_command_or_url_belongs_to_serve_mcp_only() -> None:
