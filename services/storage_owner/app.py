@@ -14,6 +14,7 @@ from quipu.services.kit.settings import KafkaSettings, KeySettings, MongoSetting
 from quipu.services.storage_owner import handlers
 from quipu.services.storage_owner.key_endpoint import KeyEndpoint
 from quipu.services.storage_owner.keys import parse_master_key
+from quipu.services.storage_owner.mongo import TransactionPolicy
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.settings import OwnerSettings
@@ -25,10 +26,18 @@ def _master_key(owner: OwnerSettings) -> bytes | None:
     return parse_master_key(owner.master_key.get_secret_value()) if owner.master_key else None
 
 
+def _policy(owner: OwnerSettings) -> TransactionPolicy:
+    return TransactionPolicy(group_max=owner.group_commit_max)
+
+
 async def _open_mongo_store(mongo: MongoSettings, owner: OwnerSettings) -> MongoStore:
     secret = owner.cursor_secret.get_secret_value().encode() if owner.cursor_secret else None
     return await MongoStore.connect(
-        mongo.uri.get_secret_value(), mongo.database, cursor_secret=secret, master_key=_master_key(owner)
+        mongo.uri.get_secret_value(),
+        mongo.database,
+        cursor_secret=secret,
+        master_key=_master_key(owner),
+        policy=_policy(owner),
     )
 
 
@@ -36,10 +45,12 @@ async def _open_mongo_memory(
     mongo: MongoSettings, owner: OwnerSettings, store: Store | None
 ) -> MongoMemoryStore:
     """The memory store on the runtime store's client when it has one, else on a client of its own."""
-    master_key = _master_key(owner)
+    master_key, policy = _master_key(owner), _policy(owner)
     if isinstance(store, MongoStore):
-        return await MongoMemoryStore.open(store.client, mongo.database, master_key=master_key)
-    return await MongoMemoryStore.connect(mongo.uri.get_secret_value(), mongo.database, master_key=master_key)
+        return await MongoMemoryStore.open(store.client, mongo.database, master_key=master_key, policy=policy)
+    return await MongoMemoryStore.connect(
+        mongo.uri.get_secret_value(), mongo.database, master_key=master_key, policy=policy
+    )
 
 
 def create_app(

@@ -15,6 +15,7 @@ from pymongo import AsyncMongoClient, IndexModel, ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
+    ConnectionFailure,
     DocumentTooLarge,
     DuplicateKeyError,
     OperationFailure,
@@ -58,6 +59,10 @@ class TransactionPolicy:
     """Upper bound of the first (full-jitter) pause between attempts, in seconds."""
     backoff_max: float = 0.1
     """Cap of the pause between attempts, in seconds."""
+    group_max: int = 1
+    """Operations that arrive together applied in one transaction, at most (group commit); 1
+    applies each in its own. Suits a database that serialises writes (SecantusDB: one commit,
+    one fsync, for the group); on a MongoDB replica set concurrent transactions scale instead."""
 
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, initial * 2^(attempt-1))]."""
@@ -86,11 +91,44 @@ def _too_large(error: BaseException) -> bool:
     )
 
 
+@dataclass
+class _Queued:
+    """An operation waiting for its group, and where its outcome goes."""
+
+    operation: Callable[[Any], Awaitable[Any]]
+    outcome: asyncio.Future[Any]
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        if self.outcome.done():
+            return  # its caller gave up waiting (canceled)
+        if error is None:
+            self.outcome.set_result(result)
+        else:
+            self.outcome.set_exception(error)
+
+
+class _GroupBrokenError(Exception):
+    """An operation of a group was refused after it had written: the group cannot commit."""
+
+
 class TransactionLoop(Generic[X]):
-    """One MongoDB transaction per operation, retried whole on a transient conflict.
+    """One MongoDB transaction per operation, retried whole on a transient conflict; or, with
+    `TransactionPolicy.group_max` > 1, the operations that arrive together in one (group commit).
 
     Shared by the runtime store and the memory store: a subclass says how to open its transaction
-    object on a session (`_open`) and what to release when the attempt ends (`_close`).
+    object on a session (`_open`), what to release when the attempt ends (`_close`) and whether
+    an operation has written (`_wrote`).
+
+    Group commit: operations are queued and applied one after another by a single drain, each
+    group of the waiting ones (at most `group_max`) in one transaction with one commit. The rules
+    check everything before their first write, so an operation refused by a rule (a `StoreError`)
+    has written nothing: its refusal is its outcome and the others commit. Anything else that
+    fails the group (a write conflict, another writer first, a document too large) aborts it, and
+    each of its operations is then applied alone, retried as usual; an error that would fail
+    every one alone (the database unreachable) is each one's outcome at once. An operation's
+    outcome is given only after its group committed (or it was refused), so nothing is answered
+    before it is durable. The drain applies one transaction at a time, so one session's
+    operations in this process never race each other.
     """
 
     def __init__(self, client: AsyncMongoClient[Document], policy: TransactionPolicy | None) -> None:
@@ -98,6 +136,19 @@ class TransactionLoop(Generic[X]):
         self._policy = policy or TransactionPolicy()
         self.attempts = 0
         """Transactions started, conflicts included (an operational figure)."""
+        self.groups = 0
+        """Groups of two or more operations committed in one transaction."""
+        self.grouped = 0
+        """Operations committed (or refused) inside those groups."""
+        self.fallbacks = 0
+        """Groups aborted whose operations were then applied alone."""
+        self._queue: list[_Queued] = []
+        self._draining: asyncio.Task[None] | None = None
+
+    @property
+    def grouping(self) -> bool:
+        """Whether operations that arrive together share a transaction."""
+        return self._policy.group_max > 1
 
     def _open(self, session: AsyncClientSession) -> X:
         raise NotImplementedError
@@ -105,8 +156,104 @@ class TransactionLoop(Generic[X]):
     def _close(self, transaction: X) -> None:
         """Release what the attempt held (nothing by default)."""
 
+    def _wrote(self, transaction: X) -> bool:
+        """Whether the operation on `transaction` sent a write (unknown: assume it did)."""
+        return True
+
+    async def _finish(self, transaction: X) -> None:
+        """Complete the operation on `transaction` before its commit (send what it holds back)."""
+
     async def run_transaction(self, operation: Callable[[X], Awaitable[T]]) -> T:
-        """Apply `operation` in one transaction, retried on conflicts; UNAVAILABLE when they persist."""
+        """Apply `operation` in one transaction (perhaps its group's), retried on conflicts;
+        UNAVAILABLE when they persist."""
+        if not self.grouping:
+            return await self._alone(operation)
+        queued = _Queued(operation, asyncio.get_running_loop().create_future())
+        self._queue.append(queued)
+        if self._draining is None:
+            self._draining = asyncio.create_task(self._drain(), name="group commit")
+        result: T = await queued.outcome
+        return result
+
+    async def _drain(self) -> None:
+        group: list[_Queued] = []
+        try:
+            while self._queue:
+                size = self._policy.group_max
+                group = [queued for queued in self._queue[:size] if not queued.outcome.done()]
+                del self._queue[:size]
+                if len(group) == 1:
+                    await self._apply_alone(group[0])
+                elif group:
+                    await self._apply_group(group)
+        except BaseException as error:
+            # The drain itself is ending (its loop shuts down): nobody is left waiting forever.
+            for queued in [*group, *self._queue]:
+                queued.settle(error=unavailable(error))
+            self._queue.clear()
+            raise
+        finally:
+            self._draining = None
+
+    async def _apply_alone(self, queued: _Queued) -> None:
+        try:
+            queued.settle(await self._alone(queued.operation))
+        except Exception as error:
+            queued.settle(error=error)
+
+    async def _apply_group(self, group: list[_Queued]) -> None:
+        self.attempts += 1
+        try:
+            outcomes = await self._group_attempt(group)
+        except Exception as error:
+            if isinstance(error, ConnectionFailure) and not _is_transient(error):
+                # The database is out of reach: alone, each would wait for it in turn to fail.
+                for queued in group:
+                    queued.settle(error=unavailable(error))
+                return
+            # A conflict, or one operation's own failure: each alone gets its own outcome.
+            self.fallbacks += 1
+            for queued in group:
+                await self._apply_alone(queued)
+            return
+        self.groups += 1
+        self.grouped += len(group)
+        for queued, (result, refusal) in zip(group, outcomes, strict=True):
+            queued.settle(result, refusal)
+
+    async def _group_attempt(self, group: list[_Queued]) -> list[tuple[Any, StoreError | None]]:
+        """Every operation of `group` in one transaction: each one's result or rule refusal."""
+        policy = self._policy
+        outcomes: list[tuple[Any, StoreError | None]] = []
+        async with self._client.start_session() as session:
+            await session.start_transaction(
+                read_concern=policy.read_concern, write_concern=policy.write_concern
+            )
+            opened: list[X] = []
+            try:
+                try:
+                    for queued in group:
+                        transaction = self._open(session)
+                        opened.append(transaction)
+                        try:
+                            result = await queued.operation(transaction)
+                        except StoreError as refusal:
+                            if self._wrote(transaction):
+                                raise _GroupBrokenError("refused after it wrote") from refusal
+                            outcomes.append((None, refusal))
+                            continue
+                        await self._finish(transaction)
+                        outcomes.append((result, None))
+                except BaseException:
+                    await session.abort_transaction()
+                    raise
+                await self._commit(session)
+            finally:
+                for transaction in opened:
+                    self._close(transaction)
+        return outcomes
+
+    async def _alone(self, operation: Callable[[X], Awaitable[T]]) -> T:
         policy = self._policy
         last: BaseException | None = None
         for attempt in range(1, policy.max_attempts + 1):
@@ -139,6 +286,7 @@ class TransactionLoop(Generic[X]):
             try:
                 try:
                     result = await operation(transaction)
+                    await self._finish(transaction)
                 except BaseException:
                     await session.abort_transaction()
                     raise

@@ -41,11 +41,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from pymongo import ASCENDING, AsyncMongoClient
+from pymongo import ASCENDING, AsyncMongoClient, InsertOne, ReplaceOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DocumentTooLarge, DuplicateKeyError
+from pymongo.errors import ClientBulkWriteException, DocumentTooLarge, PyMongoError
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, Record
@@ -63,6 +63,7 @@ RUNS = "runs"
 RECORDS = "records"
 _DUPLICATE_KEY = 11000
 _BSON_OBJECT_TOO_LARGE = 10334
+_WRITE_CONFLICT = 112
 
 
 # --- documents ----------------------------------------------------------------------------------
@@ -173,7 +174,11 @@ class MongoTransaction:
     """
 
     def __init__(
-        self, collections: _Collections, session: AsyncClientSession, turns: KeyedTurns, keyring: Keyring
+        self,
+        collections: _Collections,
+        session: AsyncClientSession,
+        turns: KeyedTurns | None,
+        keyring: Keyring,
     ) -> None:
         self._collections = collections
         self._session = session
@@ -182,21 +187,26 @@ class MongoTransaction:
         self._turn: str | None = None
         self._sessions: dict[str, Document | None] = {}
         self._runs: dict[str, RunState | None] = {}
+        self.wrote = False
+        """Whether this operation sent a write (or may have: a data key made for sealing)."""
+        self._pending: list[InsertOne[Document] | ReplaceOne[Document]] = []
+        self._replacing = 0
 
     async def _take_turn(self, key: str) -> None:
-        if self._turn is None:
+        if self._turn is None and self._turns is not None:
             self._turn = key
             await self._turns.wait(key)
 
     def end_turn(self) -> None:
         """Let the next operation on this transaction's key go (called when the transaction ends)."""
-        if self._turn is not None:
+        if self._turn is not None and self._turns is not None:
             self._turns.done(self._turn)
             self._turn = None
 
     async def _session_document(self, session_id: str) -> Document | None:
         await self._take_turn(f"session:{session_id}")
         if session_id not in self._sessions:
+            await self.flush()
             self._sessions[session_id] = await self._collections.sessions.find_one(
                 {"_id": session_id}, session=self._session
             )
@@ -218,6 +228,7 @@ class MongoTransaction:
     async def load_run(self, run_id: str) -> RunState | None:
         await self._take_turn(f"run:{run_id}")
         if run_id not in self._runs:
+            await self.flush()
             document = await self._collections.runs.find_one({"_id": run_id}, session=self._session)
             self._runs[run_id] = await self._run_state(document) if document is not None else None
         return self._runs[run_id]
@@ -231,6 +242,7 @@ class MongoTransaction:
     async def _run_document(self, state: RunState) -> Document:
         checkpoint = None
         if state.checkpoint is not None:
+            self.wrote = True
             key = await self._keys.writing_key(*run_owner(state), fence=False)
             data = seal(key, state.checkpoint.data, _checkpoint_context(state.run_id))
             checkpoint = {"suspension_id": state.checkpoint.suspension_id, "data": data}
@@ -253,6 +265,7 @@ class MongoTransaction:
 
     async def _record_document(self, run: RunState, record: Record, session_sequence: int) -> Document:
         tenant_id, principal_id = run_owner(run)
+        self.wrote = True  # the key may be created here
         key = await self._keys.writing_key(tenant_id, principal_id, fence=False)
         document = record.model_dump(mode="python", exclude={"id"})
         document["payload"] = seal(key, record.payload, _record_context(record.run_id, record.event_key))
@@ -275,22 +288,45 @@ class MongoTransaction:
         return Record(id=str(document["seq"]), **fields)
 
     async def _save(self, collection: AsyncCollection[Document], document: Document, revision: int) -> None:
-        """Insert at revision 1, else replace the document written at `revision - 1`."""
+        """Insert at revision 1, else replace the document written at `revision - 1` (at `flush`)."""
+        namespace = collection.full_name
         if revision == 1:
-            try:
-                await collection.insert_one(document, session=self._session)
-            except DuplicateKeyError as error:
-                raise WriteRaceError(
-                    f"{collection.name} {document['_id']!r} was inserted meanwhile"
-                ) from error
+            self._pending.append(InsertOne(document, namespace=namespace))
+        else:
+            filter_ = {"_id": document["_id"], "revision": revision - 1}
+            self._pending.append(ReplaceOne(filter_, document, namespace=namespace))
+            self._replacing += 1
+
+    async def flush(self) -> None:
+        """Send the writes saved so far in one command (MongoDB 8's client-level bulkWrite).
+
+        The rules write only after every check, so an operation's records, run and session go in
+        one round trip instead of one each; a refused operation sends none. An insert meeting an
+        existing key, or a replace whose revision moved, means another writer came first.
+        """
+        if not self._pending:
             return
-        result = await collection.replace_one(
-            {"_id": document["_id"], "revision": revision - 1}, document, session=self._session
-        )
-        if result.matched_count != 1:
-            raise WriteRaceError(f"{collection.name} {document['_id']!r} changed meanwhile")
+        writes, replacing = self._pending, self._replacing
+        self._pending, self._replacing = [], 0
+        self.wrote = True
+        try:
+            result = await self._session.client.bulk_write(writes, session=self._session)
+        except ClientBulkWriteException as error:
+            if isinstance(error.error, PyMongoError):
+                raise error.error from None  # its labels (TransientTransactionError) decide the retry
+            codes = {failure.get("code") for failure in (error.details or {}).get("writeErrors") or []}
+            if _BSON_OBJECT_TOO_LARGE in codes:
+                # Its details hold the documents: only the rule travels on (a permanent refusal).
+                raise DocumentTooLarge("a record is over the 16 MiB BSON document limit") from None
+            if codes <= {_DUPLICATE_KEY, _WRITE_CONFLICT}:
+                # The rules checked keys, sequences and revisions in this snapshot: another writer won.
+                raise WriteRaceError("a record, run or session was written meanwhile") from error
+            raise
+        if result.matched_count != replacing:
+            raise WriteRaceError("a run or session changed meanwhile")
 
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
+        await self.flush()
         document = await self._collections.records.find_one(
             {"run_id": run_id, "event_key": event_key}, {"_id": False}, session=self._session
         )
@@ -300,25 +336,17 @@ class MongoTransaction:
         if len(event_keys) == 1:
             found = await self.load_record(run_id, event_keys[0])
             return {} if found is None else {found.event_key: found}
+        await self.flush()
         cursor = self._collections.records.find(
             {"run_id": run_id, "event_key": {"$in": event_keys}}, {"_id": False}, session=self._session
         )
         return {document["event_key"]: await self._record(document) async for document in cursor}
 
     async def insert_records(self, rows: list[tuple[RunState, Record, int]]) -> None:
-        documents = [await self._record_document(run, record, sequence) for run, record, sequence in rows]
-        try:
-            await self._collections.records.insert_many(documents, session=self._session)
-        except BulkWriteError as error:
-            codes = {failure.get("code") for failure in error.details.get("writeErrors", [])}
-            if _BSON_OBJECT_TOO_LARGE in codes:
-                # Its details hold the documents: only the rule travels on (a permanent refusal).
-                raise DocumentTooLarge("a record is over the 16 MiB BSON document limit") from None
-            if codes != {_DUPLICATE_KEY}:
-                raise
-            # The rules checked the keys and the sequences in this snapshot: another writer won.
-            run_id = rows[0][1].run_id
-            raise WriteRaceError(f"a record key or sequence of {run_id!r} was taken") from error
+        namespace = self._collections.records.full_name
+        for run, record, sequence in rows:
+            document = await self._record_document(run, record, sequence)
+            self._pending.append(InsertOne(document, namespace=namespace))
 
     async def list_records(self, run_id: str, after: int, limit: int) -> list[Record]:
         run = self._runs.get(run_id)
@@ -351,12 +379,14 @@ class MongoTransaction:
         return rows
 
     async def _find_sorted(self, query: Document, sequence: str, limit: int) -> list[Document]:
+        await self.flush()
         cursor = self._collections.records.find(
             query, {"_id": False}, sort=[(sequence, ASCENDING)], limit=limit, session=self._session
         )
         return [document async for document in cursor]
 
     async def list_runs(self, session_id: str) -> list[RunState]:
+        await self.flush()
         cursor = self._collections.runs.find(
             {"session_id": session_id}, sort=[("start_order", ASCENDING)], session=self._session
         )
@@ -365,6 +395,8 @@ class MongoTransaction:
         return runs
 
     async def purge(self, session_id: str) -> None:
+        await self.flush()
+        self.wrote = True
         tombstone: Document = {"_id": session_id, "tombstone": True, "purged_at": utc_now_ms()}
         loaded = self._sessions.get(session_id)
         if loaded is None or loaded.get("tombstone"):
@@ -398,7 +430,8 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
     ) -> None:
         super().__init__(client, policy)
         self._collections = _Collections(database)
-        self._turns = KeyedTurns()
+        # Grouped, the operations of this process are applied one transaction at a time already.
+        self._turns = None if self.grouping else KeyedTurns()
         self._keyring = keyring
 
     def _open(self, session: AsyncClientSession) -> MongoTransaction:
@@ -406,6 +439,12 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
 
     def _close(self, transaction: MongoTransaction) -> None:
         transaction.end_turn()
+
+    def _wrote(self, transaction: MongoTransaction) -> bool:
+        return transaction.wrote
+
+    async def _finish(self, transaction: MongoTransaction) -> None:
+        await transaction.flush()
 
     async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
         return await self.run_transaction(operation)

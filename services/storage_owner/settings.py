@@ -54,6 +54,16 @@ class OwnerSettings(ConsumerSettings):
             "its own transaction), one session's stay in order. One applies every command in turn."
         ),
     )
+    group_commit_max: int = Field(
+        default=16,
+        ge=1,
+        description=(
+            "Commands of different sessions that arrive together applied in one database "
+            "transaction (one commit), at most; a group that meets a conflict applies each alone. "
+            "Suits a database that serialises writes (the embedded SecantusDB); on a MongoDB "
+            "replica set, where concurrent transactions scale, 1 (each alone) may serve better."
+        ),
+    )
     retry_attempts: RetryAttempts = Field(
         default=5, description="Tries of one command on a transient database failure."
     )

@@ -188,7 +188,7 @@ async def test_a_transaction_left_open_by_the_kill_does_not_stall_the_next_owner
     """A SIGKILL inside a transaction: the next owner must not wait for the server to reap it.
 
     MongoDB (transactionLifetimeLimitSeconds) and SecantusDB keep a transaction whose client died
-    open for 60 s, and a closed connection does not abort it. A failpoint holds the owner's insert
+    open for 60 s, and a closed connection does not abort it. A failpoint holds the owner's write
     of the record (the transaction's last statement) long enough to kill the owner inside it.
     """
     stack, settings = crashable.stack, crashable.stack.kafka_settings(topic_prefix=crashable.prefix)
@@ -215,7 +215,7 @@ async def test_a_transaction_left_open_by_the_kill_does_not_stall_the_next_owner
                     "configureFailPoint": "failCommand",
                     "mode": {"times": 1},
                     "data": {
-                        "failCommands": ["insert"],
+                        "failCommands": ["bulkWrite"],
                         "blockConnection": True,
                         "blockTimeMS": 1500,
                         "appName": app_name,
@@ -223,9 +223,9 @@ async def test_a_transaction_left_open_by_the_kill_does_not_stall_the_next_owner
                 }
             )
             await publisher.send_command(commands_topic, append, replies_topic)
-            await asyncio.sleep(0.7)  # the owner is inside the transaction, its insert held
+            await asyncio.sleep(0.7)  # the owner is inside the transaction, its write held
             await crashable.owner.kill()
-            await asyncio.sleep(1.2)  # the held insert runs: the transaction is open, its client gone
+            await asyncio.sleep(1.2)  # the held write runs: the transaction is open, its client gone
 
             restarted = time.monotonic()
             crashable.owner.start()

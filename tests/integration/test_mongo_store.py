@@ -217,7 +217,7 @@ async def test_transient_transaction_errors_are_retried_inside_the_store(
         client,
         {"times": 2},
         {
-            "failCommands": ["insert"],
+            "failCommands": ["bulkWrite"],
             "errorCode": 112,
             "errorLabels": ["TransientTransactionError"],
             "appName": _app(client),
