@@ -41,6 +41,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import bson
 from pymongo import ASCENDING, AsyncMongoClient, InsertOne, ReplaceOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
@@ -63,6 +64,7 @@ RUNS = "runs"
 RECORDS = "records"
 _DUPLICATE_KEY = 11000
 _BSON_OBJECT_TOO_LARGE = 10334
+_MAX_BSON_SIZE = 16 * 1024 * 1024
 _WRITE_CONFLICT = 112
 
 
@@ -116,6 +118,14 @@ def _opened(key: bytes | None, sealed: bytes, context: str) -> bytes:
         return ERASED_PAYLOAD  # forgotten, and a fresh key made since for a later write
     except BrokenSealError as error:
         raise StoreError(ErrorCode.UNAVAILABLE, str(error)) from error
+
+
+def _refuse_too_large(document: Document) -> None:
+    """DocumentTooLarge before sending a document over MongoDB's 16 MiB limit: the database's own
+    refusal comes back as an error whose message pymongo formats with the whole document in it,
+    which held the owner's event loop for seconds."""
+    if len(bson.encode(document)) > _MAX_BSON_SIZE:
+        raise DocumentTooLarge("a record or run is over the 16 MiB BSON document limit")
 
 
 # --- one transaction ----------------------------------------------------------------------------
@@ -289,6 +299,7 @@ class MongoTransaction:
 
     async def _save(self, collection: AsyncCollection[Document], document: Document, revision: int) -> None:
         """Insert at revision 1, else replace the document written at `revision - 1` (at `flush`)."""
+        _refuse_too_large(document)
         namespace = collection.full_name
         if revision == 1:
             self._pending.append(InsertOne(document, namespace=namespace))
@@ -346,6 +357,7 @@ class MongoTransaction:
         namespace = self._collections.records.full_name
         for run, record, sequence in rows:
             document = await self._record_document(run, record, sequence)
+            _refuse_too_large(document)
             self._pending.append(InsertOne(document, namespace=namespace))
 
     async def list_records(self, run_id: str, after: int, limit: int) -> list[Record]:
