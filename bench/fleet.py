@@ -23,7 +23,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from bench.run_instruments import TerminalWatcher, process_cpu_s, resolve_each, topic_partitions
+from bench.run_instruments import (
+    TerminalWatcher,
+    expecting,
+    process_cpu_s,
+    resolve_each,
+    topic_partitions,
+)
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic, toolset_calls_topic
@@ -327,6 +333,7 @@ class ToolCalls:
         )
         future: asyncio.Future[tuple[float, str]] = asyncio.get_running_loop().create_future()
         self._waiting[request.tool_use_id] = future
+        expecting(self._results)
         published = time.perf_counter()
         await producer_publisher(self._producer, self._settings).publish(
             request, within=toolset_calls_topic(toolset)

@@ -154,6 +154,8 @@ class TerminalWatcher:
         """Resolved with (perf_counter, None) when the run's terminal event is read."""
         future: asyncio.Future[tuple[float, None]] = asyncio.get_running_loop().create_future()
         self._ends[run_id] = future
+        if self._consumer is not None:
+            expecting(self._consumer)
         return future
 
     async def _read(self) -> None:
@@ -184,8 +186,11 @@ async def resolve_each(
     waiting: dict[str, asyncio.Future[tuple[float, T]]],
 ) -> None:
     """Forever: each record `match` names (id, value) resolves the future waiting for that id
-    with (perf_counter when read, value)."""
+    with (perf_counter when read, value). While nothing waits the consumer does not fetch: the
+    bench's own fetches would load the broker an idle figure measures (`expecting` resumes it)."""
     while True:
+        if not waiting:
+            consumer.pause(*consumer.assignment())
         batches = await consumer.getmany(timeout_ms=1000)
         now = time.perf_counter()
         for records in batches.values():
@@ -194,6 +199,11 @@ async def resolve_each(
                 future = waiting.pop(matched[0], None) if matched is not None else None
                 if matched is not None and future is not None and not future.done():
                     future.set_result((now, matched[1]))
+
+
+def expecting(consumer: AIOKafkaConsumer) -> None:
+    """Fetch again (`resolve_each` pauses a consumer nothing waits on): call it before publishing."""
+    consumer.resume(*consumer.assignment())
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:

@@ -34,7 +34,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypedDict
 
 from faststream.kafka import KafkaBroker
@@ -149,10 +149,11 @@ def make_broker(
 def follow_from_start(
     broker: KafkaBroker,
     settings: KafkaSettings,
-    name: str,
+    names: Sequence[str],
     handle: Callable[[KafkaMessage], Awaitable[None]],
 ) -> None:
-    """Subscribe `handle` to every partition of topic `name`, outside any group, from the beginning.
+    """Subscribe `handle` to every partition of the topics `names` (one consumer), outside any
+    group, from the beginning.
 
     For a topic every copy of a service must see whole (cancels, the toolset registry): a group
     would hand each message to one copy only. Outside a group there is nothing to commit, so the
@@ -160,7 +161,7 @@ def follow_from_start(
     so it is fetched with the background wait (`KafkaSettings.background_fetch_max_wait_ms`).
     """
     broker.subscriber(
-        topic(settings, name),
+        *(topic(settings, name) for name in names),
         group_id=None,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=settings.background_fetch_max_wait_ms,

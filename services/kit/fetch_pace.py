@@ -7,7 +7,10 @@ consumer's partitions (their high watermarks, known from its own fetches: no req
 `KafkaSettings.idle_after_s` without a new record, lets it fetch with
 `KafkaSettings.idle_fetch_max_wait_ms`; the first new record, or `wake()` (a caller that expects
 a message soon, such as a store client that just sent a command), brings the short wait back.
-The price: the first message after a quiet spell waits up to the idle wait.
+The price: the first message after a quiet spell waits up to the idle wait. Only the first: a new
+record for any consumer of a process wakes every consumer of that process (a conversation is under
+way, and the next hops are likely its own: the planner's tool results after its run request; in
+`quipu up`'s one process, every service on a run's path).
 
 On Kafka a fetch wakes on new data, so the idle wait there is the usual one and nothing changes.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -29,6 +33,9 @@ from quipu.services.kit.settings import KafkaSettings
 
 TICK_S = 0.05
 """How often the partitions are looked at: how late a busy consumer goes back to the short wait."""
+
+_WATCHING: weakref.WeakSet[FetchPace] = weakref.WeakSet()
+"""Every started pace of this process: they wake together."""
 
 
 class FetchPace:
@@ -64,9 +71,11 @@ class FetchPace:
         """Start watching (when it changes anything)."""
         if self.needed and self._task is None:
             self._task = asyncio.create_task(self._watch(), name="fetch-pace")
+            _WATCHING.add(self)
 
     async def stop(self) -> None:
         """Stop watching; the consumer keeps its short wait."""
+        _WATCHING.discard(self)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -83,6 +92,7 @@ class FetchPace:
             }
             if marks != seen:
                 seen = marks
-                self.wake()
+                for pace in list(_WATCHING):
+                    pace.wake()
             elif time.monotonic() - self._last_news >= self._idle_after_s:
                 self._fetcher._fetch_max_wait_ms = self.idle_ms

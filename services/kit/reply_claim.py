@@ -11,8 +11,9 @@ shared, and they know it (`ReplyClaim.shared`); a shared partition still works, 
 passes over replies it does not wait for.
 
 The group's members are assigned no partitions at all (the number travels in the assignment's
-user data), so the claim never fetches: it only heartbeats. A member that dies is dropped after
-the group's session timeout, and its partition is free again.
+user data), so the claim never fetches: it only heartbeats, with a session of its own
+(`KafkaSettings.reply_claim_session_timeout_ms`, Kafka's usual 10 s even on Tansu: nothing waits on
+a claim). A member that dies is dropped after it, and its partition is free again.
 
 What a reply's route may name does not change: the owner takes the topic from its settings and
 only checks that the partition exists (docs/store-contract.md); a claim only keeps honest
@@ -163,8 +164,8 @@ class ReplyClaim:
             client_id=f"{settings.client_id}-store-replies-claim",
             group_id=settings.topic_prefix + CLAIM_GROUP,
             enable_auto_commit=False,
-            session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            session_timeout_ms=settings.reply_claim_session_timeout_ms,
+            heartbeat_interval_ms=settings.reply_claim_session_timeout_ms // 3,
             max_poll_interval_ms=settings.max_poll_interval_ms,
             partition_assignment_strategy=(self._assignor,),
         )

@@ -123,5 +123,5 @@ def register(
             return
         answerer.cancel_run(cancel)
 
-    follow_from_start(broker, kafka, Topic.RUNS_CONTROL, on_control)
+    follow_from_start(broker, kafka, [Topic.RUNS_CONTROL], on_control)
     return calls

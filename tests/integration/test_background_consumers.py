@@ -129,3 +129,74 @@ async def test_a_services_consumers_fetch_with_the_idle_wait_once_quiet(
             assert _waits(planner, settings)[Topic.RUNS_CONTROL] == settings.background_fetch_max_wait_ms
         finally:
             await planner.stop()
+
+
+async def test_a_planner_follows_both_registries_with_one_consumer(kafka_settings: KafkaSettings) -> None:
+    # An idle consumer costs the broker its fetches whatever it reads: one for both registries.
+    planner = create_planner(kafka_settings, deps=PlannerDeps(model=ScriptedModel()))
+    async with asyncio.timeout(scaled(60)):
+        await planner.start()
+        try:
+            assert planner.broker is not None
+            consumers = [getattr(subscriber, "consumer", None) for subscriber in planner.broker.subscribers]
+            subscriptions = [
+                {name.removeprefix(kafka_settings.topic_prefix) for name in consumer.subscription()}
+                for consumer in consumers
+                if consumer is not None
+            ]
+        finally:
+            await planner.stop()
+
+    registries = {Topic.AGENTS_REGISTRY, Topic.TOOLS_REGISTRY}
+    assert [names for names in subscriptions if names & registries] == [registries]
+
+
+async def test_a_record_for_one_consumer_wakes_every_idle_consumer_of_the_process(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # A conversation under way: the planner's tool results follow its run request, so the first
+    # record after a quiet spell brings every consumer of the process back to the short wait.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
+    names = [
+        settings.topic_prefix + Topic.RUNS_CONTROL.value,
+        settings.topic_prefix + Topic.TOOLS_RESULTS.value,
+    ]
+    consumers = [
+        AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        )
+        for _ in names
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
+    await asyncio.gather(producer.start(), *(consumer.start() for consumer in consumers))
+    paces = [FetchPace(consumer, settings) for consumer in consumers]
+
+    async def read(consumer: AIOKafkaConsumer) -> None:
+        while True:
+            await consumer.getmany(timeout_ms=1000)
+
+    readers = []
+    try:
+        for consumer, name in zip(consumers, names, strict=True):
+            consumer.assign([TopicPartition(name, 0)])
+            readers.append(asyncio.create_task(read(consumer)))
+        for pace in paces:
+            pace.start()
+        idle = settings.idle_fetch_max_wait_ms
+        await eventually(holds(lambda: all(pace.wait_ms == idle for pace in paces)), within=10, what="idle")
+        await producer.send_and_wait(names[0], b"cancel", partition=0)
+        await eventually(
+            holds(lambda: all(pace.wait_ms == settings.fetch_max_wait_ms for pace in paces)),
+            within=10,
+            what="both consumers on the short wait",
+        )
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        await asyncio.gather(*(pace.stop() for pace in paces))
+        await asyncio.gather(producer.stop(), *(consumer.stop() for consumer in consumers))
