@@ -13,6 +13,13 @@ class CliSettings(StoreClientSettings):
 
     model_config = SettingsConfigDict(env_prefix="QUIPU_CLI_")
 
+    store_claim_partition: bool = Field(
+        default=False,
+        description=(
+            "Off for a client command: it lives too briefly for its join and leave of the claim "
+            "group to be worth a rebalance of every other store client (kit.reply_claim)."
+        ),
+    )
     no_event_hint_s: float = Field(
         default=8.0,
         gt=0,

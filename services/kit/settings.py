@@ -461,3 +461,11 @@ class StoreClientSettings(SealingSettings):
 
     store_reply_timeout_s: StoreReplyTimeout = 5.0
     store_attempts: StoreAttempts = 3
+    store_claim_partition: bool = Field(
+        default=True,
+        description=(
+            "Whether the store client takes a partition of the replies topic of its own in the "
+            "`store-replies` group (kit.reply_claim); without, it reads one picked at random, maybe "
+            "shared with other clients (their replies are passed over, after being fetched)."
+        ),
+    )

@@ -160,6 +160,7 @@ class KafkaStore:
             tenant_id=tenant_id,
             seals=seals,
             keys=client.keys,
+            claim_partition=client.store_claim_partition,
         )
 
     async def start(self) -> None:

@@ -19,9 +19,11 @@ from quipu.contracts.commands import LoadSessionStatus, StoreReply
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.topics import Topic
 from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.cli.settings import CliSettings
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.settings import PlannerSettings
 from tests.owner_support import Served
 from tests.timing import eventually, scaled
 
@@ -148,3 +150,16 @@ async def test_a_client_fetches_its_partition_only_while_a_call_waits(kafka_sett
         finally:
             await producer.stop()
         assert store.fetching == set()
+
+
+async def test_a_services_client_claims_a_partition_and_a_client_commands_does_not(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # A command's client lives a moment: its join and leave would rebalance every other client.
+    async with (
+        asyncio.timeout(scaled(60)),
+        KafkaStore.for_service(kafka_settings, PlannerSettings()) as service,
+        KafkaStore.for_service(kafka_settings, CliSettings()) as command,
+    ):
+        assert service.claim is not None
+        assert command.claim is None
