@@ -63,6 +63,9 @@ class TransactionPolicy:
     """Operations that arrive together applied in one transaction, at most (group commit); 1
     applies each in its own. Suits a database that serialises writes (SecantusDB: one commit,
     one fsync, for the group); on a MongoDB replica set concurrent transactions scale instead."""
+    group_transactions: int = 4
+    """With group commit, transactions under way at once: an operation that finds one free runs
+    at once (alone); operations waiting while all are busy form the next group."""
 
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, initial * 2^(attempt-1))]."""
@@ -119,16 +122,19 @@ class TransactionLoop(Generic[X]):
     object on a session (`_open`), what to release when the attempt ends (`_close`) and whether
     an operation has written (`_wrote`).
 
-    Group commit: operations are queued and applied one after another by a single drain, each
-    group of the waiting ones (at most `group_max`) in one transaction with one commit. The rules
+    Group commit: operations are queued and taken by up to `group_transactions` drains, each
+    applying the operations waiting when it is free (at most `group_max`) in one transaction, one
+    after another, with one commit: an operation that finds a drain free runs at once, and groups
+    form only while every drain is busy, so nothing waits that would not have waited. The rules
     check everything before their first write, so an operation refused by a rule (a `StoreError`)
     has written nothing: its refusal is its outcome and the others commit. Anything else that
     fails the group (a write conflict, another writer first, a document too large) aborts it, and
     each of its operations is then applied alone, retried as usual; an error that would fail
     every one alone (the database unreachable) is each one's outcome at once. An operation's
     outcome is given only after its group committed (or it was refused), so nothing is answered
-    before it is durable. The drain applies one transaction at a time, so one session's
-    operations in this process never race each other.
+    before it is durable. Groups under way at once are decided between by the database as
+    transactions of different processes are (conditional saves, write conflicts); the in-process
+    turns are not taken, since a group holding one session's turn could wait for another's.
     """
 
     def __init__(self, client: AsyncMongoClient[Document], policy: TransactionPolicy | None) -> None:
@@ -143,7 +149,7 @@ class TransactionLoop(Generic[X]):
         self.fallbacks = 0
         """Groups aborted whose operations were then applied alone."""
         self._queue: list[_Queued] = []
-        self._draining: asyncio.Task[None] | None = None
+        self._drains: set[asyncio.Task[None]] = set()
 
     @property
     def grouping(self) -> bool:
@@ -170,8 +176,10 @@ class TransactionLoop(Generic[X]):
             return await self._alone(operation)
         queued = _Queued(operation, asyncio.get_running_loop().create_future())
         self._queue.append(queued)
-        if self._draining is None:
-            self._draining = asyncio.create_task(self._drain(), name="group commit")
+        if len(self._drains) < self._policy.group_transactions:
+            drain = asyncio.create_task(self._drain(), name="group commit")
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
         result: T = await queued.outcome
         return result
 
@@ -188,12 +196,12 @@ class TransactionLoop(Generic[X]):
                     await self._apply_group(group)
         except BaseException as error:
             # The drain itself is ending (its loop shuts down): nobody is left waiting forever.
-            for queued in [*group, *self._queue]:
+            last = len(self._drains) <= 1
+            for queued in [*group, *(self._queue if last else ())]:
                 queued.settle(error=unavailable(error))
-            self._queue.clear()
+            if last:
+                self._queue.clear()
             raise
-        finally:
-            self._draining = None
 
     async def _apply_alone(self, queued: _Queued) -> None:
         try:

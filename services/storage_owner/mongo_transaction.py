@@ -442,7 +442,8 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
     ) -> None:
         super().__init__(client, policy)
         self._collections = _Collections(database)
-        # Grouped, the operations of this process are applied one transaction at a time already.
+        # Grouped, no turns: a group holding one session's turn could wait for another's (the
+        # owner's consumer keeps each session's commands in order; the database decides the rest).
         self._turns = None if self.grouping else KeyedTurns()
         self._keyring = keyring
 
