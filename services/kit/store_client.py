@@ -231,9 +231,11 @@ class KafkaStore:
         async with self._assigning:
             if self._pending:
                 return
-            if self._reading != {self._reply_partition}:
+            if self._reading == {self._reply_partition}:
+                self._consumer.pause(*self._consumer.assignment())
+            else:
+                # Pauses too, unless a call began while it awaited the broker.
                 await self._read_from({self._reply_partition})
-            self._consumer.pause(*self._consumer.assignment())
 
     async def _read_from(self, partitions: set[int]) -> None:
         """Read exactly `partitions`: those read already from where they are, the others from their

@@ -163,3 +163,45 @@ async def test_a_services_client_claims_a_partition_and_a_client_commands_does_n
     ):
         assert service.claim is not None
         assert command.claim is None
+
+
+class CallingWhileItMoves(KafkaStore):
+    """A client that starts a second call while it drops a partition only an earlier call named."""
+
+    second: asyncio.Task[object] | None = None
+
+    async def _read_from(self, partitions: set[int]) -> None:
+        if self.second is None and len(self._reading) > len(partitions):
+            self.second = asyncio.create_task(
+                self.call(LoadSessionStatus(session_id="s-2", correlation_id="second"))
+            )
+            await asyncio.sleep(0)  # the second call is pending (and fetching) before the move goes on
+        await super()._read_from(partitions)
+
+
+async def test_a_call_that_begins_while_the_client_settles_is_still_fetched(
+    kafka_settings: KafkaSettings,
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap, enable_idempotence=False)
+    topic = kafka_settings.topic_prefix + Topic.STORAGE_REPLIES.value
+    store = CallingWhileItMoves(kafka_settings, reply_timeout_s=scaled(120), claim_partition=False)
+    async with asyncio.timeout(scaled(60)), store:
+        await producer.start()
+        try:
+            assert store.reply_partition is not None
+            other = (store.reply_partition + 1) % len(await store._reply_partitions())
+            await store._read_from({store.reply_partition, other})  # as after a move to a claim
+            first = asyncio.create_task(
+                store.call(LoadSessionStatus(session_id="s-1", correlation_id="first"))
+            )
+            await eventually(holds(lambda: bool(store.fetching)), within=10, what="the first call fetching")
+            await producer.send_and_wait(topic, _refusal("first"), partition=store.reply_partition)
+            with pytest.raises(StoreError):
+                await first
+            assert store.second is not None
+            await producer.send_and_wait(topic, _refusal("second"), partition=store.reply_partition)
+            with pytest.raises(StoreError) as refused:
+                await store.second  # without a resend: the reply timeout is longer than the test's
+        finally:
+            await producer.stop()
+    assert refused.value.code is ErrorCode.SESSION_NOT_FOUND
