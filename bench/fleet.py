@@ -30,12 +30,14 @@ from bench.run_instruments import (
     resolve_each,
     topic_partitions,
 )
+from quipu.assistant import app as assistant_app
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic, toolset_calls_topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.services import ServiceProcess
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.agent_publisher import publish_agents
 from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -155,6 +157,8 @@ async def fleet(stack: EmbeddedStack, toolsets: Sequence[str] = ()) -> AsyncIter
     the children are stopped and the topics deleted at the end."""
     prefix = f"fb{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
+    # The planner serves only registered agents: the built-in assistant's, as `quipu up` publishes them.
+    await publish_agents(stack.kafka_settings(topic_prefix=prefix), assistant_app.agents)
     admin = AIOKafkaAdminClient(bootstrap_servers=stack.bootstrap)
     await admin.start()
     try:

@@ -29,10 +29,12 @@ from bench.run_instruments import (
     stack_pids,
     topic_partitions,
 )
+from quipu.assistant import app as assistant_app
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.store_operation import Backend
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.agent_publisher import publish_agents
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.protocol import Store
@@ -114,6 +116,8 @@ async def started_system(stack: EmbeddedStack) -> AsyncIterator[System]:
     prefix = f"rb{uuid.uuid4().hex[:8]}."
     database = prefix.rstrip(".")
     await create_topics(stack.bootstrap, prefix)
+    # The planner serves only registered agents: the built-in assistant's, as `quipu up` publishes them.
+    await publish_agents(stack.kafka_settings(topic_prefix=prefix), assistant_app.agents)
     settings = stack.kafka_settings(topic_prefix=prefix)
     mongo = await MongoStore.connect(stack.mongo_uri, database)
     memory = await MongoMemoryStore.open(mongo.client, database)

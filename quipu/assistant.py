@@ -6,9 +6,10 @@ shipped ones (`current_time`, `calculator`, `notes`, `ask_user`), which the defa
 every deployment serves, so the app declares no toolset; `math_agent` is an agent-tool of
 `assistant` (calling it starts a child run).
 
-The planner also knows these two agents without the registry (`services/domain/agents.py` builds
-its built-in agents from them), so a planner started on its own, as the tests and a bare
-`quipu serve planner` do, still serves `assistant`.
+The planner knows neither these agents nor these tools of its own: it serves the agents because
+they are on `agents.registry`, and offers the tools because the default executor announced them on
+`tools.registry`. A deployment without `quipu up` publishes them with
+`quipu agents apply quipu.assistant:app`.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from quipu.client import Client
 from quipu.contracts.memory import MemoryScope
 from quipu.deploy.local.stack import EmbeddedStack, create_topics
 from quipu.services import catalog
-from quipu.services.cli.apps import app_served
+from quipu.services.cli.apps import BUILT_IN_APP, app_served, loaded, publish_agents
 from quipu.services.cli.client import RunFollower, planner_diagnosis
 from quipu.services.cli.launch import quipu_command
 from quipu.services.cli.render import EventPrinter, count_by_status
@@ -195,6 +195,8 @@ async def run_demo() -> bool:
         kafka = stack.kafka_settings(topic_prefix=prefix)
         mongo = MongoSettings(uri=stack.mongo_uri, database=f"demo_{uuid.uuid4().hex[:6]}")
         connections = Connections(kafka, mongo)
+        # The planner serves only registered agents: the built-in assistant's, as `quipu up` publishes them.
+        await publish_agents(kafka, loaded(BUILT_IN_APP))
         services = [service.definition().app(connections) for service in catalog.CONSUMING]
         for service in services:
             await service.start()

@@ -1,6 +1,6 @@
 """The agent registry: who an agent is, which tools it may use, and how much it may spend.
 
-    agents = default_agents()            # the built-in agents
+    agents = AgentRegistry()             # what a planner starts with: no agent at all
     agents.apply(changed)                # an entry of agents.registry (quipu.contracts.agents)
     agent = agents.get_agent("assistant") # an AgentDefinition; UnknownAgentError when not registered
 
@@ -13,8 +13,11 @@ model; memory services read `memory_opt_out`.
 Agents are data: `defined(...)` and `removed(...)` make the entries `quipu agents apply|delete`
 and an App publish (`domain.agent_publisher`); every planner copy replays `agents.registry` and
 applies each entry to its registry. The latest entry of an agent (by `changed_at`) wins, whatever
-order they were read in; a registered agent replaces a built-in one of the same id, and removing
-it serves the built-in again.
+order they were read in. A service knows no agent of its own: the built-in assistant is served
+because `quipu up` (or `quipu agents apply quipu.assistant:app` in a deployment) published it.
+`AgentRegistry(agents)` starts from given agents, for a planner embedded in a test or a program
+of your own; a registered agent of the same id replaces one given, and removing it serves the
+given one again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from quipu.assistant import assistant, math_agent
 from quipu.contracts.agents import AgentChanged, AgentDefinition
 from quipu.contracts.envelope import derive_id
 from quipu.contracts.errors import QuipuError
@@ -63,7 +65,7 @@ def calls_itself(agent: AgentDefinition) -> bool:
 
 
 class AgentRegistry(Mapping[str, AgentDefinition]):
-    """Agents by id: the built-in ones it is built with, and those registered through `apply`."""
+    """Agents by id: those it is built with (none in a service), and those registered through `apply`."""
 
     def __init__(self, agents: Iterable[AgentDefinition] = ()) -> None:
         self._built_in: dict[str, AgentDefinition] = {}
@@ -128,15 +130,9 @@ class AgentRegistry(Mapping[str, AgentDefinition]):
             return self._agents[agent_id]
         except KeyError:
             raise UnknownAgentError(
-                f"agent {agent_id!r} is not registered (none of that id on agents.registry nor built in)"
+                f"agent {agent_id!r} is not registered (none of that id on agents.registry)"
             ) from None
 
     def is_agent_tool(self, name: str) -> bool:
         """Whether a tool name is another agent (calling it starts a child run)."""
         return name in self._agents
-
-
-def default_agents() -> AgentRegistry:
-    """The built-in agents: `assistant` (with the agent-tool `math_agent`) and `math_agent`, the
-    public example's (quipu/assistant.py), written once, as a user writes hers."""
-    return AgentRegistry([assistant, math_agent])

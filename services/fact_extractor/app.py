@@ -12,7 +12,7 @@ from faststream.kafka import KafkaBroker
 from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.topics import Topic
 from quipu.services.domain.agent_publisher import agent_reader
-from quipu.services.domain.agents import AgentRegistry, default_agents
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.port import ModelClient
 from quipu.services.fact_extractor import handlers
@@ -37,7 +37,7 @@ class FactExtractorDeps:
     memory: MemoryStore | None = None
     model: ModelClient | None = None
     agents: Mapping[str, AgentDefinition] | None = None
-    """The built-in agents (default: `default_agents()`); agents.registry is applied to a registry of them."""
+    """Agents known besides agents.registry (default: none; a test's), which is applied to them."""
 
 
 def check_timeouts(kafka: KafkaSettings, settings: FactExtractorSettings) -> None:
@@ -61,7 +61,7 @@ def create_app(
     check_timeouts(kafka, settings)
     given = deps or FactExtractorDeps()
     # An agent registered on agents.registry with memory_opt_out feeds no memory either.
-    agents = _registry_of(given.agents) if given.agents is not None else default_agents()
+    agents = _registry_of(given.agents) if given.agents is not None else AgentRegistry()
     readers = [(Topic.AGENTS_REGISTRY.value, agent_reader(agents))]
 
     async def open_extractor(_: KafkaBroker, opened: Opened) -> FactExtractor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
-from quipu.services.domain.agents import default_agents
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.context import ContextSource, MemoryContextSource
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.factory import make_model
@@ -66,8 +66,8 @@ def create_app(
 
     The tools it offers are those announced on `tools.registry`, and nothing else.
 
-    `deps.agents` (default: the built-in agents) are served with every agent registered on
-    `agents.registry`; a registered agent replaces a given one of the same id.
+    The agents it serves are those registered on `agents.registry` (besides `deps.agents`, when
+    given: a planner embedded in a test; a registered agent replaces a given one of the same id).
 
     The context source is `deps.context`, else the memory one over `deps.memory`, else (with
     `use_memory`) the memory one over the owner's memory commands, else the run-log history.
@@ -78,7 +78,7 @@ def create_app(
     seals = message_seals(settings.keys)
     given = deps or PlannerDeps()
     registry = given.registry or ToolsetRegistry()
-    agents = given.agents if given.agents is not None else default_agents()
+    agents = given.agents if given.agents is not None else AgentRegistry()
     readers = handlers.registry_readers(registry, agents)
 
     async def open_planner(broker: KafkaBroker, opened: Opened) -> Planner:

@@ -170,7 +170,8 @@ class PlannerDeps:
     store: Store | None = None
     model: ModelClient | None = None
     agents: AgentRegistry | None = None
-    """The built-in agents (default: `default_agents()`); the app applies `agents.registry` to them."""
+    """The view of `agents.registry` the app keeps current (default: empty until the registry is
+    read; given: a test's agents, or one that watches what it holds)."""
     context: ContextSource | None = None
     memory: MemoryStore | None = None
     """Conversation memory: with it, the default context source is `MemoryContextSource`, and

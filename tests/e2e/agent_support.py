@@ -125,6 +125,7 @@ from quipu.services.kit.settings import KeySettings  # noqa: E402
 from quipu.services.kit.store_client import KafkaStore  # noqa: E402
 from quipu.services.planner.adapters import load_records  # noqa: E402
 from tests.owner_support import Owner, RawPublisher, TopicReader, free_port, wait_until_serving  # noqa: E402
+from tests.support.announced import publish_built_in_agents  # noqa: E402
 from tests.support.gateway_keys import TestKeys  # noqa: E402
 from tests.timing import scaled  # noqa: E402
 
@@ -282,6 +283,7 @@ class Deployment:
 
     async def __aenter__(self) -> Deployment:
         await create_topics(self.stack.bootstrap, self.prefix)
+        await publish_built_in_agents(self.stack.kafka_settings(topic_prefix=self.prefix))
         try:
             self.owner.start()
             self.start_planner()

@@ -35,6 +35,7 @@ from quipu.services.domain.transcript import build_messages_from_run_log, valida
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import load_records
 from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving
+from tests.support.announced import publish_built_in_agents
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -105,6 +106,7 @@ async def deployment(
     database = prefix.rstrip(".")
     log_dir = tmp_path_factory.mktemp("agent-loop-logs")
     await create_topics(stack.bootstrap, prefix)
+    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
     environment = {
         **stack.environment(),
         "QUIPU_KAFKA_TOPIC_PREFIX": prefix,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import quipu
+from quipu.assistant import app as assistant_app
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.runs import RunRequested
 from quipu.contracts.store import RunStatus
@@ -25,7 +26,7 @@ from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agent_publisher import publish_agents, remove_agents
-from quipu.services.domain.agents import AgentRegistry, default_agents
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.shipped_tools import default_catalog
 from quipu.services.domain.toolset_registry import ToolsetRegistry, announce
 from quipu.services.domain.transcript import build_messages_from_run_log
@@ -38,6 +39,7 @@ from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.testing import FunctionModel, ModelAnswer, ModelRequest
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.announced import publish_built_in_agents
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -126,7 +128,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await create_topics(stack.bootstrap, prefix)
     settings = stack.kafka_settings(topic_prefix=prefix)
     seen = Seen()
-    agents = default_agents()
+    agents = AgentRegistry()  # the planner's view of agents.registry: what it serves
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(settings, deps=PlannerDeps(model=scripted(seen), agents=agents))
     executor = create_executor(settings)
@@ -164,8 +166,22 @@ async def test_an_agent_applied_to_a_running_planner_is_served_without_a_restart
     assert (await system.store.load_run(run_id)).status is RunStatus.COMPLETED
     assert "answered as: You add." in await system.answer_of(run_id)
     assert "claude-adder" in system.seen.models
-    # The built-in agents stay available beside the registered ones.
-    assert system.agents.get_agent("assistant").id == "assistant"
+
+
+async def test_the_planner_serves_no_agent_nobody_registered_not_even_the_built_in_assistant(
+    system: System,
+) -> None:
+    refused, _ = await system.start("assistant")
+    assert refusal_kind(await system.until_ended(refused, "the assistant's run refused")) == "AGENT_NOT_FOUND"
+
+    await publish_built_in_agents(system.settings)  # what `quipu up` does before anything starts
+    await system.until_registered("assistant")
+    await system.until_registered("math_agent")
+    run_id, _ = await system.start("assistant")
+    await system.until_ended(run_id, "the assistant's run ended")
+
+    assert (await system.store.load_run(run_id)).status is RunStatus.COMPLETED
+    assert system.agents.get_agent("assistant").model_dump() == assistant_app.agents[0].model_dump()
 
 
 async def test_a_registered_agent_calls_another_registered_agent_as_a_tool(system: System) -> None:

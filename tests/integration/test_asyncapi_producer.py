@@ -32,6 +32,7 @@ from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
+from tests.support.announced import publish_built_in_agents
 from tests.support.json_schema import key_by_rule, problems, resolve
 from tests.timing import scaled
 
@@ -55,6 +56,7 @@ async def prefix(stack: EmbeddedStack) -> AsyncIterator[str]:
     """The three services on a topic prefix of their own."""
     prefix = f"aa{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
+    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
     settings = stack.kafka_settings(topic_prefix=prefix)
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))

@@ -44,6 +44,7 @@ from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.announced import publish_built_in_agents
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -119,6 +120,7 @@ class System:
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     prefix = f"mp{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
+    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
     settings = stack.kafka_settings(topic_prefix=prefix)
     planner_model = ScriptedModel()
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))

@@ -41,6 +41,7 @@ from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.announced import publish_built_in_agents
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -95,6 +96,7 @@ class System:
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     prefix = f"pl{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
+    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
     settings = stack.kafka_settings(topic_prefix=prefix)
     model = ScriptedModel()
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))

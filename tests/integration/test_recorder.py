@@ -40,6 +40,7 @@ from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.announced import publish_built_in_agents
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -94,6 +95,7 @@ class System:
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     prefix = f"tr{uuid.uuid4().hex[:8]}."
     await create_topics(stack.bootstrap, prefix)
+    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
     settings = stack.kafka_settings(topic_prefix=prefix)
     owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     recorder = create_recorder(settings, deps=RecorderDeps(model=ScriptedModel()))

@@ -14,13 +14,13 @@ import pytest
 
 import quipu
 from quipu.agents import AgentFileError, load_agents
+from quipu.assistant import app as assistant_app
 from quipu.contracts.agents import AgentChanged, AgentDefinition
 from quipu.contracts.topics import Topic
 from quipu.services.domain.agents import (
     AgentRegistry,
     InvalidAgentEntryError,
     UnknownAgentError,
-    default_agents,
     defined,
     removed,
 )
@@ -129,8 +129,14 @@ def test_the_order_entries_are_read_in_does_not_matter() -> None:
         assert _spec(agents, "a").instructions == "last"
 
 
-def test_a_registered_agent_replaces_a_built_in_one_and_its_removal_brings_it_back() -> None:
-    agents = default_agents()
+def test_a_registry_knows_no_agent_until_one_is_registered() -> None:
+    assert len(AgentRegistry()) == 0  # a service's: even the built-in assistant comes from the registry
+    with pytest.raises(UnknownAgentError):
+        AgentRegistry().get_agent("assistant")
+
+
+def test_a_registered_agent_replaces_a_given_one_and_its_removal_brings_it_back() -> None:
+    agents = AgentRegistry(assistant_app.agents)
     built_in = _spec(agents, "assistant")
     agents.apply(defined(quipu.Agent(id="assistant", instructions="Mine."), at=T0))
     assert _spec(agents, "assistant").instructions == "Mine."

@@ -55,7 +55,7 @@ SECRET_LOOKING = (
     CREDENTIALS_IN_URI,
 )
 
-NAMESPACED = {"ConfigMap", "Secret", "Deployment", "Service", "KafkaTopic", "ScaledObject"}
+NAMESPACED = {"ConfigMap", "Secret", "Deployment", "Job", "Service", "KafkaTopic", "ScaledObject"}
 
 
 # -- what the code says --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from quipu.assistant import app as assistant_app
 from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunPhase
 from quipu.contracts.lifecycle import decode_run_completed, encode_run_started
@@ -19,7 +20,7 @@ from quipu.contracts.transcript import (
     encode_messages,
 )
 from quipu.contracts.wire import to_millisecond
-from quipu.services.domain.agents import default_agents
+from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.memory.context import ContextBlocks
 from quipu.services.domain.models.port import ToolSpec
 from quipu.services.planner.logic.actions import Append, CallModel, Closed, Dispatch, Finish, Trigger, Wait
@@ -236,7 +237,7 @@ def test_context_and_checkpoint_round_trip() -> None:
 
 
 def test_run_context_prefers_the_request_then_the_predecessor_then_the_agent() -> None:
-    agent = default_agents().get_agent("assistant")
+    agent = AgentRegistry(assistant_app.agents).get_agent("assistant")
     request = RunRequested(run_id="r", agent_id="assistant", max_steps=2)
     assert run_context(request, agent) == RunContext("", 2, agent.max_output_tokens)
     inherited = RunContext("ana", 5, 77)
@@ -254,8 +255,8 @@ def test_start_records_are_canonical_and_stamped_with_the_request_time() -> None
     assert to_millisecond(datetime(2025, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)).microsecond == 123000
 
 
-def test_default_agents() -> None:
-    agents = default_agents()
+def test_the_built_in_assistant_app() -> None:
+    agents = AgentRegistry(assistant_app.agents)
     assistant = agents.get_agent("assistant")
     assert set(assistant.tools) == {"current_time", "calculator", "notes", "ask_user", "math_agent"}
     assert assistant.max_steps == 8
