@@ -62,8 +62,8 @@ class AgentChanged(Envelope):
     """An agent is defined, redefined or removed (`agent` null): the planner serves its latest entry.
 
     A definition's `event_id` comes from its content, so every copy of an App publishing the same
-    agent publishes the same id. After a removal runs for the agent are refused (a built-in agent
-    of that id, if the planner has one, is served again).
+    agent publishes the same id. After a removal runs for the agent are refused: a planner serves
+    no agent but those this topic holds.
     """
 
     agent_id: str = Field(pattern=AGENT_ID_PATTERN, description="The agent (the record's key).")
