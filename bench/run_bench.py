@@ -183,12 +183,14 @@ class Step:
 
 
 def _steps(spans: list[Span]) -> list[Step]:
-    """The run's commands grouped into steps: a command sent before the previous one was answered
-    joins its step. On the path a step costs 2 hops plus its operations (the owner applies them
-    one at a time)."""
+    """The run's commands grouped into steps: a command sent before any command of the step under
+    way was answered joins it (sent together, so it waited on none of them); one sent after an
+    answer depends on it and opens the next step, even while the step's other commands are still
+    under way (the owner check's second command while the memory read goes on). On the path a
+    step costs 2 hops plus its operations (the owner applies them one at a time)."""
     steps: list[Step] = []
     for span in sorted(spans, key=lambda span: span.started):
-        if steps and span.started < steps[-1].ended:
+        if steps and span.started < min(sent.ended for sent in steps[-1].spans):
             steps[-1].spans.append(span)
         else:
             steps.append(Step([span]))

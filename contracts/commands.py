@@ -67,12 +67,23 @@ class PurgeSession(StoreOperation, result_type=None):
     session_id: str = Field(description="Session to purge.")
 
 
+def _first_records() -> Any:
+    """The `records` field of every start (docs/store-contract.md §6.3)."""
+    return Field(
+        default_factory=list,
+        exclude_if=lambda records: not records,  # a start carrying none encodes as before the field
+        description="The run's first ordinary records (its context, memory and input), appended after "
+        "run_started when the run proceeds, in the same transaction; never written on a stop.",
+    )
+
+
 class StartRootRun(StoreOperation, result_type=StartResult):
     """Start a root run (or a root continuation) in a session."""
 
     run: RunStart = Field(description="Identity of the run.")
     started: Record = Field(description="The run_started record.")
     stopped: Record = Field(description="The run_completed record written if the session has ended.")
+    records: list[Record] = _first_records()
 
 
 class StartChildRun(StoreOperation, result_type=StartResult):
@@ -82,6 +93,7 @@ class StartChildRun(StoreOperation, result_type=StartResult):
     parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
     started: Record = Field(description="The run_started record.")
     stopped: Record = Field(description="The run_completed record written if the session has ended.")
+    records: list[Record] = _first_records()
 
 
 class StartOneShotRun(StoreOperation, result_type=StartResult):
@@ -89,6 +101,7 @@ class StartOneShotRun(StoreOperation, result_type=StartResult):
 
     run: RunStart = Field(description="Identity of the run (no session).")
     started: Record = Field(description="The run_started record.")
+    records: list[Record] = _first_records()
 
 
 class StartOneShotChildRun(StoreOperation, result_type=StartResult):
@@ -97,6 +110,7 @@ class StartOneShotChildRun(StoreOperation, result_type=StartResult):
     run: RunStart = Field(description="Identity of the child run (no session).")
     parent_link: Record = Field(description="The child_run_linked record, written on the parent.")
     started: Record = Field(description="The run_started record.")
+    records: list[Record] = _first_records()
 
 
 class AppendRunRecord(StoreOperation, result_type=AppendResult):

@@ -387,27 +387,40 @@ class KafkaStore:
     async def purge_session(self, session_id: str) -> None:
         await self.call(PurgeSession(session_id=session_id))
 
-    async def start_root_run(self, run: RunStart, started: Record, stopped: Record) -> StartResult:
-        result: StartResult = await self.call(StartRootRun(run=run, started=started, stopped=stopped))
+    async def start_root_run(
+        self, run: RunStart, started: Record, stopped: Record, records: Sequence[Record] = ()
+    ) -> StartResult:
+        command = StartRootRun(run=run, started=started, stopped=stopped, records=list(records))
+        result: StartResult = await self.call(command)
         return result
 
     async def start_child_run(
-        self, run: RunStart, parent_link: Record, started: Record, stopped: Record
+        self,
+        run: RunStart,
+        parent_link: Record,
+        started: Record,
+        stopped: Record,
+        records: Sequence[Record] = (),
     ) -> StartResult:
         result: StartResult = await self.call(
-            StartChildRun(run=run, parent_link=parent_link, started=started, stopped=stopped)
+            StartChildRun(
+                run=run, parent_link=parent_link, started=started, stopped=stopped, records=list(records)
+            )
         )
         return result
 
-    async def start_one_shot_run(self, run: RunStart, started: Record) -> StartResult:
-        result: StartResult = await self.call(StartOneShotRun(run=run, started=started))
+    async def start_one_shot_run(
+        self, run: RunStart, started: Record, records: Sequence[Record] = ()
+    ) -> StartResult:
+        command = StartOneShotRun(run=run, started=started, records=list(records))
+        result: StartResult = await self.call(command)
         return result
 
     async def start_one_shot_child_run(
-        self, run: RunStart, parent_link: Record, started: Record
+        self, run: RunStart, parent_link: Record, started: Record, records: Sequence[Record] = ()
     ) -> StartResult:
         result: StartResult = await self.call(
-            StartOneShotChildRun(run=run, parent_link=parent_link, started=started)
+            StartOneShotChildRun(run=run, parent_link=parent_link, started=started, records=list(records))
         )
         return result
 

@@ -27,7 +27,7 @@ import structlog
 
 from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
-from quipu.contracts.lifecycle import Failure, canonical_json, encode_cancellation_intent
+from quipu.contracts.lifecycle import Failure, encode_cancellation_intent
 from quipu.contracts.memory import HistoryRole, MemoryScope
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.store import (
@@ -93,10 +93,9 @@ from quipu.services.planner.logic.context import (
     fit_messages,
     history_turns,
     overflow_failure,
-    seed_messages,
     summary_text,
 )
-from quipu.services.planner.logic.decide import decide, failure_finish
+from quipu.services.planner.logic.decide import before_first_call, decide, failure_finish
 from quipu.services.planner.logic.dispatch import ToolInfo, dispatch_outputs
 from quipu.services.planner.logic.keys import (
     AGENT_REMOVED,
@@ -106,7 +105,6 @@ from quipu.services.planner.logic.keys import (
     INPUT_KEY,
     INVALID_TRANSCRIPT,
     MEMORY_CONTEXT_KEY,
-    MEMORY_CONTEXT_TYPE,
     MISSING_TOOL,
     SEED_KEY,
     TOOL_RESULT_TYPE,
@@ -119,6 +117,7 @@ from quipu.services.planner.logic.run_end import child_not_started, refusal_even
 from quipu.services.planner.logic.starts import (
     StartPlan,
     answer_message,
+    first_records,
     run_context,
     run_start,
     start_plan,
@@ -355,41 +354,35 @@ class Planner:
                 ErrorCode.INVALID_ARGUMENT.value, f"run {request.run_id!r}: a turn needs the user's text"
             )
         context = run_context(request, agent)
-        # The turn's memory is read while the session's owner is checked and the run starts: it
-        # depends on the session and the person, not on the run. A refused turn, a start that
-        # stops or finds the turn's input already written drops what was read, unseen.
+        # The turn's memory is read while the session's owner is checked: it depends on the session
+        # and the person, not on the run, and the start carries what it shows the model with the
+        # run's context and input (one write). A refused turn drops what was read, unseen.
         memory = self._read_memory(request, agent, context) if request.session_id else None
         try:
             await self._require_owner(request, request.session_id, context)
-            plan = start_plan(run_start(request, agent_id=agent.id, session_id=request.session_id))
-            view = await self._start(plan, request)
+            blocks = await memory if memory is not None else None
         except BaseException:
             await _drop(memory)
             raise
-        if view is None or view.closed:
-            await _drop(memory)
-            return view
+        plan = start_plan(run_start(request, agent_id=agent.id, session_id=request.session_id))
         trigger = self._trigger(request.occurred_at, request.event_id)
-        view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
-        if memory is not None and view.session_id and not view.has_input and SEED_KEY not in view.keys:
-            blocks = await memory
-            if blocks.memory is not None:
-                # Before the seed: whatever the model is shown, the run says which memory it was.
-                view = await self._write_once(
-                    view,
-                    MEMORY_CONTEXT_KEY,
-                    MEMORY_CONTEXT_TYPE,
-                    canonical_json(blocks.memory.payload()),
-                    trigger,
-                )
-            seed = seed_messages(blocks)
-            if seed:
-                view = await self._write_once(
-                    view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), trigger
-                )
-        else:
-            await _drop(memory)
-        return await self._write_input(view, request.text, trigger)
+        opening = first_records(plan, context, user_message(request.text), trigger.at, blocks)
+        first = before_first_call(plan.started, opening, trigger)
+        view = await self._start(plan, request, first)
+        if view is None or view.closed:
+            return view
+        return await self._write_first(view, first, trigger)
+
+    async def _write_first(self, view: RunView, first: list[Record], trigger: Trigger) -> RunView:
+        """The first records a started run's log lacks: the start met an earlier attempt's (a
+        redelivery), which wrote other ones or none. A turn whose input is written keeps the memory
+        it was shown then."""
+        for record in first:
+            shown = record.event_key in (MEMORY_CONTEXT_KEY, SEED_KEY)
+            if shown and (view.has_input or SEED_KEY in view.keys):
+                continue
+            view = await self._write_once(view, record.event_key, record.type, record.payload, trigger)
+        return view
 
     def _read_memory(
         self, request: RunRequested, agent: AgentDefinition, context: RunContext
@@ -419,7 +412,10 @@ class Planner:
             parent_run_id=parent.parent_run_id,
         )
         plan = start_plan(run, (parent, link_key(parent.tool_call_id, run.run_id, continuation=False)))
-        view = await self._start(plan, request)
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        opening = first_records(plan, run_context(request, agent), user_message(request.text), trigger.at)
+        first = before_first_call(plan.started, opening, trigger)
+        view = await self._start(plan, request, first)
         if view is None:
             # Stopped (the session ended) or refused (the parent closed): the parent must not wait.
             answer = child_not_started(request, "its session ended or its parent closed")
@@ -428,16 +424,7 @@ class Planner:
             return None
         if view.closed:
             return view
-        trigger = self._trigger(request.occurred_at, request.event_id)
-        view = await self._write_once(
-            view, CONTEXT_KEY, CONTEXT_TYPE, run_context(request, agent).encode(), trigger
-        )
-        return await self._write_input(view, request.text, trigger)
-
-    async def _write_input(self, view: RunView, text: str, trigger: Trigger) -> RunView:
-        """The user's message that opens a turn or a child run (once)."""
-        message = encode_messages([user_message(text)])
-        return await self._write_once(view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, message, trigger)
+        return await self._write_first(view, first, trigger)
 
     async def _start_resume(self, request: RunRequested) -> RunView | None:
         store = self.deps.store
@@ -483,31 +470,39 @@ class Planner:
                 view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
             )
 
-    async def _start(self, plan: StartPlan, request: RunRequested) -> RunView | None:
-        """Start the run (an exact retry on redelivery); None when it must not be planned."""
+    async def _start(
+        self, plan: StartPlan, request: RunRequested, first: Sequence[Record] = ()
+    ) -> RunView | None:
+        """Start the run carrying its `first` records (an exact retry on redelivery); None when it
+        must not be planned."""
         store = self.deps.store
         run = plan.run
         try:
             result: StartResult
             if plan.parent_link is not None and run.session_id:
-                result = await store.start_child_run(run, plan.parent_link, plan.started, plan.stopped)
+                result = await store.start_child_run(run, plan.parent_link, plan.started, plan.stopped, first)
             elif plan.parent_link is not None:
-                result = await store.start_one_shot_child_run(run, plan.parent_link, plan.started)
+                result = await store.start_one_shot_child_run(run, plan.parent_link, plan.started, first)
             elif run.session_id:
-                result = await store.start_root_run(run, plan.started, plan.stopped)
+                result = await store.start_root_run(run, plan.started, plan.stopped, first)
             else:
-                result = await store.start_one_shot_run(run, plan.started)
+                result = await store.start_one_shot_run(run, plan.started, first)
         except StoreRefusedError as error:
             if plan.parent_link is not None and error.code is ErrorCode.RUN_NOT_ACTIVE:
                 logger.info("child not started: its parent is closed", run_id=run.run_id)
                 return None
+            if first and error.code in (ErrorCode.EVENT_CONFLICT, ErrorCode.RUN_CONFLICT):
+                # An earlier attempt started the run with other first records (the memory read
+                # changed since): start as that attempt did, then read what it wrote.
+                logger.info("run started before with other first records", run_id=run.run_id)
+                return await self._start(plan, request)
             raise RunRefusedError(error.code.value, f"start of {run.run_id!r}: {error.message}") from error
         if result.decision is StartOutcome.STOP:
             return None
         if result.started.inserted and result.run_status is RunStatus.RUNNING:
-            # This call wrote the run's first record, so the log is that record: no read back. A
-            # second writer (a rebalance) is caught by the conflict of our next append.
-            return RunView.of([plan.started])
+            # This call wrote the run's first records, so the log is those records: no read back.
+            # A second writer (a rebalance) is caught by the conflict of our next append.
+            return RunView.of([plan.started, *first])
         view = await load_view(store, run.run_id)
         if view is None:
             raise RetryableError(f"run {run.run_id!r} started but not readable yet")

@@ -92,6 +92,8 @@ def _start_events(
     parent_link = getattr(command, "parent_link", None)
     if isinstance(parent_link, Record):
         events.append(_event(parent_link, StreamEventType.CHILD_RUN_LINKED, json.loads(parent_link.payload)))
+    if result.decision is StartOutcome.PROCEED:
+        events += _step_events(command.records)  # the run's first records, written with its start
     stopped = getattr(command, "stopped", None)
     if result.decision is StartOutcome.STOP and isinstance(stopped, Record):
         events += _closing(

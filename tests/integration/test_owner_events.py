@@ -335,3 +335,25 @@ async def test_a_step_and_a_terminal_carrying_records_publish_their_records_even
         ("workflow", "the-end"),
         ("run_stream_end", "the-end/end"),
     ]
+
+
+async def test_a_start_carrying_first_records_publishes_their_events_only_when_it_proceeds(
+    events: Events,
+) -> None:
+    store = events.store
+    active = await open_session(store)
+    proceeding = root_start(active)
+    phase = ordinary(proceeding.run, "phase/1/planning", payload=b'{"phase":"planning"}')
+    await store.start_root_run(*proceeding, [ordinary(proceeding.run, "context", payload=b'{"x":1}'), phase])
+
+    ended = await ended_session(store)
+    stopping = root_start(ended)
+    stopped_phase = ordinary(stopping.run, "phase/1/planning", payload=b'{"phase":"planning"}')
+    await store.start_root_run(*stopping, [stopped_phase])
+
+    await events.barrier(active)
+    assert events.types(proceeding.run.run_id) == [("workflow", "phase/1/planning")]
+    # One command's events go out in order, a stopped start's closing pair last: a phase event
+    # would have come before it.
+    await events.wait(stopping.run.run_id, 2)
+    assert [kind for kind, _ in events.types(stopping.run.run_id)] == ["workflow", "run_stream_end"]

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -48,6 +48,13 @@ from quipu.services.planner.app import check_timeouts
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.keys import child_run_id
 from quipu.services.planner.logic.payloads import SuspensionCheckpoint
+from quipu.services.planner.logic.starts import (
+    first_records,
+    run_context,
+    run_start,
+    start_plan,
+    user_message,
+)
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 from tests.support.announced import announced
@@ -1072,3 +1079,81 @@ async def test_a_kept_view_another_process_wrote_past_is_read_again_and_nothing_
     keys = await h.keys(request.run_id)
     assert keys.count("step/2/assistant") == 1 and keys.count("completed") == 1
     assert len(h.bus.of(TurnCompleted)) >= 1
+
+
+# --- a run's first records ride on its start ----------------------------------------------------
+
+
+class WritesSeen(InMemoryStore):
+    """An in-memory store that names the runtime-store writes sent to it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    async def start_root_run(self, *arguments: Any) -> Any:
+        self.writes.append("start_root_run")
+        return await super().start_root_run(*arguments)
+
+    async def append_run_records(self, records: Sequence[Record]) -> Any:
+        self.writes.append("append_run_records")
+        return await super().append_run_records(records)
+
+    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
+        self.writes.append("record_run_terminal")
+        return await super().record_run_terminal(record, records)
+
+
+def on_store(h: Harness, store: InMemoryStore) -> None:
+    h.store = store
+    h.planner.deps = replace(h.planner.deps, store=store, context=SessionHistoryContext(store, 12))
+
+
+async def test_a_turn_starts_with_its_context_and_input_so_a_one_tool_run_is_four_writes() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
+    store = WritesSeen()
+    on_store(h, store)
+    session = await h.session()
+    request = turn("calculate", session)
+
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    await h.deliver(result_for(call, 42))
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert (await h.keys(request.run_id))[:3] == ["started", "context", "input"]
+    # The start and the run's first records; the model's step with its call; the result; the end.
+    assert store.writes == [
+        "start_root_run",
+        "append_run_records",
+        "append_run_records",
+        "record_run_terminal",
+    ]
+
+
+@pytest.mark.parametrize("earlier", ["another input", "no input"])
+async def test_a_turn_started_before_with_other_first_records_goes_on_from_what_the_run_holds(
+    earlier: str,
+) -> None:
+    """A redelivery whose first records differ from the first attempt's (the memory read changed
+    meanwhile) starts as that attempt did and writes only what the run lacks."""
+    h = make_harness(lambda request: says("Hello."))
+    session = await h.session()
+    request = turn("hi", session)
+    agent = AGENTS.get_agent("assistant")
+    plan = start_plan(run_start(request, agent_id=agent.id, session_id=session))
+    context = run_context(request, agent)
+    opening = user_message("hi, as first read" if earlier == "another input" else "hi")
+    first = first_records(plan, context, opening, request.occurred_at)
+    written = first if earlier == "another input" else first[:1]
+    await h.store.start_root_run(plan.run, plan.started, plan.stopped, written)
+
+    await h.deliver(request)
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert len(h.model.requests) == 1
+    records = await h.records(request.run_id)
+    assert [record.event_key for record in records][:3] == ["started", "context", "input"]
+    (stored_input,) = [record for record in records if record.event_key == "input"]
+    kept = opening if earlier == "another input" else user_message("hi")
+    assert stored_input.payload == encode_messages([kept])

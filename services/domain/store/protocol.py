@@ -41,22 +41,33 @@ class Store(Protocol):
         """PurgeSession: tombstone the id and delete every run and record of the session."""
         ...
 
-    async def start_root_run(self, run: RunStart, started: Record, stopped: Record) -> StartResult:
-        """StartRootRun (also continuations of a root, via `predecessor_run_id`)."""
+    async def start_root_run(
+        self, run: RunStart, started: Record, stopped: Record, records: Sequence[Record] = ()
+    ) -> StartResult:
+        """StartRootRun (also continuations of a root, via `predecessor_run_id`); `records` (the
+        run's first ordinary records, such as its context and input) are appended after
+        `run_started` when it proceeds, atomically (every start takes them)."""
         ...
 
     async def start_child_run(
-        self, run: RunStart, parent_link: Record, started: Record, stopped: Record
+        self,
+        run: RunStart,
+        parent_link: Record,
+        started: Record,
+        stopped: Record,
+        records: Sequence[Record] = (),
     ) -> StartResult:
         """StartChildRun: a session child, linked on its parent."""
         ...
 
-    async def start_one_shot_run(self, run: RunStart, started: Record) -> StartResult:
+    async def start_one_shot_run(
+        self, run: RunStart, started: Record, records: Sequence[Record] = ()
+    ) -> StartResult:
         """StartOneShotRun: a sessionless root that always proceeds."""
         ...
 
     async def start_one_shot_child_run(
-        self, run: RunStart, parent_link: Record, started: Record
+        self, run: RunStart, parent_link: Record, started: Record, records: Sequence[Record] = ()
     ) -> StartResult:
         """StartOneShotChildRun: a sessionless child of a sessionless parent."""
         ...

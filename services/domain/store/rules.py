@@ -194,36 +194,55 @@ class RuleStore:
 
     # --- starts ---------------------------------------------------------------------------------
 
-    async def start_root_run(self, run: RunStart, started: Record, stopped: Record) -> StartResult:
-        check_start(run, started, stopped, None, sessioned=True)
-        return await self._start(run, started, stopped, None)
+    async def start_root_run(
+        self, run: RunStart, started: Record, stopped: Record, records: Sequence[Record] = ()
+    ) -> StartResult:
+        check_start(run, started, stopped, None, sessioned=True, records=records)
+        return await self._start(run, started, stopped, None, records)
 
     async def start_child_run(
-        self, run: RunStart, parent_link: Record, started: Record, stopped: Record
+        self,
+        run: RunStart,
+        parent_link: Record,
+        started: Record,
+        stopped: Record,
+        records: Sequence[Record] = (),
     ) -> StartResult:
-        check_start(run, started, stopped, parent_link, sessioned=True)
-        return await self._start(run, started, stopped, parent_link)
+        check_start(run, started, stopped, parent_link, sessioned=True, records=records)
+        return await self._start(run, started, stopped, parent_link, records)
 
-    async def start_one_shot_run(self, run: RunStart, started: Record) -> StartResult:
-        check_start(run, started, None, None, sessioned=False)
-        return await self._start(run, started, None, None)
+    async def start_one_shot_run(
+        self, run: RunStart, started: Record, records: Sequence[Record] = ()
+    ) -> StartResult:
+        check_start(run, started, None, None, sessioned=False, records=records)
+        return await self._start(run, started, None, None, records)
 
     async def start_one_shot_child_run(
-        self, run: RunStart, parent_link: Record, started: Record
+        self, run: RunStart, parent_link: Record, started: Record, records: Sequence[Record] = ()
     ) -> StartResult:
-        check_start(run, started, None, parent_link, sessioned=False)
-        return await self._start(run, started, None, parent_link)
+        check_start(run, started, None, parent_link, sessioned=False, records=records)
+        return await self._start(run, started, None, parent_link, records)
 
     async def _start(
-        self, run: RunStart, started: Record, stopped: Record | None, parent_link: Record | None
+        self,
+        run: RunStart,
+        started: Record,
+        stopped: Record | None,
+        parent_link: Record | None,
+        records: Sequence[Record],
     ) -> StartResult:
+        carried = list(records)
+
         async def apply(tx: StoreTransaction) -> StartResult:
             if run.session_id:
                 await self._refuse_purged(tx, run.session_id)
             existing = await tx.load_run(run.run_id)
             session = await tx.load_session(run.session_id) if run.session_id else None
             if existing is not None:
-                return _retried_start(existing, run, started, stopped, parent_link, session)
+                result = _retried_start(existing, run, started, stopped, parent_link, session)
+                if carried and existing.start_outcome is StartOutcome.PROCEED:
+                    await _same_first_records(tx, run.run_id, carried, session)
+                return result
             if run.session_id and session is None:
                 _fail(ErrorCode.SESSION_NOT_FOUND, "session was never created")
             predecessor = None
@@ -233,7 +252,7 @@ class RuleStore:
             if parent_link is not None:
                 parent = await self._linkable_parent(tx, run, parent_link)
             return await self._write_start(
-                tx, run, started, stopped, parent_link, session, parent, predecessor
+                tx, run, started, stopped, parent_link, session, parent, predecessor, carried
             )
 
         return await self._transactions.run(apply)
@@ -291,6 +310,7 @@ class RuleStore:
         session: SessionState | None,
         parent: RunState | None,
         predecessor: RunState | None,
+        carried: list[Record],
     ) -> StartResult:
         now = self._clock()
         stop = session is not None and session.status is SessionStatus.ENDED
@@ -319,6 +339,8 @@ class RuleStore:
         )
         started_id = (await writes.append(state, started)).id
         stopped_id = (await writes.append(state, stopped)).id if stop and stopped is not None else ""
+        for record in [] if stop else carried:
+            await writes.append(state, record)  # a stopped run never plans: its first step is not written
         writes.update(
             state,
             start=state.start.model_copy(
@@ -625,6 +647,17 @@ def _check_provenance(run: RunState, status: RunStatus, reason: str) -> None:
         _fail(ErrorCode.RUN_CANCELLATION_CONFLICT, f"run must end canceled with {stored}")
     if not stored and status is RunStatus.CANCELED and reason != CancellationReason.ENGINE_CANCELED:
         _fail(ErrorCode.RUN_CANCELLATION_CONFLICT, "cancel without a request needs engine_canceled")
+
+
+async def _same_first_records(
+    tx: StoreTransaction, run_id: str, carried: list[Record], session: SessionState | None
+) -> None:
+    """A retried start of a run that proceeded carries exactly what it wrote (a stop wrote none):
+    a key it does not hold is RUN_CONFLICT, other content EVENT_CONFLICT."""
+    stored = await tx.load_records(run_id, [record.event_key for record in carried])
+    for record in carried:
+        if _retried(stored, record, session) is None:
+            _fail(ErrorCode.RUN_CONFLICT, "the start carries records its first attempt did not write")
 
 
 def _same_start(stored: Record | None, given: Record | None) -> bool | None:

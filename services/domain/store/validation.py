@@ -6,6 +6,7 @@ target, which is RECORD_OWNER_MISMATCH. Nothing here reads or writes state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from quipu.contracts.errors import ErrorCode, StoreError, invalid
@@ -145,20 +146,26 @@ def check_start(
     parent_link: Record | None,
     *,
     sessioned: bool,
+    records: Sequence[Record] = (),
 ) -> None:
-    """Every start check that needs no I/O; owner mismatches come after all INVALID_ARGUMENT ones."""
+    """Every start check that needs no I/O; owner mismatches come after all INVALID_ARGUMENT ones.
+
+    `records` (the run's first ordinary records, carried by the start) are checked as a step's.
+    """
     _check_start_identity(run, sessioned=sessioned, child=parent_link is not None)
     _check_started(run, started)
     if stopped is not None:
         _check_stopped(run, stopped)
     if parent_link is not None:
         _check_parent_link(run, parent_link)
-    keys = [record.event_key for record in (started, stopped, parent_link) if record is not None]
+    if records:
+        check_step_records(list(records))
+    keys = [record.event_key for record in (started, stopped, parent_link, *records) if record is not None]
     if len(set(keys)) != len(keys):
         raise invalid("the start's record keys must be pairwise distinct")
-    _check_owner(run, started)
-    if stopped is not None:
-        _check_owner(run, stopped)
+    for record in (started, stopped, *records):
+        if record is not None:
+            _check_owner(run, record)
     if parent_link is not None and (parent_link.run_id, parent_link.session_id) != (
         run.parent_run_id,
         run.session_id,

@@ -160,3 +160,22 @@ def _finish(view: RunView, trigger: Trigger, *, failure: Failure | None = None, 
 def failure_finish(view: RunView, trigger: Trigger, failure: Failure) -> Finish:
     """Close the run as failed."""
     return _finish(view, trigger, failure=failure)
+
+
+def before_first_call(started: Record, first: list[Record], trigger: Trigger) -> list[Record]:
+    """`first` and what a new run's pass appends to it before its first model call (its phase):
+    a start carries them all, so the start and the run's first step are one write."""
+    view = RunView.of([started, *first])
+    assert view is not None  # `started` is the run_started record
+    records = list(first)
+    for _ in range(_APPENDS_BEFORE_A_CALL):
+        action = decide(view, trigger)
+        if not isinstance(action, Append):
+            break
+        view.add(action.record)
+        records.append(action.record)
+    return records
+
+
+_APPENDS_BEFORE_A_CALL = 4
+"""More than a new run's pass appends before its first model call (one phase today)."""

@@ -4,15 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from quipu.contracts.agents import AgentDefinition
-from quipu.contracts.lifecycle import encode_child_run_linked, encode_run_completed, encode_run_started
+from quipu.contracts.lifecycle import (
+    canonical_json,
+    encode_child_run_linked,
+    encode_run_completed,
+    encode_run_started,
+)
 from quipu.contracts.runs import ParentToolCall, RunKind, RunRequested
 from quipu.contracts.store import CancellationReason, LifecycleType, Record, RunStart, RunStatus
-from quipu.contracts.transcript import Message, TextPart, ToolResultPart, TranscriptError, bounded_tool_result
+from quipu.contracts.transcript import (
+    TRANSCRIPT_MESSAGES_APPENDED,
+    TRANSCRIPT_MESSAGES_SEEDED,
+    Message,
+    TextPart,
+    ToolResultPart,
+    TranscriptError,
+    bounded_tool_result,
+    encode_messages,
+)
 from quipu.contracts.wire import to_millisecond
-from quipu.services.planner.logic.keys import STARTED_KEY, STOPPED_KEY
+from quipu.services.domain.memory.context import ContextBlocks
+from quipu.services.planner.logic.context import seed_messages
+from quipu.services.planner.logic.keys import (
+    CONTEXT_KEY,
+    CONTEXT_TYPE,
+    INPUT_KEY,
+    MEMORY_CONTEXT_KEY,
+    MEMORY_CONTEXT_TYPE,
+    SEED_KEY,
+    STARTED_KEY,
+    STOPPED_KEY,
+)
 from quipu.services.planner.logic.payloads import PendingInput, RunContext
 from quipu.services.planner.logic.tool_results import result_part
 from quipu.services.planner.logic.view import RunView
@@ -26,6 +52,25 @@ class StartPlan:
     started: Record
     stopped: Record
     parent_link: Record | None = None
+
+
+def first_records(
+    plan: StartPlan, context: RunContext, opening: Message, at: datetime, blocks: ContextBlocks | None = None
+) -> list[Record]:
+    """A run's first records, carried by its start (one write): its context; for a turn the memory
+    it is shown (the memory record first: whatever the model is shown, the run says which memory
+    it was), then the seed; and the message that opens it."""
+    run, when = plan.run, to_millisecond(at)
+    records = [run.record(CONTEXT_KEY, CONTEXT_TYPE, context.encode(), at=when)]
+    if blocks is not None:
+        if blocks.memory is not None:
+            memory = canonical_json(blocks.memory.payload())
+            records.append(run.record(MEMORY_CONTEXT_KEY, MEMORY_CONTEXT_TYPE, memory, at=when))
+        seed = seed_messages(blocks)
+        if seed:
+            records.append(run.record(SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), at=when))
+    records.append(run.record(INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([opening]), at=when))
+    return records
 
 
 def start_plan(run: RunStart, link: tuple[ParentToolCall, str] | None = None) -> StartPlan:
