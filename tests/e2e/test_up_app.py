@@ -192,11 +192,18 @@ def test_up_with_an_app_answers_its_agent_with_its_tools(up: Up) -> None:
         )
     try:
         deadline = time.monotonic() + scaled(90)
+        copy_output = up.folder / "copy.log"
+        # Its own log says when it holds partitions of the group; only then is `quipu status` (an
+        # interpreter of its own each time) asked.
+        while "partitions assigned" not in copy_output.read_text(errors="replace"):
+            assert copy.poll() is None, copy_output.read_text()
+            assert time.monotonic() < deadline, "the second copy was assigned no partitions"
+            time.sleep(0.1)
         while up.executor_members() != "2":
-            assert copy.poll() is None, (up.folder / "copy.log").read_text()
+            assert copy.poll() is None, copy_output.read_text()
             assert time.monotonic() < deadline, "the second copy did not join the toolset's group"
             time.sleep(0.5)
-        assert "stack: quipu up (pid" in (up.folder / "copy.log").read_text()
+        assert "stack: quipu up (pid" in copy_output.read_text()
     finally:
         copy.terminate()
         copy.wait(timeout=scaled(30))
