@@ -31,6 +31,7 @@ from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services import catalog
 from quipu.services.kit.store_client import KafkaStore
 from tests.owner_support import TopicReader
+from tests.support.announced import publish_built_in_agents
 from tests.timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +105,8 @@ class Fleet:
 
     async def __aenter__(self) -> Fleet:
         await create_topics(self.stack.bootstrap, self.prefix)
+        # The planner and the fact extractor serve only registered agents, as in a deployment.
+        await publish_built_in_agents(self.stack.kafka_settings(topic_prefix=self.prefix))
         try:
             self.start_all()
             await self._producer.start()
