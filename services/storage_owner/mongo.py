@@ -110,8 +110,10 @@ class _Queued:
             self.outcome.set_exception(error)
 
 
-class _GroupBrokenError(Exception):
+class _GroupBrokenError(QuipuError):
     """An operation of a group was refused after it had written: the group cannot commit."""
+
+    retryable = True  # each operation of the group is applied again alone
 
 
 class TransactionLoop(Generic[X]):
