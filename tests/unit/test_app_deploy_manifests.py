@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 import quipu
@@ -27,6 +26,7 @@ from quipu.services import cli
 from quipu.services.cli import apps as cli_apps
 from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
+from tests.support.manifests import yaml_documents, yaml_mapping
 from tests.unit.test_deploy_manifests import SECRET_LOOKING, SECRET_NAME, container
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,21 +45,12 @@ def app() -> App:
     return loaded
 
 
-@cache
 def compose() -> dict[str, Any]:
-    loaded = yaml.safe_load(COMPOSE_FILE.read_text())
-    assert isinstance(loaded, dict)
-    return loaded
+    return yaml_mapping(COMPOSE_FILE)
 
 
-@cache
 def k8s_documents() -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (path.name, document)
-        for path in sorted(K8S.glob("*.yaml"))
-        for document in yaml.safe_load_all(path.read_text())
-        if document is not None
-    ]
+    return yaml_documents(K8S)
 
 
 def k8s(kind: str) -> list[dict[str, Any]]:

@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 from collections import Counter
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from quipu.services import catalog
 from quipu.services.gateway.handlers import health_router
 from quipu.services.kit.lifecycle import Connections
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
+from tests.support.manifests import yaml_documents, yaml_mapping
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,21 +140,12 @@ def yaml_files() -> list[Path]:
     return sorted([COMPOSE_FILE, *K8S.glob("*.yaml")])
 
 
-@cache
 def compose() -> dict[str, Any]:
-    loaded = yaml.safe_load(COMPOSE_FILE.read_text())
-    assert isinstance(loaded, dict)
-    return loaded
+    return yaml_mapping(COMPOSE_FILE)
 
 
-@cache
 def k8s_documents() -> list[tuple[str, dict[str, Any]]]:
-    documents = []
-    for path in sorted(K8S.glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document is not None:
-                documents.append((path.name, document))
-    return documents
+    return yaml_documents(K8S)
 
 
 def k8s(kind: str, *, include_template: bool = False) -> list[dict[str, Any]]:
