@@ -31,7 +31,6 @@ from bench.run_instruments import (
 )
 from quipu.assistant import app as assistant_app
 from quipu.contracts.runs import RunRequested
-from quipu.contracts.store_operation import Backend
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.domain.agent_publisher import publish_agents
@@ -44,6 +43,7 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.storage_owner.logic import backend_of
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.tool_executor.app import create_app as create_executor
@@ -228,7 +228,7 @@ async def replay(uri: str, paths: list[tuple[Run, list[Span]]], system: System) 
             await store.create_session(run.session_id, system.session_created[run.session_id])
             for span in spans:
                 assert span.command is not None
-                backend: object = memory if span.command.backend is Backend.MEMORY else store
+                backend = backend_of(span.command, store, memory)
                 started = time.perf_counter()
                 await getattr(backend, span.command.method)(**span.command.arguments())
                 durations[span.op].append(time.perf_counter() - started)

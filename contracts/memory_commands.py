@@ -73,6 +73,18 @@ class ClaimSession(MemoryOperation, result_type=MemoryScope):
     scope: MemoryScope = Field(description="Tenant, principal and agent claiming it.")
 
 
+class ClaimSessionForTurn(MemoryOperation, result_type=MemoryScope):
+    """Admit a turn into a session by its owner: the history is claimed for the owner recorded on
+    the session (else for the turn's person) and a turn of anyone else is refused."""
+
+    backend: ClassVar[Backend] = Backend.BOTH
+    session_id: str = Field(description="Session the turn is in.")
+    scope: MemoryScope = Field(
+        description="The turn's tenant, principal (from its credentials) and agent; the recorded owner "
+        "is the owner's own data, never part of the command."
+    )
+
+
 class ListHistory(MemoryOperation, result_type=list[HistoryMessage]):
     """Read history rows after a sequence."""
 
@@ -191,6 +203,7 @@ class ForgetPrincipal(MemoryOperation, result_type=int):
 MemoryCommand = (
     AppendHistoryTurn
     | ClaimSession
+    | ClaimSessionForTurn
     | ListHistory
     | HistoryTail
     | LoadSummary

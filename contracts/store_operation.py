@@ -20,6 +20,8 @@ class Backend(StrEnum):
 
     RUNTIME = "runtime"
     MEMORY = "memory"
+    BOTH = "both"
+    """A rule over the runtime store and the memory store together: only the owner holds both."""
 
 
 _ENVELOPE_FIELDS = frozenset(Envelope.model_fields) | {"op"}

@@ -83,6 +83,7 @@ ROUTE_HEADERS: tuple[tuple[str, str, str], ...] = (
 _KEYS = {
     Backend.RUNTIME: "session id, else run id",
     Backend.MEMORY: "session id, else principal id",
+    Backend.BOTH: "session id",
 }
 
 

@@ -27,6 +27,7 @@ from quipu.contracts.memory_commands import (
     AppendHistoryTurn,
     ApplyFactOperations,
     ClaimSession,
+    ClaimSessionForTurn,
     DeleteFact,
     DeleteIndexEntries,
     ExportPrincipal,
@@ -49,7 +50,8 @@ from quipu.services.kit.store_client import KafkaStore
 
 
 class KafkaMemoryStore:
-    """A `MemoryStore` whose every call is a memory command to the storage owner."""
+    """A `MemoryStore`, and the owner's `SessionClaims`, whose every call is a memory command to the
+    storage owner."""
 
     def __init__(self, transport: KafkaStore, *, owns_transport: bool = False) -> None:
         self._transport = transport
@@ -96,6 +98,14 @@ class KafkaMemoryStore:
     async def claim_session(self, session_id: str, scope: MemoryScope) -> MemoryScope:
         result: MemoryScope = await self._call(
             ClaimSession(session_id=session_id, scope=scope, tenant_id=scope.tenant_id)
+        )
+        return result
+
+    async def claim_session_for_turn(self, session_id: str, scope: MemoryScope) -> MemoryScope:
+        """Admit a turn by its session's owner in one command: the owner holds the recorded owner
+        and the history both (`SessionClaims`, services/domain/session_claims.py)."""
+        result: MemoryScope = await self._call(
+            ClaimSessionForTurn(session_id=session_id, scope=scope, tenant_id=scope.tenant_id)
         )
         return result
 

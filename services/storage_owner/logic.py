@@ -40,6 +40,7 @@ from quipu.contracts.store_operation import Backend
 from quipu.contracts.tools import TOOL_RESULT_RECORD
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.session_claims import SessionClaimRule
 from quipu.services.domain.store.protocol import Store
 
 Announcement = RunEvent | HistoryRecorded | FactChanged | DispatchedCall
@@ -216,13 +217,10 @@ async def apply_command(
     store: Store, command: StoreOperation, memory: MemoryStore | None = None
 ) -> tuple[StoreReply, Sequence[Announcement]]:
     """Apply one command to its backend; a contract error becomes the reply, UNAVAILABLE propagates."""
-    memory_command = command.backend is Backend.MEMORY
+    memory_command = command.backend is not Backend.RUNTIME
     try:
         _check_carried_calls(command)
-        if memory_command and memory is None:
-            raise StoreError(ErrorCode.UNAVAILABLE, "this storage owner serves no memory store")
-        backend: object = memory if memory_command else store
-        result = await getattr(backend, command.method)(**command.arguments())
+        result = await getattr(backend_of(command, store, memory), command.method)(**command.arguments())
     except StoreRefusedError as error:
         return StoreReply(correlation_id=command.correlation_id, op=command.op, error=error.to_body()), []
     # What a sealed command carried is sealed again under the same key on the way back and out.
@@ -235,6 +233,16 @@ async def apply_command(
     return reply, [sealed_as(message, whose) for message in calls_after_commit(command)] + [
         sealed_as(event, whose) for event in events_after_commit(command, result)
     ]
+
+
+def backend_of(command: StoreOperation, store: Store, memory: MemoryStore | None) -> object:
+    """What applies `command`: the runtime store, the memory store, or the rule over both
+    (UNAVAILABLE when it needs a memory store this owner does not serve)."""
+    if command.backend is Backend.RUNTIME:
+        return store
+    if memory is None:
+        raise StoreError(ErrorCode.UNAVAILABLE, "this storage owner serves no memory store")
+    return memory if command.backend is Backend.MEMORY else SessionClaimRule(store, memory)
 
 
 def _check_carried_calls(command: StoreOperation) -> None:

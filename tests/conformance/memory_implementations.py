@@ -7,6 +7,9 @@ Same pattern as `implementations.py`: a factory takes the requesting test's
 - "mongo": `MongoMemoryStore` on a fresh database of the session's SecantusDB, dropped afterwards.
 - "kafka": `KafkaMemoryStore` over the session's runtime store client, talking to the session's
   owner process (which serves a `MongoMemoryStore`); tests use unique ids, so sharing is safe.
+
+A rule over both stores (`SessionClaims`) runs over one implementation's pair (`OwnerStores`):
+in memory and on MongoDB the rule itself over the two stores, over Kafka the owner's one command.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 
 import pytest
 
 from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.session_claims import SessionClaimRule, SessionClaims
+from quipu.services.domain.store.protocol import Store
+from tests.conformance.implementations import IMPLEMENTATIONS
 
 MemoryStoreFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[MemoryStore]]
 """Builds one fresh, isolated memory store for one test."""
@@ -63,3 +70,35 @@ async def _kafka(request: pytest.FixtureRequest) -> AsyncIterator[MemoryStore]:
 register_memory_implementation("memory", _in_memory)
 register_memory_implementation("mongo", _mongo)
 register_memory_implementation("kafka", _kafka)
+
+
+@dataclass(frozen=True)
+class OwnerStores:
+    """One implementation's runtime store and memory store, and the session claims over both."""
+
+    store: Store
+    memory: MemoryStore
+    claims: SessionClaims
+
+
+OwnerStoresFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[OwnerStores]]
+"""Builds both stores of one implementation, fresh and isolated, for one test."""
+
+
+def _owner_stores(name: str) -> OwnerStoresFactory:
+    @asynccontextmanager
+    async def factory(request: pytest.FixtureRequest) -> AsyncIterator[OwnerStores]:
+        from quipu.services.kit.memory_client import KafkaMemoryStore  # noqa: PLC0415
+
+        async with IMPLEMENTATIONS[name](request) as store, MEMORY_IMPLEMENTATIONS[name](request) as memory:
+            # Over Kafka the owner applies the rule to its own stores: one command, not the rule here.
+            claims = memory if isinstance(memory, KafkaMemoryStore) else SessionClaimRule(store, memory)
+            yield OwnerStores(store, memory, claims)
+
+    return factory
+
+
+OWNER_IMPLEMENTATIONS: dict[str, OwnerStoresFactory] = {
+    name: _owner_stores(name) for name in ("memory", "mongo", "kafka")
+}
+"""Implementation name (the test id) → both of its stores."""

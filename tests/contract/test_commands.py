@@ -15,6 +15,7 @@ from quipu.contracts.store import Record
 from quipu.contracts.store_operation import Backend, StoreOperation
 from quipu.contracts.tools import ToolCallRequested
 from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.session_claims import SessionClaims
 from quipu.services.domain.store.protocol import Store
 
 COMMANDS: list[type[StoreOperation]] = list(typing.get_args(typing.get_args(StoreCommand)[0]))
@@ -23,7 +24,7 @@ for member in list(COMMANDS):
         COMMANDS.remove(member)
         COMMANDS.extend(typing.get_args(typing.get_args(member)[0]))
 
-PORTS: dict[Backend, Any] = {Backend.RUNTIME: Store, Backend.MEMORY: MemoryStore}
+PORTS: dict[Backend, Any] = {Backend.RUNTIME: Store, Backend.MEMORY: MemoryStore, Backend.BOTH: SessionClaims}
 
 
 def test_the_union_holds_every_command_once() -> None:
