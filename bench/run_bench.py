@@ -15,14 +15,15 @@ Definitions (printed by `python -m bench`):
   because the planner only builds its memory context over a `KafkaStore`. Runs are sequential, so
   a command belongs to the run in flight when it was sent.
 - Critical path: the planner's N commands sent before the terminal event (RecordRunTerminal
-  included), in S steps: they follow one another, except that the memory context sends two at
-  once (LoadSummary, HistoryTail: one step, 2 hops, both operations applied in turn by the
-  owner). H = 2S + 3 - D Kafka hops: 1 request (runs.requested -> planner) + 2 per step but the
-  last (commands -> owner, replies -> planner) + 1 for the terminal command + 1 for the terminal
-  event (owner -> reader; the terminal reply is off the path) + 2 for the tool (tools.calls ->
-  executor, tools.results -> planner), less 1 for each of the D steps whose command carries the
-  tool calls (the owner publishes them after the commit: the run goes on through the call, and
-  that step's reply travels beside the call and the tool, off the path).
+  included), in S steps: they follow one another, except that a turn's first step sends three at
+  once (the session owner check, ClaimSessionForTurn, beside the memory context's LoadSummary and
+  HistoryTail: one step, 2 hops, the operations applied in turn by the owner). H = 2S + 3 - D
+  Kafka hops: 1 request (runs.requested -> planner) + 2 per step but the last (commands -> owner,
+  replies -> planner) + 1 for the terminal command + 1 for the terminal event (owner -> reader;
+  the terminal reply is off the path) + 2 for the tool (tools.calls -> executor, tools.results ->
+  planner), less 1 for each of the D steps whose command carries the tool calls (the owner
+  publishes them after the commit: the run goes on through the call, and that step's reply
+  travels beside the call and the tool, off the path).
 - raw hop: aiokafka send_and_wait (the services' acks and idempotence) -> a group-less consumer
   (their fetch_max_wait_ms) on a topic of its own, services up and idle. Every consumer on the
   path has been waiting in a fetch when its message comes (Tansu's fetch does not wake on new
@@ -169,7 +170,7 @@ def _paths(system: System, runs: list[Run]) -> list[tuple[Run, list[Span]]]:
 
 @dataclass
 class Step:
-    """Commands the planner has under way at once (the memory context sends two together)."""
+    """Commands the planner has under way at once (the owner check and the memory read go together)."""
 
     spans: list[Span]
 

@@ -21,13 +21,15 @@ from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallRequested
 from quipu.contracts.transcript import TranscriptError
 from quipu.contracts.wire import to_millisecond
 from quipu.services.domain.agents import AgentRegistry
-from quipu.services.domain.memory.context import ContextBlocks, SpokenTurn, history_principal
+from quipu.services.domain.memory.context import ContextBlocks, SpokenTurn
 from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.session_claims import SessionClaimRule, SessionClaims, require_turn_of
 from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.tool_catalog import agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
 from quipu.services.kit.delivery import PermanentError, describe_error
+from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import TopicPublisher
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.logic.actions import Output
@@ -283,42 +285,40 @@ def tool_book(
 
 
 class SessionOwners:
-    """Whose each session is, claimed through the memory store before a turn's run starts.
+    """Whose each session is, claimed by the session's owner before a turn's run starts.
 
     A session has one owner (its tenant and principal). When the gateway created it, that is the
     owner it recorded on the session from the creator's credential; only a session created without
     one (`quipu run --session`) is its first turn's. The history's owner is claimed for exactly
     that owner, whoever's turn comes first, so the two always agree and a turn of anybody else is
-    refused before any model call (instead of answered, then lost from history). Reading the
-    session here, not writing the history's owner from the gateway, keeps it one idempotent write
-    with no crash window between two stores. An owner never changes, so the answers are kept (at
-    most `sessions` of them): a session's later turns cost no store command.
+    refused before any model call (instead of answered, then lost from history). `claims` is the
+    rule over both stores (`SessionClaims`): through the storage owner's client one command, which
+    the owner applies to its own data, so the check runs beside the turn's memory read. An owner
+    never changes, so the answers are kept (at most `sessions` of them): a session's later turns
+    cost no store command.
     """
 
-    def __init__(self, memory: MemoryStore, store: Store, *, sessions: int = 4096) -> None:
-        self._memory = memory
-        self._store = store
+    def __init__(self, claims: SessionClaims, *, sessions: int = 4096) -> None:
+        self._claims = claims
         self._sessions = max(1, sessions)
         self._owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
+
+    @classmethod
+    def over(cls, store: Store, memory: MemoryStore) -> SessionOwners:
+        """Through the storage owner's client (`memory` a `KafkaMemoryStore`): one command, which
+        the owner applies over its own two stores; else the same rule, here, over `store` and `memory`."""
+        claims: SessionClaims = (
+            memory if isinstance(memory, KafkaMemoryStore) else SessionClaimRule(store, memory)
+        )
+        return cls(claims)
 
     async def require(self, session_id: str, scope: MemoryScope) -> None:
         """Pass when `scope` owns the session (claiming it when unowned); StoreError else."""
         owner = self._owners.get(session_id)
         if owner is None:
-            claimed = await self._memory.claim_session(session_id, await self._owner_scope(session_id, scope))
+            claimed = await self._claims.claim_session_for_turn(session_id, scope)
             owner = (claimed.tenant_id, claimed.principal_id)
             self._owners[session_id] = owner
             while len(self._owners) > self._sessions:
                 self._owners.popitem(last=False)
-        if owner != (scope.tenant_id, scope.principal_id):
-            raise StoreError(
-                ErrorCode.SESSION_PRINCIPAL_MISMATCH, f"session {session_id} belongs to another principal"
-            )
-
-    async def _owner_scope(self, session_id: str, turn: MemoryScope) -> MemoryScope:
-        """Whom to claim the history for: the owner recorded on the session, else the turn's."""
-        recorded = (await self._store.load_session_status(session_id)).owner
-        if recorded is None:
-            return turn
-        principal = history_principal(recorded.principal_id, session_id)
-        return turn.model_copy(update={"tenant_id": recorded.tenant_id, "principal_id": principal})
+        require_turn_of(owner, scope, session_id)

@@ -104,7 +104,7 @@ def create_app(
         model = given.model or make_model(
             settings.model, max_poll_interval_ms=int(settings.model_timeout_s * 1000)
         )
-        # Sessions are claimed where their history is kept: the owner's memory store.
+        # Sessions are claimed where their owner is recorded and their history kept: the storage owner.
         memory = given.memory or (KafkaMemoryStore(store) if isinstance(store, KafkaStore) else None)
         ready = ReadyDeps(
             store=store,
@@ -112,7 +112,7 @@ def create_app(
             registry=registry,
             agents=agents,
             context=context,
-            owners=SessionOwners(memory, store) if memory is not None else None,
+            owners=SessionOwners.over(store, memory) if memory is not None else None,
         )
         return Planner(ready, publisher, settings)
 

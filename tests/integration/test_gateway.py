@@ -182,7 +182,7 @@ async def test_a_session_created_here_is_its_creators_before_its_first_turn(gate
     store = gateway.served.store
 
     def planner_owners() -> SessionOwners:  # each a planner process of its own: nothing remembered
-        return SessionOwners(KafkaMemoryStore(store), store)
+        return SessionOwners.over(store, KafkaMemoryStore(store))
 
     def scope(principal_id: str) -> MemoryScope:
         return MemoryScope(tenant_id="t1", principal_id=principal_id, agent_id="assistant")

@@ -14,6 +14,7 @@ until one more copy per replayed message has arrived.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -160,6 +161,29 @@ async def test_calculate_runs_the_tool_round_trip_and_completes(system: System) 
     [turn] = system.finished_turns(request.run_id)
     assert turn.user_text == "calculate 6*7" and "42" in turn.assistant_text
     print(f"calculate 6*7: terminal workflow after {elapsed * 1000:.0f} ms")
+
+
+async def test_a_sessions_owner_is_checked_by_one_command_beside_the_memory_read(system: System) -> None:
+    """A session's first turn: the owner check is one command, which the owner applies over its own
+    two stores, sent with the memory read before the start (not a status read, then a claim); the
+    next turn is checked by the planner's cache of known owners, with no command at all."""
+    session = await system.session()
+
+    def ops(records: Records) -> list[str]:
+        return [json.loads(record.value or b"")["op"] for record in records if record.key == session.encode()]
+
+    async with TopicReader(system.settings.bootstrap, system.topic(Topic.STORAGE_COMMANDS)) as commands:
+        for text in ("calculate 6*7", "calculate 2*3"):
+            request = await system.request(
+                RunRequested(
+                    run_id="r-" + uuid.uuid4().hex, session_id=session, agent_id="assistant", text=text
+                )
+            )
+            await system.until_closed(request.run_id)
+        sent = ops(await commands.wait_for(lambda records: ops(records).count("RecordRunTerminal") == 2))
+    checks = [op for op in sent if op in ("LoadSessionStatus", "ClaimSession", "ClaimSessionForTurn")]
+    assert checks == ["ClaimSessionForTurn"]
+    assert sent.index("ClaimSessionForTurn") < sent.index("StartRootRun")
 
 
 async def test_republishing_every_message_of_a_finished_run_changes_nothing(system: System) -> None:

@@ -235,7 +235,7 @@ def make_harness(
         registry=registry if registry is not None else announced(),
         agents=agents if agents is not None else AGENTS,
         context=SessionHistoryContext(store, 12),
-        owners=SessionOwners(history, store) if history is not None else None,
+        owners=SessionOwners.over(store, history) if history is not None else None,
     )
     return Harness(store, model, bus, Planner(deps, bus, settings or PlannerSettings()))
 
