@@ -227,6 +227,11 @@ class AppendResult(_Frozen):
         description="Session status read in the same transaction: active, ended, or empty when sessionless."
     )
 
+    @property
+    def in_ended_session(self) -> bool:
+        """Whether the run's session had ended when the write was applied (read in its transaction)."""
+        return self.session_status == SessionStatus.ENDED.value
+
 
 class StartResult(_Frozen):
     """Result of a start: the original decision, the current status and the records' results."""

@@ -164,7 +164,8 @@ class StepWriter:
     Through the storage owner's client the step's command carries its calls and the owner publishes
     them once the records commit, and again on an exact retry (an outbox): the calls leave without
     waiting for the reply's hop back and the planner's turn. Any other store commits here, then
-    the calls are published here, as before.
+    the calls are published here, as before. Either way none is published when the step met an
+    ended session: the run is closed instead, and runs no tool.
     """
 
     def __init__(self, store: Store, publisher: Publisher, registry: ToolsetRegistry | None) -> None:
@@ -180,12 +181,14 @@ class StepWriter:
     async def append(
         self, records: Sequence[Record], calls: Sequence[ToolCallRequested]
     ) -> list[AppendResult]:
-        """Append `records` as one command; `calls` go out once it committed (not on a refusal)."""
+        """Append `records` as one command; `calls` go out once it committed (not on a refusal, not
+        in an ended session)."""
         if isinstance(self._store, KafkaStore):
             return await self._store.append_run_records(records, [self.dispatched(call) for call in calls])
         results = await self._store.append_run_records(records)
-        for call in calls:
-            await self._publisher.publish(call)
+        if not any(result.in_ended_session for result in results):
+            for call in calls:
+                await self._publisher.publish(call)
         return results
 
 

@@ -35,7 +35,13 @@ from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.memory import FactChanged, HistoryAppendResult, HistoryRecorded
 from quipu.contracts.memory_commands import AppendHistoryTurn, ApplyFactOperations, DeleteFact
 from quipu.contracts.sealed import SealedFor
-from quipu.contracts.store import CancellationReason, Record, StartOutcome, StartResult
+from quipu.contracts.store import (
+    AppendResult,
+    CancellationReason,
+    Record,
+    StartOutcome,
+    StartResult,
+)
 from quipu.contracts.store_operation import Backend
 from quipu.contracts.tools import TOOL_RESULT_RECORD
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
@@ -230,7 +236,7 @@ async def apply_command(
     )
     if memory_command:
         return reply, memory_events_after_commit(command, result)
-    return reply, [sealed_as(message, whose) for message in calls_after_commit(command)] + [
+    return reply, [sealed_as(message, whose) for message in calls_after_commit(command, result)] + [
         sealed_as(event, whose) for event in events_after_commit(command, result)
     ]
 
@@ -259,13 +265,22 @@ def _check_carried_calls(command: StoreOperation) -> None:
             )
 
 
-def calls_after_commit(command: StoreOperation) -> list[DispatchedCall]:
+def calls_after_commit(command: StoreOperation, result: object) -> list[DispatchedCall]:
     """The tool calls a committed step (or its exact retry) carries for the owner to publish.
 
     A call is not stored: the records that justify it are. A retry carries what the planner derived
     again from the same records, so the calls repeat with the same ids (at-least-once, idempotent).
+    None in an ended session: the step stands (a running run may still write), but its run is
+    closed by the planner, told by the result's `session_status`, and runs no tool.
     """
-    return list(command.calls) if isinstance(command, AppendRunRecords) else []
+    if not isinstance(command, AppendRunRecords) or _in_ended_session(result):
+        return []
+    return list(command.calls)
+
+
+def _in_ended_session(result: object) -> bool:
+    results = result if isinstance(result, list) else [result]
+    return any(isinstance(each, AppendResult) and each.in_ended_session for each in results)
 
 
 _Sealable = TypeVar("_Sealable", bound=RunEvent | DispatchedCall)

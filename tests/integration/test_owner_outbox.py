@@ -5,11 +5,14 @@
   for the default toolset, `tools.calls.<toolset>` else): a call read there finds its step's
   records in the store. An exact retry of the step publishes the same calls again (same ids).
 - A refused step (EVENT_CONFLICT, RUN_NOT_ACTIVE) publishes none of its calls.
+- A step written in an ended session commits (a running run may still write) but publishes none
+  of its calls, not even on its exact retry: the planner closes the run instead.
 - A call of another run than the step's records is refused before anything is applied.
 
 The owner is a separate process on the real embedded broker and database. "Nothing was published"
-is shown with a barrier: the calls topics are keyed by run id, so a later step of the same run that
-carries a call publishes on the same partition, after everything before it.
+is shown with a barrier: the calls topics are keyed by run id, so a later step of the same run (or
+of a run whose id lands on the same partition) that carries a call publishes on the same
+partition, after everything before it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from quipu.contracts.errors import ErrorCode
 from quipu.contracts.store import Record, RunStart
 from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallRequested
 from quipu.contracts.topics import Topic, toolset_calls_topic
+from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics
+from quipu.services.kit.run_events import partition_for_key
 from quipu.services.kit.store_client import KafkaStore
 from tests.conformance.builders import (
     all_run_records,
@@ -143,6 +148,33 @@ async def test_a_refused_step_publishes_none_of_its_calls(calls: Calls) -> None:
     read = await calls.wait(calls.default, run.run_id, 2)
     assert [each.tool_use_id for each in read] == ["first", "barrier"]
     assert calls.of(calls.default, closed.run_id) == []
+
+
+async def test_a_step_in_an_ended_session_commits_but_publishes_none_of_its_calls(calls: Calls) -> None:
+    store = calls.store
+    session_id, run = await session_with_root(store)
+    await store.end_session(session_id, utc_now_ms())
+    records = step(run, "step/1")
+
+    first = await store.append_run_records(records, [call(run, "withheld")])
+    retried = await store.append_run_records(records, [call(run, "withheld")])
+
+    assert [(each.inserted, each.session_status) for each in first + retried] == [
+        (True, "ended"),
+        (False, "ended"),
+    ]
+    assert (run.run_id, "step/1") in keys(await all_run_records(store, run.run_id))
+    partitions = calls.default.partitions
+    wanted = partition_for_key(run.run_id, partitions)
+    barrier_id = next(
+        candidate
+        for candidate in (uid("run") for _ in range(10_000))
+        if partition_for_key(candidate, partitions) == wanted
+    )
+    _, barrier = await session_with_root(store, run_id=barrier_id)
+    await store.append_run_records(step(barrier, "step/1"), [call(barrier, "barrier")])
+    await calls.wait(calls.default, barrier.run_id, 1)
+    assert calls.of(calls.default, run.run_id) == []
 
 
 async def test_a_call_of_another_run_or_a_toolset_name_out_of_the_rule_is_refused_and_nothing_applied(
