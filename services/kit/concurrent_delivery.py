@@ -178,8 +178,11 @@ class ConcurrentConsumer:
         order: OrderKey | None,
         redeliver_after_s: float = 1.0,
         handle_attempts: int = 3,
+        on_assigned: Callable[[], None] | None = None,
     ) -> None:
+        """`on_assigned` is called after each rebalance that gave this consumer its partitions."""
         self._handle = handle
+        self._on_assigned = on_assigned
         self._handle_attempts = handle_attempts
         self.skipped = 0
         """Messages settled without being handled, because `handle` kept raising."""
@@ -312,6 +315,8 @@ class ConcurrentConsumer:
             consumer=self._name,
             partitions=sorted(partition for _, partition in partitions),
         )
+        if self._on_assigned is not None:
+            self._on_assigned()
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown: take no new messages, give those in flight `grace_s`, cancel the rest (redelivered)."""
@@ -353,8 +358,10 @@ def consume_concurrently(
     group: str,
     settings: ConsumerSettings,
     order: OrderKey | None = by_kafka_key,
+    on_assigned: Callable[[], None] | None = None,
 ) -> ConcurrentConsumer:
-    """Subscribe `handle` to `source` in consumer group `group`, through a `ConcurrentConsumer`.
+    """Subscribe `handle` to `source` in consumer group `group`, through a `ConcurrentConsumer`
+    (`on_assigned`: called after each rebalance of the group).
 
     The app drains the returned consumer on shutdown, before the broker stops.
     """
@@ -364,6 +371,7 @@ def consume_concurrently(
         max_in_flight=settings.max_in_flight,
         revoke_grace_s=settings.revoke_grace_s,
         order=order,
+        on_assigned=on_assigned,
     )
     broker.subscriber(
         topic(kafka, source),

@@ -14,6 +14,7 @@ cannot be served, is skipped with a warning (every copy reads it, so none dead-l
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -81,6 +82,7 @@ def register(
         effect: Callable[[T], Awaitable[None]],
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
         client: KafkaSettings = kafka,
+        on_assigned: Callable[[], None] | None = None,
     ) -> ConcurrentConsumer:
         return consume_concurrently(
             broker,
@@ -89,13 +91,22 @@ def register(
             lambda message: delivery.handle(message, payload, effect, on_invalid),
             group=f"{settings.group}-{suffix}",
             settings=settings,
+            on_assigned=on_assigned,
         )
+
+    def results_reassigned() -> None:
+        # Only a copy holding a run's results partition writes its next steps: after a rebalance
+        # another copy may have, so the views this one kept are read again.
+        with contextlib.suppress(RuntimeError):  # not open (yet, or any more): it keeps no view
+            planner.get().forget_kept_views()
 
     return [
         subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested, invalid_request),
         # No caller waits on a cancel (it is acknowledged when published): fetched less often.
         subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel, client=kafka.in_background()),
-        subscribe(Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result),
+        subscribe(
+            Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result, on_assigned=results_reassigned
+        ),
     ]
 
 

@@ -35,7 +35,6 @@ from quipu.contracts.store import (
     LifecycleType,
     Record,
     RunStatus,
-    SessionStatus,
     StartOutcome,
     StartResult,
 )
@@ -217,9 +216,16 @@ class Planner:
         self.locks: KeyedLocks[str] = KeyedLocks()  # one run's triggers, one at a time
         self._sent: OrderedDict[str, RunView] = OrderedDict()
         """Runs whose tool calls this process just sent, as it wrote them: the result that answers
-        them is folded into this view instead of a read of the whole log. A stale one (another
-        process wrote meanwhile) shows at the next write: a record it finds written, or a refusal,
-        makes the planner read the log again."""
+        them is folded into this view instead of a read of the whole log. Only the copy holding a
+        run's results partition takes its results and writes the steps they open, so these views
+        are dropped when that assignment changes (`forget_kept_views`): a result taken on one never
+        repeats a model call another copy recorded. Stale otherwise (a cancel written elsewhere),
+        one shows at the next write: a record it finds written, or a refusal, makes the planner
+        read the log again."""
+
+    def forget_kept_views(self) -> None:
+        """Drop the views of runs whose calls went out: the results partitions were reassigned."""
+        self._sent.clear()
 
     @property
     def steps(self) -> StepWriter:
@@ -276,7 +282,12 @@ class Planner:
                 await self._take_result(view, completed)
 
     async def _take_result(self, view: RunView, completed: ToolCallCompleted) -> None:
-        """Write the result unless the run has it or never asked for it, then advance."""
+        """Take the result unless the run has it or never asked for it, then advance.
+
+        The result that completes its step's set is staged: the next command (the next step, or
+        the terminal with the answer) carries it. One that leaves others missing is written alone
+        at once, so that a handler never holds one message waiting for another.
+        """
         trigger = self._trigger(completed.occurred_at, completed.event_id, completed.tool_use_id)
         if not view.closed and completed.tool_use_id not in view.results:
             if completed.tool_use_id not in _tool_use_ids(view):
@@ -549,7 +560,9 @@ class Planner:
                 calls = [message for message in outputs if isinstance(message, ToolCallRequested)]
                 carried = calls if view.unwritten else []
                 written = await self._flush(view, carried)
-                if written is not view:
+                if written is not view or written.session_ended:
+                    # Another writer came first, or the session ended (its calls were withheld:
+                    # the run is closed instead): nothing this pass made goes out.
                     view = written
                     continue
                 for message in outputs:
@@ -558,12 +571,10 @@ class Planner:
                 dispatched = action.step
             elif isinstance(action, CallModel):
                 assert agent is not None  # a run whose agent is gone was failed above: no model call
-                # The step so far commits first: its reply says whether the session ended or
-                # another writer came first, which no model call is spent on.
-                written = await self._flush(view)
-                if written is not view or written.session_ended:
-                    view = written
-                    continue
+                # What is staged (the tool results that complete a step, their message, the phase)
+                # rides in the command that writes this call's step, or in the terminal: nothing
+                # is recorded before it, so a redelivery that calls the model again repeats no
+                # recorded call. A session ended or another writer shows in that command's reply.
                 view = await self._model_step(view, agent, tools, action.step, trigger)
         raise PermanentError(
             f"run {view.run_id!r}: no end after {self.settings.max_actions_per_message} steps"
@@ -785,10 +796,7 @@ class Planner:
             )
             return await self._reload(view.run_id, f"{error.code.value}: {error.message}")
         results = result if isinstance(result, list) else [result]
-        ended = any(
-            isinstance(each, AppendResult) and each.session_status == SessionStatus.ENDED.value
-            for each in results
-        )
+        ended = any(isinstance(each, AppendResult) and each.in_ended_session for each in results)
         if any(isinstance(each, AppendResult) and not each.inserted for each in results):
             # The store held these records already: this view was behind the log (another
             # process wrote meanwhile), so what the store holds is used.

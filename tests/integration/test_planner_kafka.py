@@ -147,6 +147,14 @@ async def test_calculate_runs_the_tool_round_trip_and_completes(system: System) 
     elapsed = time.monotonic() - started
 
     assert workflow_phases(events) == ["planning", "executing_tools", "synthesizing", "completed"]
+    # The result rode in the terminal with the answer: the owner streams what it returned with
+    # that command's commit, before the phase it opened.
+    shown = [
+        (event.type.value, event.payload.get("phase") or event.payload.get("tool_name"))
+        for event in events
+        if event.type in (StreamEventType.WORKFLOW, StreamEventType.TOOL_END)
+    ]
+    assert shown[2:] == [("tool_end", "calculator"), ("workflow", "synthesizing"), ("workflow", "completed")]
     replies = "".join(e.payload["text"] for e in events if e.type is StreamEventType.ASSISTANT_REPLY)
     assert "42" in replies
     assert (await system.store.load_run(request.run_id)).status is RunStatus.COMPLETED

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
@@ -267,3 +268,20 @@ async def test_a_handler_that_keeps_raising_is_skipped_after_bounded_tries() -> 
     assert calls == [0, 0, 0, 1]
     assert consumer.skipped == 1
     assert commits.positions[-1] == (0, 2)
+
+
+async def test_each_rebalance_that_assigns_partitions_is_told_to_whoever_asked() -> None:
+    """The planner drops the views it kept of runs whose results another copy may have taken."""
+    told: list[str] = []
+    consumer = ConcurrentConsumer(
+        lambda message: asyncio.sleep(0),
+        name="test",
+        max_in_flight=1,
+        revoke_grace_s=1.0,
+        order=None,
+        on_assigned=lambda: told.append("assigned"),
+    )
+    await consumer.listener.on_partitions_revoked({TopicPartition(TOPIC, 0)})
+    assert told == []
+    await consumer.listener.on_partitions_assigned({TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)})
+    assert told == ["assigned"]

@@ -865,7 +865,46 @@ async def test_a_step_another_writer_recorded_first_is_reused() -> None:
     assert finished.assistant_text == "Their answer."
 
 
-async def test_a_session_ended_under_a_running_run_stops_planning_at_the_next_write() -> None:
+async def test_a_session_ended_under_a_running_run_stops_it_at_the_next_write_where_no_tool_runs() -> None:
+    """The result rides in the next step's command, so the model is asked (nothing was recorded
+    before it: no recorded call is repeated) and the step is written in the ended session. What
+    the step justifies is withheld, a tool call and a child run alike, and the run is canceled."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.call_key.endswith("/step/1"):
+            return calls(request, ("calculator", {"expression": "1+1"}))
+        return calls(request, ("calculator", {"expression": "2+2"}), ("math_agent", {"task": "3+3"}))
+
+    h = make_harness(answer)
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    await h.store.end_session(session, utc_now_ms())
+
+    await h.deliver(result_for(call, 2))
+
+    assert len(h.model.requests) == 2
+    meta = await h.store.load_run(request.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
+    # The next write is the step the result opens, with the result in it; then the end.
+    assert (await h.keys(request.run_id))[-7:] == [
+        f"tool-result/{call.tool_use_id}",
+        "step/1/tool-results",
+        "phase/2/synthesizing",
+        "step/2/assistant",
+        "phase/2/executing_tools",
+        "cancel",
+        "canceled",
+    ]
+    assert h.bus.of(ToolCallRequested) == [call]
+    assert h.bus.of(RunRequested) == []
+    assert not h.bus.of(TurnCompleted)
+
+
+async def test_an_answer_written_in_an_ended_session_closes_the_run_as_given() -> None:
+    """A result whose answer is the terminal: the session's end is seen by that very write, which
+    the store takes (a running run may close in an ended session), so the turn is answered."""
     h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
     session = await h.session()
     request = turn("calculate", session)
@@ -875,18 +914,15 @@ async def test_a_session_ended_under_a_running_run_stops_planning_at_the_next_wr
 
     await h.deliver(result_for(call, 2))
 
-    assert len(h.model.requests) == 1
-    meta = await h.store.load_run(request.run_id)
-    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
-    # The next write is the step the result opens (result, transcript, phase): then the end.
+    assert len(h.model.requests) == 2
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
     assert (await h.keys(request.run_id))[-5:] == [
         f"tool-result/{call.tool_use_id}",
         "step/1/tool-results",
         "phase/2/synthesizing",
-        "cancel",
-        "canceled",
+        "step/2/assistant",
+        "completed",
     ]
-    assert not h.bus.of(TurnCompleted)
 
 
 @pytest.mark.parametrize(
@@ -922,7 +958,10 @@ async def test_a_child_that_cannot_start_answers_its_parent_with_an_error() -> N
     await h.deliver(answer)  # the parent is not left waiting: the ended session stops it
     meta = await h.store.load_run(parent.run_id)
     assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
-    assert len(h.model.requests) == 1
+    # The answer rode in the parent's next step, written in the ended session: it asks for the
+    # agent again, and that child is never requested.
+    assert len(h.model.requests) == 2
+    assert h.bus.of(RunRequested) == [child_request]
 
 
 class SlowModel(FakeModel):
@@ -1064,13 +1103,16 @@ async def test_the_result_of_a_call_this_planner_sent_is_folded_in_without_readi
 
 
 async def test_a_kept_view_another_process_wrote_past_is_read_again_and_nothing_is_done_twice() -> None:
+    """Another copy takes a run's results only after a rebalance of the results group, which has
+    every copy drop the views it kept: the result redelivered here is taken on what the store holds."""
     h, _ = counting_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
     session = await h.session()
     request = turn("calculate", session)
     await h.deliver(request)
     [call] = h.bus.of(ToolCallRequested)
+    h.planner.forget_kept_views()  # the rebalance that gives the results partition to another copy
     other = Planner(h.planner.deps, h.bus, PlannerSettings())
-    await other.on_tool_result(result_for(call, 42))  # a rebalance: another copy finished the run
+    await other.on_tool_result(result_for(call, 42))  # which finishes the run
     model_calls = len(h.model.requests)
 
     await h.deliver(result_for(call, 42))  # redelivered to the copy that kept its view
@@ -1109,7 +1151,7 @@ def on_store(h: Harness, store: InMemoryStore) -> None:
     h.planner.deps = replace(h.planner.deps, store=store, context=SessionHistoryContext(store, 12))
 
 
-async def test_a_turn_starts_with_its_context_and_input_so_a_one_tool_run_is_four_writes() -> None:
+async def test_a_turn_starts_with_its_context_and_input_so_a_one_tool_run_is_three_writes() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
     store = WritesSeen()
     on_store(h, store)
@@ -1122,13 +1164,9 @@ async def test_a_turn_starts_with_its_context_and_input_so_a_one_tool_run_is_fou
 
     assert await h.status(request.run_id) is RunStatus.COMPLETED
     assert (await h.keys(request.run_id))[:3] == ["started", "context", "input"]
-    # The start and the run's first records; the model's step with its call; the result; the end.
-    assert store.writes == [
-        "start_root_run",
-        "append_run_records",
-        "append_run_records",
-        "record_run_terminal",
-    ]
+    # The start and the run's first records; the model's step with its call; the end, with the
+    # result it answers.
+    assert store.writes == ["start_root_run", "append_run_records", "record_run_terminal"]
 
 
 @pytest.mark.parametrize("earlier", ["another input", "no input"])

@@ -1,0 +1,222 @@
+"""The tool result that completes a step rides in the next command (docs/store-contract.md §6.4).
+
+The next step's AppendRunRecords, or the terminal with the answer, carries the result, its
+transcript message and the phase, so the result costs no write of its own. What must stay true:
+
+- Nothing is recorded before that command commits: a crash after the model call leaves nothing,
+  and the redelivered result asks the model again (a call never recorded, so none repeated).
+- A cancel arriving while the model answers is decided on at the next write, and no effect of a
+  step the store refused goes out.
+- Results arriving while others of their step are missing are written alone, at once (a handler
+  never holds one message waiting for another), and two copies taking the last two at once
+  (a rebalance) still finish the run once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from quipu.contracts.runs import CancelRun
+from quipu.contracts.store import Record, RunStatus
+from quipu.contracts.tools import ToolCallRequested
+from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
+from quipu.services.domain.store.memory import InMemoryStore
+from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
+from quipu.services.planner.adapters import SessionHistoryContext
+from quipu.services.planner.orchestrator import Planner, ReadyDeps
+from quipu.services.planner.settings import PlannerSettings
+from tests.support.announced import announced
+from tests.timing import scaled
+from tests.unit.test_planner_runs import (
+    AGENTS,
+    FakeModel,
+    Harness,
+    YieldingStore,
+    calls,
+    make_harness,
+    on_store,
+    result_for,
+    tool_then_answer,
+    turn,
+)
+
+
+class PlannerCrashError(Exception):
+    """Stands for the planner process dying: the message is not acknowledged, so it comes again."""
+
+
+class CrashingOnceStore(InMemoryStore):
+    """The first terminal is never sent: the planner "dies" after the model call, before the commit."""
+
+    crashed = False
+
+    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
+        if not self.crashed:
+            self.crashed = True
+            raise PlannerCrashError
+        return await super().record_run_terminal(record, records)
+
+
+async def test_a_crash_after_the_model_call_records_nothing_so_the_model_is_asked_again() -> None:
+    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
+    store = CrashingOnceStore()
+    on_store(h, store)
+    session = await h.session()
+    request = turn("calculate 6*7", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    before = await h.keys(request.run_id)
+
+    with pytest.raises(PlannerCrashError):
+        await h.deliver(result_for(call, 42))
+    assert len(h.model.requests) == 2
+    assert await h.keys(request.run_id) == before  # not even the result: it rode in the lost command
+
+    await h.deliver(result_for(call, 42))  # the redelivery
+
+    assert len(h.model.requests) == 3  # asked again: the first answer was never recorded
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    keys = await h.keys(request.run_id)
+    assert keys[len(before) :] == [
+        f"tool-result/{call.tool_use_id}",
+        "step/1/tool-results",
+        "phase/2/synthesizing",
+        "step/2/assistant",
+        "completed",
+    ]
+
+
+class HeldModel(FakeModel):
+    """A `FakeModel` whose call of step 2 waits until the test lets it answer."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__(answer)
+        self.answering = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
+        if request.call_key.endswith("/step/2"):
+            self.answering.set()
+            await self.release.wait()
+        return await super().complete(request, on_text)
+
+
+def asks_again(request: ModelRequest) -> ModelResponse:
+    """Asks for the calculator at each step."""
+    return calls(request, ("calculator", {"expression": "1+1"}))
+
+
+def held_harness() -> tuple[Harness, HeldModel]:
+    h = make_harness(asks_again)
+    model = HeldModel(asks_again)
+    h.model = model
+    h.planner.deps = ReadyDeps(h.store, model, announced(), AGENTS, SessionHistoryContext(h.store))
+    return h, model
+
+
+async def test_a_cancel_taken_by_the_same_copy_during_the_model_call_ends_the_run_at_the_next_step() -> None:
+    h, model = held_harness()
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+
+    taking = asyncio.create_task(h.deliver(result_for(call, 2)))
+    await asyncio.wait_for(model.answering.wait(), scaled(5.0))
+    canceling = asyncio.create_task(h.deliver(CancelRun(run_id=request.run_id, session_id=session)))
+    await asyncio.sleep(0)  # its turn: the cancel reaches the run's lock, held by the result
+    model.release.set()
+    await asyncio.gather(taking, canceling)
+
+    meta = await h.store.load_run(request.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "user_requested")
+    assert (await h.keys(request.run_id))[-7:] == [
+        f"tool-result/{call.tool_use_id}",
+        "step/1/tool-results",
+        "phase/2/synthesizing",
+        "step/2/assistant",
+        "phase/2/executing_tools",
+        "cancel",
+        "canceled",
+    ]
+    assert len(h.model.requests) == 2
+
+
+async def test_a_cancel_another_copy_writes_during_the_model_call_refuses_the_step_and_its_call() -> None:
+    h, model = held_harness()
+    other = Planner(h.planner.deps, h.bus, PlannerSettings())  # no lock shared: another process
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+
+    taking = asyncio.create_task(h.deliver(result_for(call, 2)))
+    await asyncio.wait_for(model.answering.wait(), scaled(5.0))
+    await other.on_cancel(CancelRun(run_id=request.run_id, session_id=session))
+    assert await h.status(request.run_id) is RunStatus.CANCELED
+    model.release.set()
+    await taking
+
+    # The step (and the result in it) came after the close: refused, and its call never published.
+    keys = await h.keys(request.run_id)
+    assert keys[-2:] == ["cancel", "canceled"]
+    assert f"tool-result/{call.tool_use_id}" not in keys
+    assert h.bus.of(ToolCallRequested) == [call]
+    assert len(h.model.requests) == 2
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+async def test_the_last_two_results_of_a_step_arriving_at_once_finish_the_run_once(copies: int) -> None:
+    """Each result sees the other missing, so each is written alone; whichever then reads both
+    carries nothing more and goes on. Two copies (a rebalance) share no lock."""
+    uses = [("calculator", {"expression": "1+1"}), ("calculator", {"expression": "2+2"})]
+    h = make_harness(tool_then_answer(*uses))
+    store = YieldingStore()
+    h.store = store
+    deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
+    h.planner.deps = deps
+    planners = [h.planner, Planner(deps, h.bus, PlannerSettings())][:copies]
+    session = await h.session()
+    request = turn("two at once", session)
+    await h.deliver(request)
+    first, second = h.bus.of(ToolCallRequested)
+
+    await asyncio.gather(
+        planners[0].on_tool_result(result_for(first, 2)), planners[-1].on_tool_result(result_for(second, 4))
+    )
+
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    keys = await h.keys(request.run_id)
+    for call in (first, second):
+        assert keys.count(f"tool-result/{call.tool_use_id}") == 1
+    assert keys.count("step/2/assistant") == 1 and keys.count("completed") == 1
+    messages = await build_messages_from_run_log(store, request.run_id)
+    validate_planner_transcript(messages)
+    assert [part.content for part in messages[2].parts] == [2, 4]  # type: ignore[union-attr]
+
+
+async def test_a_result_that_leaves_another_missing_is_written_at_once() -> None:
+    uses = [("calculator", {"expression": "1+1"}), ("calculator", {"expression": "2+2"})]
+    h = make_harness(tool_then_answer(*uses))
+    session = await h.session()
+    request = turn("two", session)
+    await h.deliver(request)
+    first, second = h.bus.of(ToolCallRequested)
+
+    await h.deliver(result_for(first, 2))
+
+    assert (await h.keys(request.run_id))[-1] == f"tool-result/{first.tool_use_id}"
+    assert len(h.model.requests) == 1
+    await h.deliver(result_for(second, 4))  # this one completes the step: it rides in the terminal
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
+    assert (await h.keys(request.run_id))[-5:] == [
+        f"tool-result/{second.tool_use_id}",
+        "step/1/tool-results",
+        "phase/2/synthesizing",
+        "step/2/assistant",
+        "completed",
+    ]
