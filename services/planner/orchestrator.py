@@ -35,6 +35,7 @@ from quipu.contracts.store import (
     LifecycleType,
     Record,
     RunStatus,
+    SessionStatus,
     StartOutcome,
     StartResult,
 )
@@ -559,6 +560,10 @@ class Planner:
                 # before (a redelivery) justifies them already, and they are published here.
                 calls = [message for message in outputs if isinstance(message, ToolCallRequested)]
                 carried = calls if view.unwritten else []
+                if not view.unwritten:
+                    # Written before (a redelivery, another writer): the reply that said whether
+                    # its session had ended is gone, so that is read before its calls go again.
+                    view.session_ended = view.session_ended or await self._session_ended(view)
                 written = await self._flush(view, carried)
                 if written is not view or written.session_ended:
                     # Another writer came first, or the session ended (its calls were withheld:
@@ -808,6 +813,11 @@ class Planner:
         view.unwritten.clear()
         view.session_ended = view.session_ended or ended
         return view
+
+    async def _session_ended(self, view: RunView) -> bool:
+        if not view.session_id:
+            return False
+        return (await self.deps.store.load_session_status(view.session_id)).status is SessionStatus.ENDED
 
     async def _reload(self, run_id: str, why: str) -> RunView:
         self._sent.pop(run_id, None)

@@ -23,6 +23,7 @@ import pytest
 from quipu.contracts.runs import CancelRun
 from quipu.contracts.store import Record, RunStatus
 from quipu.contracts.tools import ToolCallRequested
+from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
@@ -220,3 +221,38 @@ async def test_a_result_that_leaves_another_missing_is_written_at_once() -> None
         "step/2/assistant",
         "completed",
     ]
+
+
+class CancelLostOnceStore(InMemoryStore):
+    """The first cancellation intent is never sent: the planner "dies" just before it."""
+
+    lost = False
+
+    async def record_run_cancellation(self, record: Record) -> Any:
+        if not self.lost:
+            self.lost = True
+            raise PlannerCrashError
+        return await super().record_run_cancellation(record)
+
+
+async def test_a_step_written_in_an_ended_session_is_not_dispatched_by_a_redelivery_either() -> None:
+    """A crash after that step's commit, before the cancel: the redelivered result finds a step
+    whose calls were never published, and reads the session's status before sending them."""
+    h = make_harness(asks_again)
+    store = CancelLostOnceStore()
+    on_store(h, store)
+    session = await h.session()
+    request = turn("calculate", session)
+    await h.deliver(request)
+    [call] = h.bus.of(ToolCallRequested)
+    await h.store.end_session(session, utc_now_ms())
+    with pytest.raises(PlannerCrashError):
+        await h.deliver(result_for(call, 2))
+    assert "step/2/assistant" in await h.keys(request.run_id)
+
+    await h.deliver(result_for(call, 2))  # the redelivery
+
+    meta = await h.store.load_run(request.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "session_ended")
+    assert h.bus.of(ToolCallRequested) == [call]
+    assert len(h.model.requests) == 2
