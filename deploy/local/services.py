@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -170,6 +170,7 @@ class Supervisor:
         on_change: Callable[[], None] = lambda: None,
         policy: RestartPolicy | None = None,
         stop_timeout_s: float = 15.0,
+        stop_last: Collection[str] = (),
     ) -> None:
         # Each service is a module (`python -m <module>`) or the interpreter's arguments in full
         # (`-m quipu.services.cli serve tools --app ...`: what a user would run).
@@ -183,6 +184,7 @@ class Supervisor:
         self._on_change = on_change
         self._policy = policy or RestartPolicy()
         self._stop_timeout_s = stop_timeout_s
+        self._stop_last = frozenset(stop_last)
         self._processes: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -196,21 +198,32 @@ class Supervisor:
         ]
 
     async def stop(self) -> None:
-        """Stop watching, then SIGTERM every service (last started first) and reap it."""
+        """Stop watching, then SIGTERM the services and reap them: all at once, and those named in
+        `stop_last` only once every other one has exited (they serve the others while they drain).
+
+        Not one after another: each service leaving rebalanced the groups the others share (every
+        store client's reply-claim group), and each later one first waited out that rebalance, which
+        made stopping eight services take 10 to 45 s on a busy 2-core host.
+        """
         self._stopping = True
-        for name in reversed(list(self.states)):
-            process = self._processes.get(name)
-            if process is not None and process.returncode is None:
-                _signal_group(process.pid, signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(process.wait(), self._stop_timeout_s)
-                except TimeoutError:
-                    self._on_notice(name, f"did not stop within {self._stop_timeout_s:g} s; killed")
-                    _signal_group(process.pid, signal.SIGKILL)
-                    await process.wait()
+        first = [name for name in self.states if name not in self._stop_last]
+        for wave in (first, [name for name in self.states if name in self._stop_last]):
+            await asyncio.gather(*(self._stop_one(name) for name in wave))
         for watcher in self._watchers:
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def _stop_one(self, name: str) -> None:
+        process = self._processes.get(name)
+        if process is None or process.returncode is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), self._stop_timeout_s)
+        except TimeoutError:
+            self._on_notice(name, f"did not stop within {self._stop_timeout_s:g} s; killed")
+            _signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
 
     async def _spawn(self, name: str) -> asyncio.subprocess.Process:
         state = self.states[name]

@@ -153,6 +153,27 @@ async def _start_in_process(
     return server.url
 
 
+STORE_OWNER = "storage_owner"
+"""Stopped once every other service is gone: each calls the store while it drains."""
+
+
+async def _stop_in_process(started: list[Started]) -> None:
+    """Stop the services of this process: all at once, then the storage owner.
+
+    One after another, each service leaving rebalanced the groups the others share (every store
+    client's reply-claim group), and the next one waited out that rebalance before it could leave.
+    """
+
+    async def stop(service: Started) -> None:
+        try:
+            await service.stop()
+        except Exception as error:
+            warn(f"{service.name}: {error!r} while stopping")
+
+    await asyncio.gather(*(stop(service) for service in started if service.name != STORE_OWNER))
+    await asyncio.gather(*(stop(service) for service in started if service.name == STORE_OWNER))
+
+
 def _show_line(styles: dict[str, str], width: int) -> Callable[[str, str], None]:
     def show(name: str, line: str) -> None:
         prefix = Text(f"{name:<{width}} | ", style=styles[name])
@@ -219,6 +240,7 @@ async def _start_supervised(
         on_output=_show_line(styles, width),
         on_notice=_show_notice(styles, width),
         on_change=lambda: on_change(supervisor),
+        stop_last=(STORE_OWNER,),
     )
     await supervisor.start()
     for name, child in supervisor.states.items():
@@ -314,11 +336,7 @@ async def _up(gateway_port: int, processes: bool, verbose: bool, spec: str | Non
             console.print(Text("stopping…", style="dim"))
             if supervisor is not None:
                 await supervisor.stop()
-            for service in reversed(started):
-                try:
-                    await service.stop()
-                except Exception as error:
-                    warn(f"{service.name}: {error!r} while stopping")
+            await _stop_in_process(started)
             remove_state(path, os.getpid())
     console.print(Text("stopped", style="dim"))
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from quipu.deploy.local import services
 from quipu.deploy.local.services import RestartPolicy, Supervisor, describe_exit
 from tests.timing import eventually
 
@@ -122,3 +123,40 @@ async def test_a_service_that_keeps_failing_is_restarted_with_growing_waits() ->
         await supervisor.stop()
     waits = [line.rsplit("restarting in ", 1)[1] for line in notices if "restarting in" in line]
     assert waits[:3] == ["0.05 s", "0.1 s", "0.2 s"]
+
+
+async def test_stop_signals_every_service_at_once_and_those_named_last_after_the_others_exited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    supervisor = Supervisor(
+        [("owner", MODULE), ("planner", MODULE), ("gateway", MODULE)],
+        {"CHATTY_STOP_S": "1"},  # each takes a second to exit: one after another, the next waits it out
+        on_output=lambda _name, _line: None,
+        on_notice=lambda _name, _line: None,
+        stop_last=("owner",),
+    )
+    await supervisor.start()
+    pids = {name: state.pid for name, state in supervisor.states.items()}
+    alive_when_signalled: dict[str, set[str]] = {}
+
+    def alive(pid: int | None) -> bool:
+        try:
+            os.kill(pid or 0, 0)
+        except ProcessLookupError:
+            return False
+        return pid is not None
+
+    original = services._signal_group
+
+    def signal_group(pid: int, signum: signal.Signals) -> None:
+        if signum is signal.SIGTERM:
+            [name] = [name for name, known in pids.items() if known == pid]
+            alive_when_signalled[name] = {other for other, known in pids.items() if alive(known)}
+        original(pid, signum)
+
+    monkeypatch.setattr(services, "_signal_group", signal_group)
+    await supervisor.stop()
+    everyone = set(pids)
+    assert alive_when_signalled["gateway"] == everyone  # not one of them had to exit first
+    assert alive_when_signalled["planner"] == everyone
+    assert alive_when_signalled["owner"] == {"owner"}  # it served the others until they were gone
