@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from quipu.contracts.runs import CancelRun
+from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.store import Record, RunStatus
 from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.wire import utc_now_ms
@@ -82,13 +83,7 @@ async def test_a_crash_after_the_model_call_records_nothing_so_the_model_is_aske
     assert len(h.model.requests) == 3  # asked again: the first answer was never recorded
     assert await h.status(request.run_id) is RunStatus.COMPLETED
     keys = await h.keys(request.run_id)
-    assert keys[len(before) :] == [
-        f"tool-result/{call.tool_use_id}",
-        "step/1/tool-results",
-        "phase/2/synthesizing",
-        "step/2/assistant",
-        "completed",
-    ]
+    assert keys[len(before) :] == [*carried(call), "completed"]
 
 
 class HeldModel(FakeModel):
@@ -111,35 +106,55 @@ def asks_again(request: ModelRequest) -> ModelResponse:
     return calls(request, ("calculator", {"expression": "1+1"}))
 
 
-def held_harness() -> tuple[Harness, HeldModel]:
+@dataclass
+class Held:
+    """A run whose step-2 model call is under way, held, on the result of its one call."""
+
+    h: Harness
+    model: HeldModel
+    request: RunRequested
+    call: ToolCallRequested
+    taking: asyncio.Task[None]
+
+    def cancel(self) -> CancelRun:
+        return CancelRun(run_id=self.request.run_id, session_id=self.request.session_id)
+
+
+async def held_model_call() -> Held:
     h = make_harness(asks_again)
     model = HeldModel(asks_again)
     h.model = model
     h.planner.deps = ReadyDeps(h.store, model, announced(), AGENTS, SessionHistoryContext(h.store))
-    return h, model
-
-
-async def test_a_cancel_taken_by_the_same_copy_during_the_model_call_ends_the_run_at_the_next_step() -> None:
-    h, model = held_harness()
-    session = await h.session()
-    request = turn("calculate", session)
+    request = turn("calculate", await h.session())
     await h.deliver(request)
     [call] = h.bus.of(ToolCallRequested)
-
     taking = asyncio.create_task(h.deliver(result_for(call, 2)))
     await asyncio.wait_for(model.answering.wait(), scaled(5.0))
-    canceling = asyncio.create_task(h.deliver(CancelRun(run_id=request.run_id, session_id=session)))
-    await asyncio.sleep(0)  # its turn: the cancel reaches the run's lock, held by the result
-    model.release.set()
-    await asyncio.gather(taking, canceling)
+    return Held(h, model, request, call, taking)
 
-    meta = await h.store.load_run(request.run_id)
-    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "user_requested")
-    assert (await h.keys(request.run_id))[-7:] == [
+
+def carried(call: ToolCallRequested) -> list[str]:
+    """The keys of the step 2 that carries `call`'s result, in log order."""
+    return [
         f"tool-result/{call.tool_use_id}",
         "step/1/tool-results",
         "phase/2/synthesizing",
         "step/2/assistant",
+    ]
+
+
+async def test_a_cancel_taken_by_the_same_copy_during_the_model_call_ends_the_run_at_the_next_step() -> None:
+    held = await held_model_call()
+    h = held.h
+    canceling = asyncio.create_task(h.deliver(held.cancel()))
+    await asyncio.sleep(0)  # its turn: the cancel reaches the run's lock, held by the result
+    held.model.release.set()
+    await asyncio.gather(held.taking, canceling)
+
+    meta = await h.store.load_run(held.request.run_id)
+    assert (meta.status, meta.cancellation_reason) == (RunStatus.CANCELED, "user_requested")
+    assert (await h.keys(held.request.run_id))[-7:] == [
+        *carried(held.call),
         "phase/2/executing_tools",
         "cancel",
         "canceled",
@@ -148,25 +163,19 @@ async def test_a_cancel_taken_by_the_same_copy_during_the_model_call_ends_the_ru
 
 
 async def test_a_cancel_another_copy_writes_during_the_model_call_refuses_the_step_and_its_call() -> None:
-    h, model = held_harness()
+    held = await held_model_call()
+    h = held.h
     other = Planner(h.planner.deps, h.bus, PlannerSettings())  # no lock shared: another process
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
-    [call] = h.bus.of(ToolCallRequested)
-
-    taking = asyncio.create_task(h.deliver(result_for(call, 2)))
-    await asyncio.wait_for(model.answering.wait(), scaled(5.0))
-    await other.on_cancel(CancelRun(run_id=request.run_id, session_id=session))
-    assert await h.status(request.run_id) is RunStatus.CANCELED
-    model.release.set()
-    await taking
+    await other.on_cancel(held.cancel())
+    assert await h.status(held.request.run_id) is RunStatus.CANCELED
+    held.model.release.set()
+    await held.taking
 
     # The step (and the result in it) came after the close: refused, and its call never published.
-    keys = await h.keys(request.run_id)
+    keys = await h.keys(held.request.run_id)
     assert keys[-2:] == ["cancel", "canceled"]
-    assert f"tool-result/{call.tool_use_id}" not in keys
-    assert h.bus.of(ToolCallRequested) == [call]
+    assert f"tool-result/{held.call.tool_use_id}" not in keys
+    assert h.bus.of(ToolCallRequested) == [held.call]
     assert len(h.model.requests) == 2
 
 
@@ -214,13 +223,7 @@ async def test_a_result_that_leaves_another_missing_is_written_at_once() -> None
     assert len(h.model.requests) == 1
     await h.deliver(result_for(second, 4))  # this one completes the step: it rides in the terminal
     assert await h.status(request.run_id) is RunStatus.COMPLETED
-    assert (await h.keys(request.run_id))[-5:] == [
-        f"tool-result/{second.tool_use_id}",
-        "step/1/tool-results",
-        "phase/2/synthesizing",
-        "step/2/assistant",
-        "completed",
-    ]
+    assert (await h.keys(request.run_id))[-5:] == [*carried(second), "completed"]
 
 
 class CancelLostOnceStore(InMemoryStore):
