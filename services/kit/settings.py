@@ -201,9 +201,9 @@ class KafkaSettings(QuipuSettings):
         ge=0,
         description=(
             "The fetch wait of a consumer that has seen no new record for `idle_after_s`, until one "
-            "comes (kit.fetch_pace): the first message after a quiet spell waits up to it. Only "
-            "matters where it is longer than the usual wait: on Tansu (250 against 10), whose fetch "
-            "does not wake on new data."
+            "comes, and of the one look-out that fetches for all of a process's consumers once every "
+            "one is idle (kit.fetch_pace): the first message after a quiet spell waits up to it. "
+            "Only used on Tansu (250 against 10), whose fetch does not wake on new data."
         ),
     )
     idle_after_s: float = Field(

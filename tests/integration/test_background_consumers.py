@@ -10,7 +10,9 @@ second even when idle; the registries, cancels and the memory services are fetch
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import FastStream
@@ -32,6 +34,44 @@ def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return predicate()
 
     return check
+
+
+def _group_less(settings: KafkaSettings) -> AIOKafkaConsumer:
+    """A consumer outside any group, from the beginning, with the short wait (to be assigned)."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+    )
+
+
+@dataclass
+class _Paced:
+    """Consumers outside any group, each assigned partition 0 of its topic, with their paces (not
+    started), and a producer."""
+
+    partitions: list[TopicPartition]
+    consumers: list[AIOKafkaConsumer]
+    paces: list[FetchPace]
+    producer: AIOKafkaProducer
+
+
+@contextlib.asynccontextmanager
+async def _paced(settings: KafkaSettings, *topics: Topic) -> AsyncIterator[_Paced]:
+    partitions = [TopicPartition(settings.topic_prefix + topic.value, 0) for topic in topics]
+    consumers = [_group_less(settings) for _ in partitions]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
+    await asyncio.gather(producer.start(), *(consumer.start() for consumer in consumers))
+    paces = [FetchPace(consumer, settings) for consumer in consumers]
+    try:
+        for consumer, partition in zip(consumers, partitions, strict=True):
+            consumer.assign([partition])
+        yield _Paced(partitions, consumers, paces, producer)
+    finally:
+        await asyncio.gather(*(pace.stop() for pace in paces))
+        await asyncio.gather(producer.stop(), *(consumer.stop() for consumer in consumers))
 
 
 def _waits(app: FastStream, kafka: KafkaSettings) -> dict[str, int]:
@@ -74,13 +114,7 @@ async def test_an_idle_consumer_fetches_with_the_idle_wait_until_a_record_comes(
     settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
     assert settings.idle_fetch_max_wait_ms > settings.fetch_max_wait_ms
     name = settings.topic_prefix + Topic.RUNS_CONTROL.value
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
+    consumer = _group_less(settings)
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(consumer.start(), producer.start())
     pace = FetchPace(consumer, settings)
@@ -157,46 +191,90 @@ async def test_a_record_for_one_consumer_wakes_every_idle_consumer_of_the_proces
     # A conversation under way: the planner's tool results follow its run request, so the first
     # record after a quiet spell brings every consumer of the process back to the short wait.
     settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
-    names = [
-        settings.topic_prefix + Topic.RUNS_CONTROL.value,
-        settings.topic_prefix + Topic.TOOLS_RESULTS.value,
-    ]
-    consumers = [
-        AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=settings.fetch_max_wait_ms,
-        )
-        for _ in names
-    ]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
-    await asyncio.gather(producer.start(), *(consumer.start() for consumer in consumers))
-    paces = [FetchPace(consumer, settings) for consumer in consumers]
 
     async def read(consumer: AIOKafkaConsumer) -> None:
         while True:
             await consumer.getmany(timeout_ms=1000)
 
-    readers = []
-    try:
-        for consumer, name in zip(consumers, names, strict=True):
-            consumer.assign([TopicPartition(name, 0)])
-            readers.append(asyncio.create_task(read(consumer)))
-        for pace in paces:
+    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
+        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        try:
+            for pace in paced.paces:
+                pace.start()
+            idle = settings.idle_fetch_max_wait_ms
+            await eventually(
+                holds(lambda: all(pace.wait_ms == idle for pace in paced.paces)), within=10, what="idle"
+            )
+            await paced.producer.send_and_wait(paced.partitions[0].topic, b"cancel", partition=0)
+            await eventually(
+                holds(lambda: all(pace.wait_ms == settings.fetch_max_wait_ms for pace in paced.paces)),
+                within=10,
+                what="both consumers on the short wait",
+            )
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_an_idle_service_parks_its_consumers_until_a_record_comes(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # An idle planner's four consumers fetched 16 times a second between them: once all are idle
+    # their partitions are paused (no fetch of their own) while one look-out fetches for them all.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
+
+    def consumers() -> list[AIOKafkaConsumer]:
+        assert planner.broker is not None
+        found = [getattr(subscriber, "consumer", None) for subscriber in planner.broker.subscribers]
+        return [consumer for consumer in found if consumer is not None]
+
+    def parked() -> bool:
+        held = [(consumer.assignment(), consumer.paused()) for consumer in consumers()]
+        return all(assigned and paused == assigned for assigned, paused in held)
+
+    async with asyncio.timeout(scaled(60)):
+        await asyncio.gather(planner.start(), producer.start())
+        try:
+            await eventually(holds(parked), within=10, what="every consumer of the planner parked")
+            # Not a cancel: nothing else runs here, and what does not validate goes to the DLQ.
+            await producer.send_and_wait(settings.topic_prefix + Topic.RUNS_CONTROL.value, b"{", partition=3)
+            await eventually(
+                holds(lambda: not any(consumer.paused() for consumer in consumers())),
+                within=10,
+                what="every consumer fetching again",
+            )
+            assert _waits(planner, settings)[Topic.RUNS_REQUESTED] == settings.fetch_max_wait_ms
+        finally:
+            await asyncio.gather(planner.stop(), producer.stop())
+
+
+async def test_a_consumer_holding_records_it_has_not_handed_out_is_not_parked(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # Paused, its records would wait for the next record of the process, which may never come.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
+        holding, partition = paced.consumers[0], paced.partitions[0]
+        for body in (b"one", b"two", b"three"):
+            await paced.producer.send_and_wait(partition.topic, body, partition=0)
+        for pace in paced.paces:
             pace.start()
-        idle = settings.idle_fetch_max_wait_ms
-        await eventually(holds(lambda: all(pace.wait_ms == idle for pace in paces)), within=10, what="idle")
-        await producer.send_and_wait(names[0], b"cancel", partition=0)
+        # The first has fetched records (its high watermark is known) but nobody read them.
         await eventually(
-            holds(lambda: all(pace.wait_ms == settings.fetch_max_wait_ms for pace in paces)),
-            within=10,
-            what="both consumers on the short wait",
+            holds(lambda: paced.paces[0].wait_ms == paced.paces[0].idle_ms), within=10, what="idle"
         )
-    finally:
-        for reader in readers:
-            reader.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-        await asyncio.gather(*(pace.stop() for pace in paces))
-        await asyncio.gather(producer.stop(), *(consumer.stop() for consumer in consumers))
+        assert (holding.highwater(partition) or 0) >= 1
+        assert not any(pace.parked for pace in paced.paces)  # decided in the tick that set the idle wait
+        read: list[bytes | None] = []
+
+        async def read_all() -> bool:
+            batches = await holding.getmany(partition, timeout_ms=100)
+            read.extend(record.value for record in batches.get(partition, []))
+            return len(read) == 3
+
+        await eventually(read_all, within=10, what="the three records read")
+        assert read == [b"one", b"two", b"three"]
+        await eventually(holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked")
