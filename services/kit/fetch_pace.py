@@ -146,8 +146,9 @@ class FetchPace:
             # Parked, only a rebalance is looked for (the look-out wakes it): no hurry.
             await asyncio.sleep(TICK_S if self._parked is None else self.idle_ms / 1000)
             if self._parked is not None:
-                if self._consumer.assignment() != self._parked.keys():
-                    lookout.wake_all()  # a rebalance: the new partitions are not paused
+                held = self._consumer.assignment()
+                if held != self._parked.keys() or self._consumer.paused() != held:
+                    lookout.wake_all()  # a rebalance: a new assignment is not paused
                 continue
             marks = {
                 partition: self._consumer.highwater(partition) for partition in self._consumer.assignment()
