@@ -11,7 +11,11 @@ fleet's prefix and database, the offline scripted model and WARNING logs (to a f
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import json
+import os
+import signal
 import tempfile
 import time
 import uuid
@@ -47,6 +51,10 @@ READY_TIMEOUT_S = 120.0
 
 ROLES_ENV = "BENCH_FLEET_ROLES"
 """The roles a `bench.fleet_child` process runs (space-separated)."""
+
+REQUEST_COUNTER = Path(__file__).parent / "kafka_requests"
+"""Put first on every child's PYTHONPATH: its `sitecustomize` counts the child's Kafka requests."""
+REQUESTS_DIR_ENV = "BENCH_KAFKA_REQUESTS_DIR"
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -97,6 +105,23 @@ class Fleet:
 
     def cpu(self) -> dict[str, float]:
         return {name: process_cpu_s(pid) for name, pid in self.pids().items()}
+
+    async def kafka_requests(self) -> dict[str, collections.Counter[str]]:
+        """Every child's Kafka requests so far, by kind (bench/kafka_requests), by `label-copy`."""
+        directory = Path(self.environment[REQUESTS_DIR_ENV])
+        children = {name: pid for name, pid in self.pids().items() if name != "tansu"}
+        for pid in children.values():
+            (directory / f"{pid}.json").unlink(missing_ok=True)
+            os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10.0
+        while not all((directory / f"{pid}.json").exists() for pid in children.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("a child did not write its Kafka request counts")
+            await asyncio.sleep(0.02)
+        return {
+            name: collections.Counter(json.loads((directory / f"{pid}.json").read_text()))
+            for name, pid in children.items()
+        }
 
     def check_alive(self) -> None:
         """RuntimeError with the end of its log when a child has exited."""
@@ -177,6 +202,12 @@ async def fleet(stack: EmbeddedStack, toolsets: Sequence[str] = ()) -> AsyncIter
         "QUIPU_GATEWAY_PORT": "0",
     }
     with tempfile.TemporaryDirectory(prefix="quipu-fleet-") as logs:
+        requests = Path(logs) / "kafka-requests"
+        requests.mkdir()
+        environment[REQUESTS_DIR_ENV] = str(requests)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(REQUEST_COUNTER), os.environ.get("PYTHONPATH")])
+        )
         running = Fleet(stack, stack.kafka_settings(topic_prefix=prefix), environment, Path(logs))
         try:
             yield running

@@ -9,7 +9,10 @@ the 1-minute load average it ran under (`*_load_avg_1m`).
 - idle: every service of the catalog in its own process (`python -m quipu.services.<name>`, the
   gateway included), one warm-up run, then nothing to do for `IDLE_WINDOW_S`:
   `idle_cpu_pct_all_services` is the CPU time of every service process and the broker (Tansu)
-  over the window, as a share of one core; `_services` and `_broker` split it. What idling
+  over the window, as a share of one core; `_services` and `_broker` split it.
+  `idle_kafka_requests_per_s` (`_fetches_`, `_heartbeats_`) counts what the services send the
+  broker over the same window, exactly (bench/kafka_requests): unlike CPU, it does not move with
+  the box's load. What idling
   costs: `idle_run_after_quiet_p50_ms`, a run after `QUIET_S` of quiet, against
   `idle_run_back_to_back_p50_ms` (`QUIET_RUNS` runs each).
 - load: every service in one process (`quipu up` without `--processes`): `LOAD_SESSIONS`
@@ -42,6 +45,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from bench.fleet import Runs, ToolCalls, fleet, rss_mb
@@ -104,9 +108,9 @@ async def measure_idle(stack: EmbeddedStack) -> Figures:
             await _warm(runs, 1)
             await asyncio.sleep(IDLE_SETTLE_S)
             load = _load()
-            before = running.cpu()
+            requests_before, before = await running.kafka_requests(), running.cpu()
             await asyncio.sleep(IDLE_WINDOW_S)
-            after = running.cpu()
+            after, requests_after = running.cpu(), await running.kafka_requests()
             # What idling costs: a run after a quiet spell (every consumer idle) against runs back to back.
             after_quiet = []
             for session_id in await runs.sessions(QUIET_RUNS):
@@ -122,8 +126,17 @@ async def measure_idle(stack: EmbeddedStack) -> Figures:
         f"  a run after {QUIET_S:g} s of quiet: p50 {to_ms(statistics.median(after_quiet)):.0f} ms; "
         f"back to back {to_ms(statistics.median(back_to_back)):.0f} ms ({QUIET_RUNS} runs each)"
     )
+    requests = {name: requests_after[name] - requests_before.get(name, Counter()) for name in requests_after}
+    by_kind = sum(requests.values(), Counter())
+    print(f"  Kafka requests a second (exact): {by_kind.total() / IDLE_WINDOW_S:.1f}")
+    for name, counts in sorted(requests.items(), key=lambda item: -item[1].total()):
+        kinds = ", ".join(f"{kind} {count / IDLE_WINDOW_S:.1f}" for kind, count in counts.most_common())
+        print(f"    {name:42s} {counts.total() / IDLE_WINDOW_S:5.1f}  {kinds}")
     services = sum(share for name, share in shares.items() if name != "tansu")
     return {
+        "idle_kafka_requests_per_s": by_kind.total() / IDLE_WINDOW_S,
+        "idle_kafka_fetches_per_s": by_kind["Fetch"] / IDLE_WINDOW_S,
+        "idle_kafka_heartbeats_per_s": by_kind["Heartbeat"] / IDLE_WINDOW_S,
         "idle_cpu_pct_all_services": services + shares["tansu"],
         "idle_cpu_pct_services": services,
         "idle_cpu_pct_broker": shares["tansu"],
