@@ -22,6 +22,7 @@ from quipu.contracts.sealed import SealedFor, refuse_unopened, without_empty
 from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
+    LogBasis,
     Page,
     Record,
     RunMeta,
@@ -150,6 +151,13 @@ class AppendRunRecords(StoreOperation, result_type=list[AppendResult]):
         exclude_if=lambda calls: not calls,  # a step carrying none encodes as before the field
         description="Tool calls of the step's run (same run, session and agent as its records) that "
         "the records justify, published by the owner after the commit (not stored).",
+    )
+    follows: LogBasis | None = Field(
+        default=None,
+        exclude_if=lambda follows: follows is None,  # an unconditional step encodes as before the field
+        description="The run's whole log the step was decided on: a step with a record not yet stored "
+        "is refused with RUN_LOG_MOVED unless the run's log is still exactly that (a step sent before "
+        "its run's start was answered).",
     )
 
     published_fields: ClassVar[frozenset[str]] = frozenset({"calls"})

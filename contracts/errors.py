@@ -72,6 +72,8 @@ class ErrorCode(StrEnum):
     RUN_SESSION_MISMATCH = "RUN_SESSION_MISMATCH"
     RECORD_OWNER_MISMATCH = "RECORD_OWNER_MISMATCH"
     EVENT_CONFLICT = "EVENT_CONFLICT"
+    RUN_LOG_MOVED = "RUN_LOG_MOVED"
+    """A step was decided on a log its run no longer has (AppendRunRecords `follows`)."""
     INVALID_CURSOR = "INVALID_CURSOR"
     MEMORY_CONFLICT = "MEMORY_CONFLICT"
     FACT_NOT_FOUND = "FACT_NOT_FOUND"

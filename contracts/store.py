@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -216,6 +218,43 @@ class Record(_Frozen):
             and self.timestamp == other.timestamp
             and self.payload == other.payload
         )
+
+
+class LogBasis(_Frozen):
+    """The run's whole log a step was decided on (AppendRunRecords `follows`): the step is
+    appended only while the run's log is still exactly these records, so a step decided before
+    its run's start was answered never lands on a log it was not decided on."""
+
+    keys: list[str] = Field(
+        min_length=1, max_length=100, description="Event keys of the run's records in log order (ids 1 to n)."
+    )
+    digest: str = Field(
+        pattern="^[0-9a-f]{64}$",
+        description="sha256 (hex) over those records' contents in that order (record equality: never `id`).",
+    )
+
+    @classmethod
+    def of(cls, records: Sequence[Record]) -> LogBasis:
+        """The basis of a log made of `records`, in order."""
+        return cls(keys=[record.event_key for record in records], digest=_log_digest(records))
+
+    def holds(self, record_count: int, stored: Mapping[str, Record]) -> bool:
+        """Whether a run with `record_count` records, of which `stored` are read by key, still has
+        exactly this log: as many records, each key at its position with the same content."""
+        if record_count != len(self.keys):
+            return False
+        log = [stored.get(key) for key in self.keys]
+        if any(record is None or record.id != str(position) for position, record in enumerate(log, 1)):
+            return False
+        return _log_digest([record for record in log if record is not None]) == self.digest
+
+
+def _log_digest(records: Sequence[Record]) -> str:
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(record.model_dump_json(exclude={"id"}).encode())
+        digest.update(b"\n")  # a record's JSON holds no raw newline: one record per line
+    return digest.hexdigest()
 
 
 class AppendResult(_Frozen):

@@ -21,11 +21,18 @@ never skips one.
   read from the message falls back to its Kafka key.
 - When partitions move to another copy, their messages in flight get `revoke_grace_s` to finish
   and commit; on shutdown `drain` gives them a grace, then cancels the rest (delivered again).
+- A message is marked `first_delivery` (`kit.delivery.first_delivery`) when no earlier handling of
+  it can exist: its offset is at or past the partition's high watermark as the first fetch of this
+  assignment reported it (what was already in the partition then may have been begun by its
+  previous owner), on its first pass (not handled again after a nack). The watermark is read as
+  soon as a fetch of the assignment reported it (an empty one too), else at the assignment's first
+  message: from that fetch or a later one, so never lower than it was (watermarks only grow).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +53,10 @@ from quipu.services.kit.settings import ConsumerSettings, KafkaSettings
 
 logger = get_logger(__name__)
 
+WATERMARK_POLL_S = 0.005
+WATERMARK_WAIT_S = 30.0
+"""How long an assignment's first watermarks are looked for: a fetch reports them within its wait."""
+
 OrderKey = Callable[[KafkaMessage], bytes | None]
 """What a message is ordered by: messages with equal keys are handled one at a time, in order."""
 
@@ -65,11 +76,16 @@ class Ticket:
     partition: int
     offset: int
     generation: int
+    first_delivery: bool = False
+    """No earlier handling of the message can exist (the module doc)."""
 
 
 @dataclass
 class _PartitionLedger:
     generation: int
+    new_from: int | None
+    """The partition's high watermark at the assignment's first message: from there on, messages
+    were appended after this consumer owned the partition (None: unknown, none is new)."""
     pending: set[int] = field(default_factory=set)
     next_offset: int = -1
     committed: int = -1
@@ -93,16 +109,28 @@ class OffsetLedger:
     def __init__(self) -> None:
         self._partitions: dict[tuple[str, int], _PartitionLedger] = {}
         self._generations = 0
+        self._watermarks: dict[tuple[str, int], int] = {}
+        """Assigned partitions' first high watermarks, read before their first message came."""
 
-    def begin(self, topic: str, partition: int, offset: int) -> Ticket:
-        """A consumed message starts."""
+    def watermark(self, topic: str, partition: int, highwater: int) -> None:
+        """The first high watermark a fetch of the partition's assignment reported."""
+        if (topic, partition) not in self._partitions:
+            self._watermarks.setdefault((topic, partition), highwater)
+
+    def begin(self, topic: str, partition: int, offset: int, highwater: int | None = None) -> Ticket:
+        """A consumed message starts; `highwater` is its partition's as its consumer knows it now
+        (read once per assignment, at its first message)."""
         ledger = self._partitions.get((topic, partition))
         if ledger is None:
             self._generations += 1
-            ledger = self._partitions[(topic, partition)] = _PartitionLedger(self._generations)
+            known = self._watermarks.pop((topic, partition), None)
+            if known is None and highwater is not None and highwater > offset:
+                known = highwater  # from the fetch that brought the message, or a later one
+            ledger = self._partitions[(topic, partition)] = _PartitionLedger(self._generations, known)
         ledger.pending.add(offset)
         ledger.next_offset = max(ledger.next_offset, offset + 1)
-        return Ticket(topic, partition, offset, ledger.generation)
+        new = ledger.new_from is not None and offset >= ledger.new_from
+        return Ticket(topic, partition, offset, ledger.generation, first_delivery=new)
 
     def settle(self, ticket: Ticket) -> None:
         """A message is done (answered, dead-lettered, or canceled with its run)."""
@@ -133,6 +161,7 @@ class OffsetLedger:
         """Drop revoked partitions: whoever owns them next starts from their committed position."""
         for key in partitions:
             self._partitions.pop(key, None)
+            self._watermarks.pop(key, None)
 
     def _current(self, ticket: Ticket) -> _PartitionLedger | None:
         ledger = self._partitions.get((ticket.topic, ticket.partition))
@@ -144,10 +173,14 @@ class OffsetLedger:
 class _TrackedMessage:
     """A consumed message as `Delivery` sees it: ack settles it in the ledger; nack marks a retry."""
 
-    def __init__(self, message: KafkaMessage, ticket: Ticket, consumer: ConcurrentConsumer) -> None:
+    def __init__(
+        self, message: KafkaMessage, ticket: Ticket, consumer: ConcurrentConsumer, *, again: bool
+    ) -> None:
         self.body: bytes = message.body
         self.headers: dict[str, Any] = dict(message.headers)
         self.raw_message: Any = message.raw_message
+        self.first_delivery = ticket.first_delivery and not again
+        """Read by `Delivery` (kit.delivery.first_delivery): never on a pass after a nack."""
         self.nacked = False
         self._kafka_consumer = message.consumer
         self._ticket = ticket
@@ -198,6 +231,9 @@ class ConcurrentConsumer:
         self._revoking: set[tuple[str, int]] = set()
         self._closing = False
         self.listener = _RebalanceListener(self)
+        self.kafka_consumer: Callable[[], Any] = lambda: None
+        """The subscriber's aiokafka consumer once it started (None before): its watermarks."""
+        self._watermark_reads: set[asyncio.Task[None]] = set()
 
     def in_flight(self) -> int:
         """Messages being handled or waiting for their key."""
@@ -206,7 +242,9 @@ class ConcurrentConsumer:
     async def dispatch(self, message: KafkaMessage) -> None:
         """Start one consumed message; returns once it runs (or at once when it must wait for later)."""
         record: Any = message.raw_message  # one ConsumerRecord (not a batch subscriber)
-        ticket = self._ledger.begin(record.topic, record.partition, record.offset)
+        ticket = self._ledger.begin(
+            record.topic, record.partition, record.offset, _highwater(message, record.topic, record.partition)
+        )
         if self._stopped(ticket):
             return  # not started, so never settled: delivered again to whoever owns the partition
         await self._slots.acquire()
@@ -241,8 +279,10 @@ class ConcurrentConsumer:
 
     async def _handle_until_done(self, message: KafkaMessage, ticket: Ticket) -> None:
         failures = 0
+        again = False
         while True:
-            tracked = _TrackedMessage(message, ticket, self)
+            tracked = _TrackedMessage(message, ticket, self, again=again)
+            again = True
             try:
                 await self._handle(tracked)
             except Exception as error:
@@ -297,6 +337,8 @@ class ConcurrentConsumer:
 
     async def release(self, partitions: set[tuple[str, int]]) -> None:
         """Partitions are being revoked: let their messages finish and commit (bounded), then forget them."""
+        for read in list(self._watermark_reads):
+            read.cancel()
         self._revoking |= partitions
         try:
             running = [
@@ -309,7 +351,8 @@ class ConcurrentConsumer:
             self._revoking -= partitions
 
     def assigned(self, partitions: set[tuple[str, int]]) -> None:
-        """A rebalance gave this consumer `partitions` (logged: operators and tests read it)."""
+        """A rebalance gave this consumer `partitions` (logged: operators and tests read it); their
+        first watermarks are read as soon as a fetch reports them."""
         logger.info(
             "partitions assigned",
             consumer=self._name,
@@ -317,10 +360,32 @@ class ConcurrentConsumer:
         )
         if self._on_assigned is not None:
             self._on_assigned()
+        kafka = self.kafka_consumer()
+        if kafka is not None and partitions:
+            read = asyncio.create_task(self._read_watermarks(kafka, partitions), name=f"{self._name} marks")
+            self._watermark_reads.add(read)
+            read.add_done_callback(self._watermark_reads.discard)
+
+    async def _read_watermarks(self, kafka: Any, partitions: set[tuple[str, int]]) -> None:
+        waiting = set(partitions)
+        deadline = time.monotonic() + WATERMARK_WAIT_S
+        while waiting and time.monotonic() < deadline and not self._closing:
+            for topic_name, partition in list(waiting):
+                try:
+                    mark = kafka.highwater(TopicPartition(topic_name, partition))
+                except AssertionError:
+                    mark = -1  # no longer assigned
+                if mark is not None:
+                    waiting.discard((topic_name, partition))
+                    if mark >= 0:
+                        self._ledger.watermark(topic_name, partition, mark)
+            await asyncio.sleep(WATERMARK_POLL_S)
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown: take no new messages, give those in flight `grace_s`, cancel the rest (redelivered)."""
         self._closing = True
+        for read in list(self._watermark_reads):
+            read.cancel()
         running = list(self._tasks)
         if not running:
             return
@@ -334,6 +399,16 @@ class ConcurrentConsumer:
             finished=len(running) - len(unfinished),
             left=len(unfinished),
         )
+
+
+def _highwater(message: KafkaMessage, topic: str, partition: int) -> int | None:
+    """The partition's high watermark as the message's consumer last fetched it (None: not known)."""
+    consumer: Any = message.consumer
+    try:
+        mark = consumer.highwater(TopicPartition(topic, partition))
+    except (AssertionError, AttributeError):
+        return None  # revoked meanwhile (aiokafka asserts the assignment), or no Kafka consumer
+    return mark if isinstance(mark, int) else None
 
 
 class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -373,9 +448,11 @@ def consume_concurrently(
         order=order,
         on_assigned=on_assigned,
     )
-    broker.subscriber(
+    subscriber = broker.subscriber(
         topic(kafka, source),
         **subscriber_options(kafka, group=group, ack_policy=AckPolicy.MANUAL),
         listener=consumer.listener,
-    )(consumer.dispatch)
+    )
+    subscriber(consumer.dispatch)
+    consumer.kafka_consumer = lambda: getattr(subscriber, "consumer", None)
     return consumer

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import json
 import random
@@ -88,6 +89,18 @@ class ConsumedMessage(Protocol):
     async def nack(self) -> None:
         """Rewind so the message is delivered again."""
         ...
+
+
+_FIRST_DELIVERY: contextvars.ContextVar[bool] = contextvars.ContextVar("quipu_first_delivery", default=False)
+
+
+def first_delivery() -> bool:
+    """Whether the message the running effect applies cannot have been handled before: its first
+    attempt, of a message its consumer marked `first_delivery` (`kit.concurrent_delivery`: consumed
+    past its partition's end when the partition was assigned, and not handled again after a nack).
+    False outside an effect and for every other message: an effect that does without a read because
+    of it (the planner's pipelined start) is only ever skipping work no earlier attempt did."""
+    return _FIRST_DELIVERY.get()
 
 
 class PayloadDecoder(Protocol[T_co]):
@@ -281,10 +294,10 @@ class Delivery:
             return
         # What the effect writes about a sealed message is sealed for the same principal.
         whose = getattr(payload, "sealed_for", None)
+        first = bool(getattr(message, "first_delivery", False))
         for attempt in range(1, self._policy.attempts + 1):
             try:
-                with sealing_as(whose) if isinstance(whose, SealedFor) else contextlib.nullcontext():
-                    await effect(payload)
+                await _apply(effect, payload, whose, first=first and attempt == 1)
             except Exception as error:
                 if not is_retryable(error):
                     await self._give_up(message, error, attempt, log)
@@ -424,6 +437,17 @@ class Delivery:
 
 _REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError)
 """What the broker (or the producer) would refuse again for the same record."""
+
+
+async def _apply(effect: Callable[[T], Awaitable[None]], payload: T, whose: object, *, first: bool) -> None:
+    """One attempt of `effect`, sealed for `whose` when the message was, knowing whether it is the
+    message's first handling (`first_delivery`)."""
+    marked = _FIRST_DELIVERY.set(first)
+    try:
+        with sealing_as(whose) if isinstance(whose, SealedFor) else contextlib.nullcontext():
+            await effect(payload)
+    finally:
+        _FIRST_DELIVERY.reset(marked)
 
 
 def broker_may_take_again(error: KafkaError) -> bool:

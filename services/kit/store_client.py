@@ -16,9 +16,10 @@ import asyncio
 import json
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -53,6 +54,7 @@ from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
+    LogBasis,
     Page,
     Record,
     RunMeta,
@@ -71,6 +73,12 @@ from quipu.services.kit.sealing import current_sealing_for
 from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
 
 logger = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+_ON_SENT: ContextVar[asyncio.Event | None] = ContextVar("quipu_store_on_sent", default=None)
+"""Set by `KafkaStore.sent` in the task of the call it starts: the call's first publish the broker
+took sets it."""
 
 
 def _erased_reply(value: bytes) -> StoreReply:
@@ -348,6 +356,24 @@ class KafkaStore:
             raise StoreError.from_body(reply.error)
         return decode_result(command, reply.result)
 
+    async def sent(self, operation: Awaitable[T]) -> asyncio.Task[T]:
+        """`operation` (one call of this client) under way: returns once the broker holds its
+        command, or once it ended without (its error is then the task's). A command sent after
+        this returns is behind it on its partition, so the owner applies the two in that order
+        when they share a key."""
+        published = asyncio.Event()
+        token = _ON_SENT.set(published)
+        try:
+            call = asyncio.ensure_future(operation)  # the task's context holds `published`
+        finally:
+            _ON_SENT.reset(token)
+        waiting = asyncio.ensure_future(published.wait())
+        try:
+            await asyncio.wait({call, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        return call
+
     async def _send_until_answered(
         self, command: StoreOperation, future: asyncio.Future[StoreReply]
     ) -> StoreReply:
@@ -361,6 +387,9 @@ class KafkaStore:
             route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
             try:
                 await self._commands.publish(command, headers=route)
+                published = _ON_SENT.get()
+                if published is not None:
+                    published.set()
                 return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
             except (TimeoutError, PublishError) as error:
                 logger.info("store command unanswered; resending", op=command.op, error=repr(error))
@@ -429,11 +458,16 @@ class KafkaStore:
         return result
 
     async def append_run_records(
-        self, records: Sequence[Record], calls: Sequence[DispatchedCall] = ()
+        self,
+        records: Sequence[Record],
+        calls: Sequence[DispatchedCall] = (),
+        *,
+        follows: LogBasis | None = None,
     ) -> list[AppendResult]:
-        """Append a step's records; the owner publishes `calls` once they commit (an outbox)."""
+        """Append a step's records (only while the run's log is `follows`, when given); the owner
+        publishes `calls` once they commit (an outbox)."""
         result: list[AppendResult] = await self.call(
-            AppendRunRecords(records=list(records), calls=list(calls))
+            AppendRunRecords(records=list(records), calls=list(calls), follows=follows)
         )
         return result
 

@@ -16,7 +16,7 @@ from quipu.contracts.commands import DispatchedCall
 from quipu.contracts.errors import ErrorCode, QuipuError, StoreError
 from quipu.contracts.memory import MemoryScope
 from quipu.contracts.runs import TurnCompleted
-from quipu.contracts.store import AppendResult, Record, RunStatus, is_erased
+from quipu.contracts.store import AppendResult, LogBasis, Record, RunStatus, is_erased
 from quipu.contracts.tools import DEFAULT_TOOLSET, ToolCallRequested
 from quipu.contracts.transcript import TranscriptError
 from quipu.contracts.wire import to_millisecond
@@ -179,13 +179,17 @@ class StepWriter:
         return DispatchedCall(toolset=offered.toolset if offered is not None else DEFAULT_TOOLSET, call=call)
 
     async def append(
-        self, records: Sequence[Record], calls: Sequence[ToolCallRequested]
+        self, records: Sequence[Record], calls: Sequence[ToolCallRequested], follows: LogBasis | None = None
     ) -> list[AppendResult]:
-        """Append `records` as one command; `calls` go out once it committed (not on a refusal, not
-        in an ended session)."""
+        """Append `records` as one command (only while the run's log is `follows`, when given);
+        `calls` go out once it committed (not on a refusal, not in an ended session)."""
         if isinstance(self._store, KafkaStore):
-            return await self._store.append_run_records(records, [self.dispatched(call) for call in calls])
-        results = await self._store.append_run_records(records)
+            dispatched = [self.dispatched(call) for call in calls]
+            return await self._store.append_run_records(records, dispatched, follows=follows)
+        if follows is not None:
+            results = await self._store.append_run_records(records, follows=follows)
+        else:
+            results = await self._store.append_run_records(records)
         if not any(result.in_ended_session for result in results):
             for call in calls:
                 await self._publisher.publish(call)

@@ -19,20 +19,21 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
 from quipu.contracts.agents import AgentDefinition
-from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
+from quipu.contracts.errors import ErrorCode, QuipuError, StoreError, StoreRefusedError
 from quipu.contracts.lifecycle import Failure, encode_cancellation_intent
 from quipu.contracts.memory import HistoryRole, MemoryScope
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.store import (
     AppendResult,
     LifecycleType,
+    LogBasis,
     Record,
     RunStatus,
     SessionStatus,
@@ -63,9 +64,10 @@ from quipu.services.domain.models.port import ModelClient, ModelError, ModelRequ
 from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import validate_planner_transcript
-from quipu.services.kit.delivery import PermanentError, RetryableError, describe_error
+from quipu.services.kit.delivery import PermanentError, RetryableError, describe_error, first_delivery
 from quipu.services.kit.keyed_locks import KeyedLocks
 from quipu.services.kit.sealing import sealing_for
+from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import (
     MissingToolsError,
     Publisher,
@@ -81,6 +83,7 @@ from quipu.services.planner.logic.actions import (
     Dispatch,
     Finish,
     Intend,
+    Output,
     Suspend,
     Trigger,
     Wait,
@@ -128,6 +131,8 @@ from quipu.services.planner.settings import PlannerSettings
 
 logger = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
 COMPACTION_FAILED = "the history over the request budget could not be compacted"
 
 RELOAD_CODES = frozenset(
@@ -137,6 +142,7 @@ RELOAD_CODES = frozenset(
         ErrorCode.RUN_TERMINAL_CONFLICT,
         ErrorCode.RUN_CANCELLATION_CONFLICT,
         ErrorCode.RUN_SUSPENSION_CONFLICT,
+        ErrorCode.RUN_LOG_MOVED,
     }
 )
 """Refusals that mean another writer got there first: reload and use what the store holds."""
@@ -157,6 +163,57 @@ class RunRefusedError(PermanentError):
 
 AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
 """Refusal code of a request naming an agent nobody registered."""
+
+
+# --- a start under way ----------------------------------------------------------------------------
+
+StartAnswer = StartResult | StoreRefusedError
+"""What a start came to: its result, or the owner's refusal."""
+
+
+@dataclass
+class _PendingStart:
+    """A new turn's start sent and not answered yet (the turn is pipelined): the log its first step
+    is decided on, how the turn goes on when the start did not simply succeed, and the text deltas
+    held until it is known that it did."""
+
+    reply: asyncio.Task[StartResult]
+    basis: LogBasis
+    then: Callable[[StartAnswer], Awaitable[RunView | None]]
+    held: list[Output] = field(default_factory=list)
+
+    def succeeded(self) -> bool:
+        """Whether the start is answered and simply succeeded."""
+        reply = self.reply
+        if not reply.done() or reply.cancelled() or reply.exception() is not None:
+            return False
+        return _simply_started(reply.result())
+
+
+class _StartMissedError(QuipuError):
+    """Raised inside a pipelined turn's first steps when its start did not simply succeed (the
+    session had ended, the start was refused or met an earlier attempt): what was decided on the
+    assumed log is dropped, and the turn goes on from the start's outcome (`then`)."""
+
+    def __init__(self, then: Callable[[], Awaitable[RunView | None]]) -> None:
+        super().__init__("the pipelined start did not simply succeed")
+        self.then = then
+
+
+def _simply_started(result: StartResult) -> bool:
+    """This start wrote the run and it is running: its log is the start's records and nothing else."""
+    return (
+        result.decision is StartOutcome.PROCEED
+        and result.started.inserted
+        and result.run_status is RunStatus.RUNNING
+    )
+
+
+async def _outcome(start: Awaitable[StartResult]) -> StartAnswer:
+    try:
+        return await start
+    except StoreRefusedError as error:
+        return error
 
 
 # --- the planner --------------------------------------------------------------------------------
@@ -223,6 +280,10 @@ class Planner:
         repeats a model call another copy recorded. Stale otherwise (a cancel written elsewhere),
         one shows at the next write: a record it finds written, or a refusal, makes the planner
         read the log again."""
+        self._starting: dict[str, _PendingStart] = {}
+        """Turns whose start is under way while their first step is decided (one per run)."""
+        self._recent_starts: OrderedDict[str, None] = OrderedDict()
+        """Run ids this process started lately: a request for one again is never pipelined."""
 
     def forget_kept_views(self) -> None:
         """Drop the views of runs whose calls went out: the results partitions were reassigned."""
@@ -243,15 +304,34 @@ class Planner:
         log = logger.bind(run_id=request.run_id, session_id=request.session_id, kind=request.kind.value)
         async with self.locks.hold(request.run_id):
             try:
-                view = await self._start_request(request)
+                view = await self._start_and_advance(request)
             except RunRefusedError as refusal:
                 await self._tell_refusal(request.run_id, request.session_id, refusal.code, refusal.message)
                 raise
+            finally:
+                await self._drop_start(request.run_id)
             if view is None:
                 log.info("run not planned (stopped at start or parent closed)")
-                return
+
+    async def _start_and_advance(self, request: RunRequested) -> RunView | None:
+        """Start the run and advance it; None when it must not be planned. A pipelined turn whose
+        start did not simply succeed goes on from the start's outcome, as an unpipelined one would."""
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        try:
+            view = await self._start_request(request)
+            if view is not None:
+                with for_its_person(view):
+                    await self.advance(view, trigger)
+            return view
+        except _StartMissedError as missed:
+            logger.info(
+                "pipelined start did not simply succeed; going on from its outcome", run_id=request.run_id
+            )
+            view = await missed.then()
+        if view is not None:
             with for_its_person(view):
-                await self.advance(view, self._trigger(request.occurred_at, request.event_id))
+                await self.advance(view, trigger)
+        return view
 
     async def on_invalid_request(self, body: bytes, reason: str) -> None:
         """A run request that does not validate: its stream, when it names a run, hears why."""
@@ -380,10 +460,97 @@ class Planner:
         trigger = self._trigger(request.occurred_at, request.event_id)
         opening = first_records(plan, context, user_message(request.text), trigger.at, blocks)
         first = before_first_call(plan.started, opening, trigger)
-        view = await self._start(plan, request, first)
+        if self._may_pipeline(request):
+            return await self._send_start(plan, request, first, trigger)
+        outcome = await _outcome(self._store_start(plan, first))
+        return await self._turn_started(plan, request, first, trigger, outcome)
+
+    def _may_pipeline(self, request: RunRequested) -> bool:
+        """Whether the turn's model may be called before its start is answered: only when the
+        request cannot be a redelivery, so no earlier attempt can have recorded a model step the
+        call would repeat (its message's first handling, consumed after this planner was given its
+        partition, for a run this process has not started before), and over the owner's client."""
+        again = request.run_id in self._recent_starts
+        self._recent_starts[request.run_id] = None
+        self._recent_starts.move_to_end(request.run_id)
+        while len(self._recent_starts) > self.settings.recent_starts:
+            self._recent_starts.popitem(last=False)
+        return (
+            self.settings.pipeline_starts
+            and not again
+            and first_delivery()
+            and isinstance(self.deps.store, KafkaStore)
+        )
+
+    async def _send_start(
+        self, plan: StartPlan, request: RunRequested, first: list[Record], trigger: Trigger
+    ) -> RunView:
+        """Send the start and go on as if it simply succeeded: the first step follows it on its
+        partition and names the log it assumed (the start's records), so the owner refuses it, and
+        publishes none of its calls, unless the start wrote exactly that log."""
+        assert isinstance(self.deps.store, KafkaStore)
+        reply = await self.deps.store.sent(self._store_start(plan, first))
+        opening = [plan.started, *first]
+
+        async def then(outcome: StartAnswer) -> RunView | None:
+            return await self._turn_started(plan, request, first, trigger, outcome)
+
+        self._starting[plan.run.run_id] = _PendingStart(reply, LogBasis.of(opening), then)
+        view = RunView.of(opening)
+        assert view is not None  # `opening` starts with the run_started record
+        return view
+
+    async def _turn_started(
+        self,
+        plan: StartPlan,
+        request: RunRequested,
+        first: list[Record],
+        trigger: Trigger,
+        outcome: StartAnswer,
+    ) -> RunView | None:
+        view = await self._started(plan, request, first, outcome)
         if view is None or view.closed:
             return view
         return await self._write_first(view, first, trigger)
+
+    async def _settle_start(self, pending: _PendingStart) -> None:
+        """Wait for the pipelined start's answer: return when it simply succeeded (the deltas held
+        meanwhile go out), else raise _StartMissedError (they are dropped, never published)."""
+        outcome = await _outcome(pending.reply)
+        if isinstance(outcome, StartResult) and _simply_started(outcome):
+            for message in pending.held:
+                await self.publisher.publish(message)
+            pending.held.clear()
+            return
+
+        async def then() -> RunView | None:
+            return await pending.then(outcome)
+
+        raise _StartMissedError(then)
+
+    async def _behind_start(self, pending: _PendingStart, write: Awaitable[T]) -> T:
+        """`write` (the first step, following `pending.basis`) sent behind the start: its result
+        once the start simply succeeded. Else it is awaited all the same (refused by the owner, as
+        its log is not the run's), so what is read next comes after it."""
+        step = asyncio.ensure_future(write)
+        try:
+            await self._settle_start(pending)
+        except _StartMissedError:
+            with contextlib.suppress(StoreRefusedError):
+                await step
+            raise
+        except BaseException:
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+            raise
+        return await step
+
+    async def _drop_start(self, run_id: str) -> None:
+        """A request's handling ended with its start still pending (an error before any write)."""
+        pending = self._starting.pop(run_id, None)
+        if pending is not None:
+            pending.reply.cancel()
+            await asyncio.gather(pending.reply, return_exceptions=True)
 
     async def _write_first(self, view: RunView, first: list[Record], trigger: Trigger) -> RunView:
         """The first records a started run's log lacks: the start met an earlier attempt's (a
@@ -487,19 +654,27 @@ class Planner:
     ) -> RunView | None:
         """Start the run carrying its `first` records (an exact retry on redelivery); None when it
         must not be planned."""
+        return await self._started(plan, request, first, await _outcome(self._store_start(plan, first)))
+
+    def _store_start(self, plan: StartPlan, first: Sequence[Record]) -> Awaitable[StartResult]:
+        """The store call that starts the run of `plan` carrying `first`."""
         store = self.deps.store
         run = plan.run
-        try:
-            result: StartResult
-            if plan.parent_link is not None and run.session_id:
-                result = await store.start_child_run(run, plan.parent_link, plan.started, plan.stopped, first)
-            elif plan.parent_link is not None:
-                result = await store.start_one_shot_child_run(run, plan.parent_link, plan.started, first)
-            elif run.session_id:
-                result = await store.start_root_run(run, plan.started, plan.stopped, first)
-            else:
-                result = await store.start_one_shot_run(run, plan.started, first)
-        except StoreRefusedError as error:
+        if plan.parent_link is not None and run.session_id:
+            return store.start_child_run(run, plan.parent_link, plan.started, plan.stopped, first)
+        if plan.parent_link is not None:
+            return store.start_one_shot_child_run(run, plan.parent_link, plan.started, first)
+        if run.session_id:
+            return store.start_root_run(run, plan.started, plan.stopped, first)
+        return store.start_one_shot_run(run, plan.started, first)
+
+    async def _started(
+        self, plan: StartPlan, request: RunRequested, first: Sequence[Record], outcome: StartAnswer
+    ) -> RunView | None:
+        """The run as its start's `outcome` leaves it; None when it must not be planned."""
+        run = plan.run
+        if isinstance(outcome, StoreRefusedError):
+            error = outcome
             if plan.parent_link is not None and error.code is ErrorCode.RUN_NOT_ACTIVE:
                 logger.info("child not started: its parent is closed", run_id=run.run_id)
                 return None
@@ -509,13 +684,14 @@ class Planner:
                 logger.info("run started before with other first records", run_id=run.run_id)
                 return await self._start(plan, request)
             raise RunRefusedError(error.code.value, f"start of {run.run_id!r}: {error.message}") from error
+        result = outcome
         if result.decision is StartOutcome.STOP:
             return None
         if result.started.inserted and result.run_status is RunStatus.RUNNING:
             # This call wrote the run's first records, so the log is those records: no read back.
             # A second writer (a rebalance) is caught by the conflict of our next append.
             return RunView.of([plan.started, *first])
-        view = await load_view(store, run.run_id)
+        view = await load_view(self.deps.store, run.run_id)
         if view is None:
             raise RetryableError(f"run {run.run_id!r} started but not readable yet")
         return view
@@ -607,7 +783,7 @@ class Planner:
 
         async def on_text(text: str) -> None:
             nonlocal deltas
-            await self.publisher.publish(reply_delta(view, step, deltas, text, utc_now_ms()))
+            await self._say(view.run_id, reply_delta(view, step, deltas, text, utc_now_ms()))
             deltas += 1
 
         model = self.deps.model
@@ -625,6 +801,19 @@ class Planner:
         for record in model_records(view, step, response, trigger.at):
             view = await self._write(view, record)
         return view
+
+    async def _say(self, run_id: str, delta: Output) -> None:
+        """Publish a text delta; while the run's pipelined start is not known to have simply
+        succeeded it is held (a run that never was this turn's must not stream its words)."""
+        pending = self._starting.get(run_id)
+        if pending is not None:
+            if not pending.succeeded():
+                pending.held.append(delta)
+                return
+            for message in pending.held:
+                await self.publisher.publish(message)
+            pending.held.clear()
+        await self.publisher.publish(delta)
 
     # --- the request budget ---------------------------------------------------------------------
 
@@ -778,6 +967,13 @@ class Planner:
         if not view.unwritten:
             return view
         step = list(view.unwritten)
+        pending = self._starting.pop(view.run_id, None)
+        if pending is not None:
+            # The turn's first step, decided while its start is under way: sent behind it.
+            basis = pending.basis
+            return await self._commit(
+                view, step[0], lambda: self._behind_start(pending, self.steps.append(step, calls, basis))
+            )
         return await self._commit(view, step[0], lambda: self.steps.append(step, calls))
 
     async def _finish(self, view: RunView, record: Record) -> RunView:
@@ -788,6 +984,9 @@ class Planner:
     async def _commit(self, view: RunView, record: Record, write: Callable[[], Awaitable[object]]) -> RunView:
         """Apply `write` (the staged records, then `record` unless it is the first of them) and fold
         it into the view; use the store's view instead when another writer came first."""
+        pending = self._starting.pop(view.run_id, None)
+        if pending is not None:
+            await self._settle_start(pending)  # a pipelined turn's first write of another kind
         try:
             result = await write()
         except StoreRefusedError as error:

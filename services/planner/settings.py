@@ -124,6 +124,22 @@ class PlannerSettings(ConsumerSettings, StoreClientSettings):
             "folded in without reading the run's log again (0: always read)."
         ),
     )
+    pipeline_starts: bool = Field(
+        default=True,
+        description=(
+            "Call a new turn's model while its start is on its way to the storage owner, and send the "
+            "first step behind it (refused unless the start simply succeeded), when the request cannot "
+            "be a redelivery; off: every start is answered before the model is called."
+        ),
+    )
+    recent_starts: int = Field(
+        default=4096,
+        ge=0,
+        description=(
+            "Run ids this planner started lately: a request for one of them (a duplicate) is never "
+            "pipelined, its start is answered first."
+        ),
+    )
     tools_wait_s: float = Field(
         default=10.0,
         ge=0,

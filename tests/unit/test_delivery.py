@@ -16,8 +16,10 @@ from quipu.services.kit.delivery import (
     DeadLetterLimits,
     Delivery,
     PermanentError,
+    RetryableError,
     RetryPolicy,
     describe_error,
+    first_delivery,
 )
 
 SECRET_INPUT = "tell-no-one-7f3a"
@@ -58,6 +60,7 @@ class Message:
     raw_message: Record = field(default_factory=Record)
     acked: int = 0
     nacked: int = 0
+    first_delivery: bool = False
 
     async def ack(self) -> None:
         self.acked += 1
@@ -275,3 +278,19 @@ async def test_a_refusal_reply_that_hangs_is_given_up_at_the_dead_letter_timeout
     await _delivery(broker, timeout_s=0.05).handle(message, COMMAND, _nothing, on_invalid=hang)
     assert len(broker.sent) == 1
     assert message.acked == 1
+
+
+@pytest.mark.parametrize("marked", [True, False])
+async def test_only_the_first_attempt_of_a_message_marked_first_is_a_first_delivery(marked: bool) -> None:
+    seen: list[bool] = []
+
+    async def effect(_: object) -> None:
+        seen.append(first_delivery())
+        if len(seen) == 1:
+            raise RetryableError("briefly away")  # tried again in process: it may have done something
+
+    message = Message(b'{"op": "drop"}', first_delivery=marked)
+    await _delivery(Broker()).handle(message, COMMAND, effect)
+    assert seen == [marked, False]
+    assert message.acked == 1
+    assert not first_delivery()  # outside an effect

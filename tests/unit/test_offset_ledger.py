@@ -52,3 +52,37 @@ def test_a_forgotten_partition_ignores_tickets_of_its_old_assignment() -> None:
     ledger.committed(old, 100)
     ledger.settle(new)
     assert ledger.uncommitted(new) == 4
+
+
+def test_only_messages_appended_after_the_assignment_are_first_deliveries() -> None:
+    ledger = OffsetLedger()
+    # The assignment's first fetch found offsets 3 to 6 (high watermark 7): any of them may have
+    # been begun by the partition's previous owner.
+    backlog = [ledger.begin(TOPIC, 0, offset, highwater=7) for offset in (3, 4, 5, 6)]
+    assert not any(ticket.first_delivery for ticket in backlog)
+    assert ledger.begin(TOPIC, 0, 7, highwater=9).first_delivery
+    assert ledger.begin(TOPIC, 0, 8).first_delivery
+    # A new assignment reads its own watermark: what was new under the old one is backlog now.
+    ledger.forget({(TOPIC, 0)})
+    assert not ledger.begin(TOPIC, 0, 8, highwater=12).first_delivery
+    assert ledger.begin(TOPIC, 0, 12).first_delivery
+
+
+def test_without_a_watermark_that_came_with_the_message_nothing_is_a_first_delivery() -> None:
+    ledger = OffsetLedger()
+    assert not ledger.begin(TOPIC, 0, 5).first_delivery  # none known
+    assert not ledger.begin(TOPIC, 0, 9).first_delivery
+    assert not ledger.begin(TOPIC, 1, 5, highwater=5).first_delivery  # not past the message itself
+    assert not ledger.begin(TOPIC, 1, 6, highwater=20).first_delivery  # read once, at the first
+
+
+def test_a_watermark_read_before_the_first_message_makes_that_message_new() -> None:
+    ledger = OffsetLedger()
+    ledger.watermark(TOPIC, 0, 4)  # an (empty) fetch of the new assignment: the partition ends at 4
+    assert ledger.begin(TOPIC, 0, 4, highwater=5).first_delivery  # appended after: no one began it
+    ledger.watermark(TOPIC, 1, 4)
+    assert not ledger.begin(TOPIC, 1, 3, highwater=5).first_delivery  # there before: backlog
+    ledger.forget({(TOPIC, 2)})
+    ledger.watermark(TOPIC, 2, 9)
+    ledger.forget({(TOPIC, 2)})  # revoked before any message: the old watermark is not kept
+    assert not ledger.begin(TOPIC, 2, 9, highwater=10).first_delivery

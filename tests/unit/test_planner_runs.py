@@ -22,7 +22,7 @@ from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
-from quipu.contracts.store import Record, RunStatus, SessionOwner
+from quipu.contracts.store import LogBasis, Record, RunStatus, SessionOwner
 from quipu.contracts.tools import DEFAULT_TOOLSET, AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import Message, TextPart, ToolResultPart, ToolUsePart, encode_messages
 from quipu.contracts.wire import utc_now_ms
@@ -839,9 +839,9 @@ class RacingStore(InMemoryStore):
                     )
                 )
 
-    async def append_run_records(self, records: Sequence[Record]) -> Any:
+    async def append_run_records(self, records: Sequence[Record], *, follows: LogBasis | None = None) -> Any:
         await self._race(records)
-        return await super().append_run_records(records)
+        return await super().append_run_records(records, follows=follows)
 
     async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
         await self._race(records)
@@ -999,9 +999,9 @@ class YieldingStore(InMemoryStore):
         await asyncio.sleep(0)
         return page
 
-    async def append_run_records(self, records: Sequence[Record]) -> Any:
+    async def append_run_records(self, records: Sequence[Record], *, follows: LogBasis | None = None) -> Any:
         await asyncio.sleep(0)
-        result = await super().append_run_records(records)
+        result = await super().append_run_records(records, follows=follows)
         await asyncio.sleep(0)
         return result
 
@@ -1137,9 +1137,9 @@ class WritesSeen(InMemoryStore):
         self.writes.append("start_root_run")
         return await super().start_root_run(*arguments)
 
-    async def append_run_records(self, records: Sequence[Record]) -> Any:
+    async def append_run_records(self, records: Sequence[Record], *, follows: LogBasis | None = None) -> Any:
         self.writes.append("append_run_records")
-        return await super().append_run_records(records)
+        return await super().append_run_records(records, follows=follows)
 
     async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
         self.writes.append("record_run_terminal")

@@ -9,6 +9,7 @@ from typing import Protocol
 from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
+    LogBasis,
     Page,
     Record,
     RunMeta,
@@ -76,8 +77,11 @@ class Store(Protocol):
         """AppendRunRecord: an ordinary (non-lifecycle) record."""
         ...
 
-    async def append_run_records(self, records: Sequence[Record]) -> list[AppendResult]:
-        """AppendRunRecords: ordinary records of one run (one step), appended in order, atomically."""
+    async def append_run_records(
+        self, records: Sequence[Record], *, follows: LogBasis | None = None
+    ) -> list[AppendResult]:
+        """AppendRunRecords: ordinary records of one run (one step), appended in order, atomically;
+        with `follows`, only while the run's log is still exactly that (else RUN_LOG_MOVED)."""
         ...
 
     async def record_run_cancellation(self, record: Record) -> AppendResult:

@@ -30,6 +30,7 @@ from quipu.contracts.store import (
     CancellationReason,
     Checkpoint,
     LifecycleType,
+    LogBasis,
     Page,
     Record,
     RunMeta,
@@ -357,15 +358,21 @@ class RuleStore:
     async def append_run_record(self, record: Record) -> AppendResult:
         return (await self.append_run_records([record]))[0]
 
-    async def append_run_records(self, records: Sequence[Record]) -> list[AppendResult]:
+    async def append_run_records(
+        self, records: Sequence[Record], *, follows: LogBasis | None = None
+    ) -> list[AppendResult]:
         step = list(records)
         check_step_records(step)
+        basis = follows.keys if follows is not None else []
 
         async def apply(tx: StoreTransaction) -> list[AppendResult]:
             run, session = await self._record_owner(tx, *step)
-            stored = await tx.load_records(run.run_id, [record.event_key for record in step])
+            # The log the step follows is read with the step's own keys: one read either way.
+            stored = await tx.load_records(run.run_id, [record.event_key for record in step] + basis)
             retried = [_retried(stored, record, session) for record in step]
             new = [record for record, result in zip(step, retried, strict=True) if result is None]
+            if new and follows is not None and not follows.holds(run.record_count, stored):
+                _fail(ErrorCode.RUN_LOG_MOVED, "the run's log is no longer the one the step was decided on")
             if new and run.status.closed:
                 _fail(ErrorCode.RUN_NOT_ACTIVE, "run is closed")
             writes = _Writes(tx, session)

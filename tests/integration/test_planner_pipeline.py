@@ -1,0 +1,314 @@
+"""A new turn's start is pipelined: the model is called while the start is on its way, and the first
+step follows the start on its partition, naming the log it assumed (AppendRunRecords `follows`).
+
+The storage owner (group commit on), the planner and the tool executor run in this process on the
+embedded broker and database; the planner's store client notes every command it sends and how it
+was answered. What must hold:
+
+- a turn that can be no redelivery is pipelined, and its step lands right behind its start, with
+  many sessions' turns at once under group commit too;
+- a duplicate request (the same run asked for again) is never pipelined: the model is not asked
+  again;
+- a start that stops (the session had ended) or is refused while its step is on its way leaves
+  nothing of the step: no record, no tool call, no text streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from quipu.contracts.commands import AppendRunRecords, StartOneShotRun, StartRootRun, StoreOperation
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.lifecycle import encode_run_started
+from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.store import LifecycleType, RunStart, RunStatus
+from quipu.contracts.tools import ToolCallRequested
+from quipu.contracts.topics import Topic
+from quipu.contracts.wire import to_millisecond, utc_now_ms
+from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.kit.settings import KafkaSettings
+from quipu.services.kit.store_client import KafkaStore
+from quipu.services.planner.adapters import load_records
+from quipu.services.planner.app import create_app as create_planner
+from quipu.services.planner.logic.keys import STARTED_KEY
+from quipu.services.planner.orchestrator import PlannerDeps
+from quipu.services.storage_owner.app import create_app as create_owner
+from quipu.services.storage_owner.settings import OwnerSettings
+from quipu.services.tool_executor.app import create_app as create_executor
+from tests.owner_support import RawPublisher, TopicReader
+from tests.support.announced import publish_built_in_agents
+from tests.timing import eventually
+
+pytestmark = pytest.mark.slow
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class Sent:
+    """One command the planner sent, and how it was answered (None: not yet, or by a result)."""
+
+    command: StoreOperation
+    refused: ErrorCode | None = None
+
+
+class NotingStore(KafkaStore):
+    """The planner's store client, noting each command it sends and each refusal it gets."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        super().__init__(settings)
+        self.noted: list[Sent] = []
+
+    async def call(self, command: StoreOperation) -> Any:
+        noted = Sent(command)
+        self.noted.append(noted)
+        try:
+            return await super().call(command)
+        except StoreError as error:
+            noted.refused = error.code
+            raise
+
+    def steps_of(self, run_id: str) -> list[Sent]:
+        """The steps (AppendRunRecords) sent for a run."""
+        return [
+            sent
+            for sent in self.noted
+            if isinstance(sent.command, AppendRunRecords) and sent.command.records[0].run_id == run_id
+        ]
+
+    def starts_of(self, run_id: str) -> list[Sent]:
+        return [
+            sent
+            for sent in self.noted
+            if isinstance(sent.command, StartRootRun | StartOneShotRun) and sent.command.run.run_id == run_id
+        ]
+
+
+@dataclass
+class System:
+    settings: KafkaSettings
+    store: KafkaStore
+    planner_store: NotingStore
+    model: ScriptedModel
+    events: TopicReader
+    turns: TopicReader
+    calls: TopicReader
+    publisher: RawPublisher
+
+    async def session(self) -> str:
+        session_id = "s-" + uuid.uuid4().hex[:10]
+        await self.store.create_session(session_id, utc_now_ms())
+        return session_id
+
+    async def request(self, request: RunRequested) -> RunRequested:
+        topic = self.settings.topic_prefix + Topic.RUNS_REQUESTED.value
+        key = request.partition_key().encode()
+        await self.publisher.send(topic, request.model_dump_json().encode(), key=key)
+        return request
+
+    def run_events(self, run_id: str) -> list[RunEvent]:
+        return [event for event in _parsed(self.events, RunEvent) if event.run_id == run_id]
+
+    async def until_closed(self, run_id: str) -> list[RunEvent]:
+        await self.events.wait_for(
+            lambda _: any(event.type is StreamEventType.RUN_STREAM_END for event in self.run_events(run_id))
+        )
+        return self.run_events(run_id)
+
+    def finished_turns(self, run_id: str) -> list[TurnCompleted]:
+        parsed = [TurnCompleted.model_validate_json(record.value or b"") for record in self.turns.records]
+        return [turn for turn in parsed if turn.run_id == run_id]
+
+    def calls_of(self, run_id: str) -> list[ToolCallRequested]:
+        return [call for call in _parsed(self.calls, ToolCallRequested) if call.run_id == run_id]
+
+    async def step_refused(self, run_id: str) -> None:
+        """Wait until the run's first step is answered with a refusal."""
+
+        async def refused() -> bool:
+            steps = self.planner_store.steps_of(run_id)
+            return bool(steps) and steps[0].refused is not None
+
+        await eventually(refused, within=20.0, what=f"the refusal of {run_id}'s first step")
+
+    async def read_past(self, reader: TopicReader, key: str) -> None:
+        """Wait until `reader` has read a marker published now with `key`: whatever was published
+        with that key before (on its partition) has been read too."""
+        marker = f'{{"marker":"{uuid.uuid4().hex}"}}'.encode()
+        await self.publisher.send(reader.topic, marker, key=key.encode())
+        await reader.wait_for(lambda records: any(record.value == marker for record in records))
+
+    def model_calls(self, run_id: str) -> int:
+        return sum(request.call_key.startswith(f"{run_id}/") for request in self.model.requests)
+
+
+@pytest.fixture(scope="module")
+async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
+    prefix = f"pp{uuid.uuid4().hex[:8]}."
+    await create_topics(stack.bootstrap, prefix)
+    settings = stack.kafka_settings(topic_prefix=prefix)
+    await publish_built_in_agents(settings)
+    model = ScriptedModel()
+    owner = create_owner(
+        settings, stack.mongo_settings(database=prefix.rstrip(".")), OwnerSettings(group_commit_max=16)
+    )
+    planner_store = NotingStore(settings)
+    planner = create_planner(settings, deps=PlannerDeps(model=model, store=planner_store))
+    executor = create_executor(settings)
+    started = time.monotonic()
+    await owner.start()
+    store = KafkaStore(settings)
+    await store.start()
+    await planner_store.start()
+    await executor.start()
+    await planner.start()
+    readers = [
+        TopicReader(stack.bootstrap, prefix + name.value)
+        for name in (Topic.RUNS_EVENTS, Topic.HISTORY_TURNS, Topic.TOOLS_CALLS)
+    ]
+    for reader in readers:
+        await reader.start()
+    print(f"system up in {time.monotonic() - started:.1f} s")
+    try:
+        async with RawPublisher(stack.bootstrap) as publisher:
+            events, turns, calls = readers
+            yield System(settings, store, planner_store, model, events, turns, calls, publisher)
+    finally:
+        for reader in readers:
+            await reader.stop()
+        await planner.stop()
+        await executor.stop()
+        await planner_store.stop()
+        await store.stop()
+        await owner.stop()
+        await delete_topics(stack.bootstrap, prefix)
+
+
+def _parsed(reader: TopicReader, model: type[M]) -> list[M]:
+    """The records of `reader` that are `model`s (the markers of `read_past` are not)."""
+    parsed: list[M] = []
+    for record in reader.records:
+        try:
+            parsed.append(model.model_validate_json(record.value or b""))
+        except ValidationError:
+            continue
+    return parsed
+
+
+def turn(session_id: str, text: str = "calculate 6*7", run_id: str | None = None) -> RunRequested:
+    return RunRequested(
+        run_id=run_id or "r-" + uuid.uuid4().hex, session_id=session_id, agent_id="assistant", text=text
+    )
+
+
+def assert_pipelined_and_appended(system: System, run_id: str) -> None:
+    """The run's first step was sent behind its start, following the start's records, and landed."""
+    [start] = system.planner_store.starts_of(run_id)
+    assert isinstance(start.command, StartRootRun) and start.refused is None
+    first = system.planner_store.steps_of(run_id)[0]
+    assert isinstance(first.command, AppendRunRecords) and first.refused is None
+    follows = first.command.follows
+    assert follows is not None, "the first step was not pipelined"
+    assert follows.keys == [STARTED_KEY, *(record.event_key for record in start.command.records)]
+    assert [call.call.tool_name for call in first.command.calls] == ["calculator"]
+
+
+async def test_a_new_turn_is_pipelined_and_runs_as_before(system: System) -> None:
+    request = await system.request(turn(await system.session()))
+    events = await system.until_closed(request.run_id)
+    phases = [event.payload["phase"] for event in events if event.type is StreamEventType.WORKFLOW]
+    assert phases == ["planning", "executing_tools", "synthesizing", "completed"]
+    assert_pipelined_and_appended(system, request.run_id)
+    assert system.model_calls(request.run_id) == 2
+    assert len(system.calls_of(request.run_id)) == 1
+
+
+async def test_turns_of_many_sessions_at_once_keep_each_start_before_its_step(system: System) -> None:
+    # Under group commit the owner applies different sessions' commands in shared transactions;
+    # one session's are applied in the order sent, so each step still finds its start's log.
+    sessions = [await system.session() for _ in range(8)]
+    requests = [turn(session_id) for session_id in sessions]
+    await asyncio.gather(*(system.request(request) for request in requests))
+    for request in requests:
+        await system.until_closed(request.run_id)
+    for request in requests:
+        assert_pipelined_and_appended(system, request.run_id)
+        assert (await system.store.load_run(request.run_id)).status is RunStatus.COMPLETED
+        assert system.model_calls(request.run_id) == 2
+
+
+async def test_a_duplicate_request_asks_the_model_no_more(system: System) -> None:
+    request = await system.request(turn(await system.session()))
+    await system.until_closed(request.run_id)
+    await system.turns.wait_for(lambda _: len(system.finished_turns(request.run_id)) == 1)
+    records = await load_records(system.store, request.run_id)
+    steps = len(system.planner_store.steps_of(request.run_id))
+    # The same request again, after this planner started the run: a first delivery of its message,
+    # but of a run it started, so its start is answered before anything else is done.
+    await system.request(request)
+    await system.turns.wait_for(lambda _: len(system.finished_turns(request.run_id)) == 2)
+    assert system.model_calls(request.run_id) == 2
+    assert await load_records(system.store, request.run_id) == records
+    assert len(system.planner_store.steps_of(request.run_id)) == steps  # no step sent again
+
+
+async def test_a_turn_whose_session_had_ended_leaves_nothing_of_its_step(system: System) -> None:
+    session_id = await system.session()
+    await system.store.end_session(session_id, utc_now_ms())
+    request = await system.request(turn(session_id))
+    events = await system.until_closed(request.run_id)
+    [workflow] = [event for event in events if event.type is StreamEventType.WORKFLOW]
+    assert workflow.payload["cancellation"] == {"reason": "session_ended"}
+    # The model was asked while the start was on its way (the pipelined path ran) ...
+    await system.step_refused(request.run_id)
+    [step] = system.planner_store.steps_of(request.run_id)
+    assert isinstance(step.command, AppendRunRecords) and step.command.follows is not None
+    assert step.refused is ErrorCode.RUN_LOG_MOVED
+    assert system.model_calls(request.run_id) == 1
+    # ... and nothing it said was kept or sent: the stop's two records, no call, no text.
+    types = [record.type for record in await load_records(system.store, request.run_id)]
+    assert types == [LifecycleType.RUN_STARTED.value, LifecycleType.RUN_COMPLETED.value]
+    # Text deltas are published before the step is sent, calls by the owner before its reply.
+    await system.read_past(system.events, session_id)
+    await system.read_past(system.calls, request.run_id)
+    assert system.calls_of(request.run_id) == []
+    spoken = {StreamEventType.ASSISTANT_REPLY, StreamEventType.ASSISTANT_TURN}
+    assert not [event for event in system.run_events(request.run_id) if event.type in spoken]
+
+
+async def test_a_refused_start_leaves_nothing_of_its_step(system: System) -> None:
+    # A sessionless run already holds this id, started at another time: the turn's start is refused
+    # (RUN_CONFLICT), and the step sent behind it must not land on that other run.
+    run_id = "r-" + uuid.uuid4().hex
+    earlier = RunStart(
+        run_id=run_id, agent_id="assistant", started_at=to_millisecond(utc_now_ms() - timedelta(seconds=5))
+    )
+    started = earlier.record(STARTED_KEY, LifecycleType.RUN_STARTED.value, encode_run_started(earlier))
+    await system.store.start_one_shot_run(earlier, started)
+    await system.request(RunRequested(run_id=run_id, agent_id="assistant", text="calculate 6*7"))
+    await system.step_refused(run_id)
+    # Refused, then sent again without the first records (the run's other start may have had
+    # others), refused again: the request goes to the dead-letter topic.
+    starts = system.planner_store.starts_of(run_id)
+    assert starts[0].refused is ErrorCode.RUN_CONFLICT
+    [step] = system.planner_store.steps_of(run_id)
+    assert isinstance(step.command, AppendRunRecords) and step.command.follows is not None
+    assert step.refused is ErrorCode.RUN_LOG_MOVED
+    assert [record.event_key for record in await load_records(system.store, run_id)] == [STARTED_KEY]
+    await system.read_past(system.events, run_id)
+    await system.read_past(system.calls, run_id)
+    assert system.calls_of(run_id) == []
+    spoken = {StreamEventType.ASSISTANT_REPLY, StreamEventType.ASSISTANT_TURN}
+    assert not [event for event in system.run_events(run_id) if event.type in spoken]
+    assert (await system.store.load_run(run_id)).status is RunStatus.RUNNING  # the earlier run's
