@@ -17,13 +17,15 @@ Definitions (printed by `python -m bench`):
 - Critical path: the planner's N commands sent before the terminal event (RecordRunTerminal
   included), in S steps: they follow one another, except that a turn's first step sends three at
   once (the session owner check, ClaimSessionForTurn, beside the memory context's LoadSummary and
-  HistoryTail: one step, 2 hops, the operations applied in turn by the owner). H = 2S + 3 - D
-  Kafka hops: 1 request (runs.requested -> planner) + 2 per step but the last (commands -> owner,
-  replies -> planner) + 1 for the terminal command + 1 for the terminal event (owner -> reader;
-  the terminal reply is off the path) + 2 for the tool (tools.calls -> executor, tools.results ->
-  planner), less 1 for each of the D steps whose command carries the tool calls (the owner
-  publishes them after the commit: the run goes on through the call, and that step's reply
-  travels beside the call and the tool, off the path).
+  HistoryTail: one step, 2 hops, the operations applied in turn by the owner), and that a new
+  turn's first step is sent behind its start before the start is answered (the planner pipelines
+  the start: one step, both applied in turn by the owner, the step only on the log the start
+  wrote). H = 2S + 3 - D Kafka hops: 1 request (runs.requested -> planner) + 2 per step but the
+  last (commands -> owner, replies -> planner) + 1 for the terminal command + 1 for the terminal
+  event (owner -> reader; the terminal reply is off the path) + 2 for the tool (tools.calls ->
+  executor, tools.results -> planner), less 1 for each of the D steps whose command carries the
+  tool calls (the owner publishes them after the commit: the run goes on through the call, and
+  that step's reply travels beside the call and the tool, off the path).
 - raw hop: aiokafka send_and_wait (the services' acks and idempotence) -> a group-less consumer
   (their fetch_max_wait_ms) on a topic of its own, services up and idle. Every consumer on the
   path has been waiting in a fetch when its message comes (Tansu's fetch does not wake on new
@@ -76,7 +78,8 @@ DEFINITIONS = """\
 run_overhead     publish RunRequested -> the run's terminal `workflow` event read on runs.events
                  ("calculate 6*7" in a fresh session: ScriptedModel, one calculator call, answer)
 critical path    N = planner commands (runtime + memory, timed in its KafkaStore) sent before the
-                 terminal event, in S steps (commands under way together are one step);
+                 terminal event, in S steps (commands under way together are one step: the
+                 owner check and memory read, a pipelined start and the first step sent behind it);
                  H = 1 request + 2 per step but the last + 1 terminal command + 1 terminal event
                  + 2 tool (call, result) - 1 per step whose command carries the tool calls (the
                  owner publishes them; its reply is off the path) = 2S + 3 - D hops, plus N store

@@ -460,27 +460,27 @@ class Planner:
         trigger = self._trigger(request.occurred_at, request.event_id)
         opening = first_records(plan, context, user_message(request.text), trigger.at, blocks)
         first = before_first_call(plan.started, opening, trigger)
-        if self._may_pipeline(request):
+        again = self._started_here_before(request.run_id)
+        if not again and self._may_pipeline():
             return await self._send_start(plan, request, first, trigger)
         outcome = await _outcome(self._store_start(plan, first))
         return await self._turn_started(plan, request, first, trigger, outcome)
 
-    def _may_pipeline(self, request: RunRequested) -> bool:
-        """Whether the turn's model may be called before its start is answered: only when the
-        request cannot be a redelivery, so no earlier attempt can have recorded a model step the
-        call would repeat (its message's first handling, consumed after this planner was given its
-        partition, for a run this process has not started before), and over the owner's client."""
-        again = request.run_id in self._recent_starts
-        self._recent_starts[request.run_id] = None
-        self._recent_starts.move_to_end(request.run_id)
+    def _started_here_before(self, run_id: str) -> bool:
+        """Whether this process started the run lately (a duplicate request); it is noted now."""
+        again = run_id in self._recent_starts
+        self._recent_starts[run_id] = None
+        self._recent_starts.move_to_end(run_id)
         while len(self._recent_starts) > self.settings.recent_starts:
             self._recent_starts.popitem(last=False)
-        return (
-            self.settings.pipeline_starts
-            and not again
-            and first_delivery()
-            and isinstance(self.deps.store, KafkaStore)
-        )
+        return again
+
+    def _may_pipeline(self) -> bool:
+        """Whether a new turn's model may be called before its start is answered: only when its
+        request cannot be a redelivery, so no earlier attempt can have recorded a model step the
+        call would repeat (the message's first handling, consumed after this planner was given its
+        partition; a run this process did not start before), and over the owner's client."""
+        return self.settings.pipeline_starts and first_delivery() and isinstance(self.deps.store, KafkaStore)
 
     async def _send_start(
         self, plan: StartPlan, request: RunRequested, first: list[Record], trigger: Trigger
