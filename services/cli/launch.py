@@ -90,6 +90,10 @@ def refuse_a_second_stack(path: Path) -> None:
         )
 
 
+STORE_OWNER = "storage_owner"
+"""Started before and stopped after every other service: each calls the store."""
+
+
 @dataclass
 class Started:
     """A service started in this process by `quipu up`, and how to stop it."""
@@ -98,18 +102,26 @@ class Started:
     stop: Callable[[], Any]
 
 
-def in_process_services(user_app: App) -> list[tuple[str, ServiceDefinition[Any]]]:
-    """What `quipu up` starts in its own process before the gateway, one after the other: every
-    consuming service of the catalog, with an executor for each toolset of the app right after the
-    default one. Every executor has announced its toolset once started, so the planner, started
-    next, finds every tool on `tools.registry` when it reads it (the App's agents are published
-    before anything starts) and no early run waits for an announcement."""
-    services: list[tuple[str, ServiceDefinition[Any]]] = []
+def in_process_services(user_app: App) -> list[list[tuple[str, ServiceDefinition[Any]]]]:
+    """What `quipu up` starts in its own process before the gateway, in three waves, the services
+    of a wave all at once: the storage owner (every other service calls the store); then the
+    default tool executor and one for each toolset of the app; then the planner and the rest.
+    Every executor has announced its toolset once started, so the planner finds every tool on
+    `tools.registry` when it reads it (the App's agents are published before anything starts) and
+    no early run waits for an announcement.
+
+    Not one after another: each store client joining rebalanced the reply-claim group every store
+    client before it was in, and each start waited that out (3-5 s a service on a busy host)."""
+    owner, executors, others = [], [], []
     for service in catalog.CONSUMING:
-        services.append((service.name, service.definition()))
-        if service.name == "tool_executor":
-            services += [(apps.executor_name(ts), apps.toolset_definition(ts)) for ts in user_app.toolsets]
-    return services
+        if service.name == STORE_OWNER:
+            owner.append((service.name, service.definition()))
+        elif service.name == "tool_executor":
+            executors.append((service.name, service.definition()))
+            executors += [(apps.executor_name(ts), apps.toolset_definition(ts)) for ts in user_app.toolsets]
+        else:
+            others.append((service.name, service.definition()))
+    return [owner, executors, others]
 
 
 def supervised_services(spec: str, user_app: App) -> list[tuple[str, str | tuple[str, ...]]]:
@@ -129,15 +141,21 @@ async def _start_in_process(
     user_app: App,
 ) -> str:
     connections = Connections(kafka, mongo)
-    for name, definition in in_process_services(user_app):
+
+    async def start(name: str, definition: ServiceDefinition[Any]) -> Started | None:
         try:
             app = definition.app(connections)
             await app.start()
         except Exception as error:
             warn(f"{name}: did not start ({error!r}); skipped")
-            continue
-        started.append(Started(name, app.stop))
-        console.print(Text(f"  ✓ {name}", style="green"))
+            return None
+        return Started(name, app.stop)
+
+    for wave in in_process_services(user_app):
+        for service in await asyncio.gather(*(start(name, definition) for name, definition in wave)):
+            if service is not None:
+                started.append(service)
+                console.print(Text(f"  ✓ {service.name}", style="green"))
     from quipu.services.gateway.app import EmbeddedServer  # noqa: PLC0415 - lazily, like every service
     from quipu.services.gateway.app import create_app as create_gateway  # noqa: PLC0415
     from quipu.services.gateway.settings import GatewaySettings  # noqa: PLC0415
@@ -151,10 +169,6 @@ async def _start_in_process(
     started.append(Started("gateway", server.stop))
     console.print(Text(f"  ✓ gateway on {server.url} (API docs at {server.url}/docs)", style="green"))
     return server.url
-
-
-STORE_OWNER = "storage_owner"
-"""Stopped once every other service is gone: each calls the store while it drains."""
 
 
 async def _stop_in_process(started: list[Started]) -> None:
