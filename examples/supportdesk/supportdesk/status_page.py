@@ -9,8 +9,8 @@ status page across an ocean). In production `SUPPORTDESK_STATUS_URL` names the r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import signal
 import threading
 from collections.abc import Mapping
 from http import HTTPStatus
@@ -83,15 +83,20 @@ def _handler(
 
 
 def main() -> None:
-    """`python -m supportdesk.status_page`: serve until Ctrl-C."""
+    """`python -m supportdesk.status_page`: serve until Ctrl-C (SIGINT) or SIGTERM."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--delay", type=float, default=1.0, help="seconds before each answer")
     options = parser.parse_args()
+    stop = threading.Event()
+    # Handled here, not left to Python's KeyboardInterrupt: a process started in the background of
+    # a non-interactive shell (a CI job, `nohup ... &`) inherits SIGINT ignored, and Python then
+    # installs no handler of its own, so Ctrl-C would never reach it.
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
     with StatusPage(options.port, options.delay) as page:
         print(f"status page on {page.url} (SUPPORTDESK_STATUS_URL={page.url}); Ctrl-C stops it", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+        stop.wait()
 
 
 if __name__ == "__main__":

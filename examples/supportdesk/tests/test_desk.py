@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +102,17 @@ async def test_the_offline_model_opens_a_ticket_with_arguments_that_fit(ledger: 
     said = await run_tool(open_ticket, use.input, call(use.id))
     assert said.startswith(f"Ticket {ticket_id(use.id)} is open")
     assert len(ledger.all()) == 1
+
+
+def test_the_status_page_stops_on_ctrl_c_even_started_in_the_background() -> None:
+    # A shell without job control starts background commands with SIGINT ignored (CI jobs,
+    # `nohup ... &`); the page must still stop on Ctrl-C as it says.
+    page = f"trap '' INT; exec {shlex.quote(sys.executable)} -m supportdesk.status_page --port 0"
+    ignoring = subprocess.Popen(["sh", "-c", page], stdout=subprocess.PIPE, text=True)
+    try:
+        assert ignoring.stdout is not None
+        assert "status page on http://" in ignoring.stdout.readline()
+        ignoring.send_signal(signal.SIGINT)
+        assert ignoring.wait(timeout=60) == 0
+    finally:
+        ignoring.kill()
