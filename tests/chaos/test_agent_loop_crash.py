@@ -53,6 +53,8 @@ pytestmark = pytest.mark.slow
 CALCULATOR_DELAY_S = 1.2
 """Long enough for a kill to land while a calculator call runs; within the tool's 2 s deadline."""
 
+PIPELINE_STARTS_ENV = "QUIPU_PLANNER_PIPELINE_STARTS"
+
 RECOVERY_S = 45.0
 """From a restart to the run's end: process start, the dead member's session timeout, joins."""
 
@@ -301,6 +303,11 @@ async def test_a_planner_killed_while_its_model_step_is_being_recorded_keeps_the
     which applies the append; a new planner finishes the run without asking the model again."""
     owner = deployment.owner.pid
     assert owner is not None
+    # A pipelined start sends the step right behind it, with no gap to freeze the owner in between:
+    # this planner awaits its start, so the step waits for the freeze at the `planning` event.
+    deployment.environment[PIPELINE_STARTS_ENV] = "false"
+    await deployment.kill_planner()
+    deployment.start_planner()
     commands = SentCommands(deployment)
     await commands.reader.start()
     try:
@@ -324,6 +331,7 @@ async def test_a_planner_killed_while_its_model_step_is_being_recorded_keeps_the
         return "step/1/assistant" in {record.event_key for record in await deployment.records(run_id)}
 
     await eventually(assistant_recorded, 20.0, "the owner applied the assistant append")
+    del deployment.environment[PIPELINE_STARTS_ENV]
     deployment.start_planner()
     events = await deployment.until_closed(run_id, within=RECOVERY_S)
     assert terminal_workflow(events).payload["phase"] == "completed"

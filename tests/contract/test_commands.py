@@ -59,5 +59,5 @@ def test_the_calls_a_step_carries_are_published_by_the_owner_never_passed_to_the
     )
     call = ToolCallRequested(run_id="run-1", agent_id="agent-a", tool_use_id="use-1", tool_name="calculator")
     command = AppendRunRecords(records=[record], calls=[DispatchedCall(toolset="default", call=call)])
-    assert command.arguments() == {"records": [record]}
+    assert command.arguments() == {"records": [record], "follows": None}
     assert "calls" not in AppendRunRecords(records=[record]).model_dump(mode="json")
