@@ -29,6 +29,7 @@ from __future__ import annotations
 import _socket
 import asyncio
 import contextlib
+import fcntl
 import ipaddress
 import os
 import socket
@@ -182,15 +183,30 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def quipu_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel `pip wheel .` builds of this checkout, once for the session."""
-    folder = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(folder), "."],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=scaled(300), check=False,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = folder.glob("quipu-*.whl")
+    """The wheel `pip wheel .` builds of this checkout, once for the session (for all its workers).
+
+    pip builds in the checkout itself (setuptools' `build/` and `*.egg-info`), so two workers of a
+    pytest-xdist run must not build at once: the first builds under a lock in the run's shared
+    temporary folder, the others take its wheel.
+    """
+    shared = _run_temporary_root(tmp_path_factory) / "wheel"
+    shared.mkdir(exist_ok=True)
+    with (shared / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(shared.glob("quipu-*.whl")):
+            built = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(shared), "."],
+                cwd=REPOSITORY, capture_output=True, text=True, timeout=scaled(300), check=False,
+            )
+            assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = shared.glob("quipu-*.whl")
     return wheel
+
+
+def _run_temporary_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary folder, shared by its xdist workers (each has a folder of its own in it)."""
+    own = tmp_path_factory.getbasetemp()
+    return own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 Tests wait for conditions, never for time; what they bound is how long a condition may take to
 hold. Every such bound is written for a quiet 2-core machine and multiplied here by
 `QUIPU_TEST_TIME_SCALE` (default 1), so a busy CI host stretches all of them at once instead of
-tripping the shortest.
+tripping the shortest. Under pytest-xdist (`make test` runs two workers) the scale is multiplied by
+the number of workers as well: they share the same cores, so each test runs on a machine as busy
+as that many suites make it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ import time
 from collections.abc import Awaitable, Callable
 
 TIME_SCALE_ENV = "QUIPU_TEST_TIME_SCALE"
+WORKER_COUNT_ENV = "PYTEST_XDIST_WORKER_COUNT"
+"""Set by pytest-xdist in each of its workers: how many run side by side."""
 
 
 def time_scale() -> float:
-    """The factor every test deadline is multiplied by (`QUIPU_TEST_TIME_SCALE`, at least 1)."""
+    """The factor every test deadline is multiplied by: `QUIPU_TEST_TIME_SCALE` (at least 1) times
+    the number of pytest-xdist workers (1 without xdist)."""
+    return _at_least_one(TIME_SCALE_ENV) * _at_least_one(WORKER_COUNT_ENV)
+
+
+def _at_least_one(variable: str) -> float:
     try:
-        return max(1.0, float(os.environ.get(TIME_SCALE_ENV, "1")))
+        return max(1.0, float(os.environ.get(variable, "1")))
     except ValueError:
         return 1.0
 
