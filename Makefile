@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 EXAMPLE := examples/supportdesk
 PYTEST_ARGS ?=
 # Two pytest-xdist workers, each with its own embedded stack; a test file stays on one worker, so
-# its module fixtures (service processes, a fresh venv) start once. PYTEST_WORKERS=0 runs in one process.
+# its module fixtures (service processes, a fresh venv) start once. Files are handed out in collection
+# order, not largest first: the slow few-test files (chaos, e2e) start early and unit's many short
+# files fill the end. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 
 .PHONY: help install demo test lint typecheck bench bench-fleet clean
@@ -31,7 +33,7 @@ demo: $(STAMP) ## start the embedded stack, drive a session end to end, then the
 # sets PYTHONDONTWRITEBYTECODE (which then still holds for the checkout itself: nothing is written
 # next to the sources).
 test: $(STAMP) lint ## run the whole suite against the embedded broker and database
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$(CURDIR)/$(VENV)/pycache" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$(CURDIR)/$(VENV)/pycache" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: $(STAMP) ## import boundaries (import-linter), ruff and mypy --strict
 	$(BIN)/lint-imports

@@ -15,8 +15,11 @@
   `event_loop_block_threshold(seconds)` change it; the marker
   `allow_event_loop_blocking` turns it off for a test).
 - That threshold and pytest-timeout's per-test limit (the ini `timeout` or `--timeout`) are
-  multiplied by `QUIPU_TEST_TIME_SCALE`, like every deadline in `tests/timing.py`; a module's own
-  `timeout(...)` marker says `scaled(seconds)` itself.
+  multiplied by the time scale (`QUIPU_TEST_TIME_SCALE` times the number of pytest-xdist workers),
+  like every deadline in `tests/timing.py`; a module's own `timeout(...)` marker says
+  `scaled(seconds)` itself.
+- Under pytest-xdist every worker has its own `stack` (session fixtures are per worker);
+  `quipu_wheel` is built once for all of them.
 - No test can reach a real model or any host off this machine: the model keys are removed from
   the environment before any test (and so from every child process a test starts), a socket
   may connect only to loopback addresses (the embedded broker, database and the local Messages-API
@@ -194,13 +197,17 @@ def quipu_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with (shared / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not list(shared.glob("quipu-*.whl")):
-            built = subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(shared), "."],
-                cwd=REPOSITORY, capture_output=True, text=True, timeout=scaled(300), check=False,
-            )
-            assert built.returncode == 0, built.stdout + built.stderr
+            _build_wheel(shared)
     (wheel,) = shared.glob("quipu-*.whl")
     return wheel
+
+
+def _build_wheel(folder: Path) -> None:
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(folder), "."],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=scaled(300), check=False,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
 
 
 def _run_temporary_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
