@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 EXAMPLE := examples/supportdesk
 PYTEST_ARGS ?=
 # Two pytest-xdist workers, each with its own embedded stack; a test file stays on one worker, so
-# its module fixtures (service processes, a fresh venv) start once. Files are handed out in collection
-# order, not largest first: the slow few-test files (chaos, e2e) start early and unit's many short
+# its module fixtures (service processes, a fresh venv) start once, and the folders that start whole
+# fleets (e2e, chaos, hostile) run one after another on one worker (tests/conftest.py). Work is
+# handed out in collection order, not largest first: the fleets start early and unit's many short
 # files fill the end. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 

@@ -19,7 +19,8 @@
   like every deadline in `tests/timing.py`; a module's own `timeout(...)` marker says
   `scaled(seconds)` itself.
 - Under pytest-xdist every worker has its own `stack` (session fixtures are per worker);
-  `quipu_wheel` is built once for all of them.
+  `quipu_wheel` is built once for all of them. A test file is one unit of work, and the folders
+  that start whole service fleets (`FLEET_FOLDERS`) are one unit together.
 - No test can reach a real model or any host off this machine: the model keys are removed from
   the environment before any test (and so from every child process a test starts), a socket
   may connect only to loopback addresses (the embedded broker, database and the local Messages-API
@@ -44,10 +45,11 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
@@ -138,6 +140,30 @@ def _guard_connections() -> None:
     # mypy refuses any assignment to a method; replacing it for every socket is the point here.
     socket.socket.connect = connect  # type: ignore[method-assign]
     socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
+
+
+FLEET_FOLDERS = frozenset({"e2e", "chaos", "hostile"})
+"""Test folders whose tests start whole service fleets in processes of their own (`quipu up`, a
+fresh venv, SIGKILLs): under pytest-xdist they run one after another on one worker."""
+
+
+class FleetsTogether(LoadFileScheduling):  # type: ignore[misc]  # xdist is untyped
+    """`--dist loadfile`, except that the fleet folders' files are one unit of work together."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path: str = nodeid.split("::", 1)[0]
+        folder = PurePosixPath(path).parts[1:2]
+        return "fleets" if folder and folder[0] in FLEET_FOLDERS else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`--dist loadfile`): one unit of work per test file, so that its module
+    fixtures start once, except that the fleet folders are one unit together: two fleets at once on
+    two cores starve each other's deadlines, while a fleet beside the other worker's in-process tests
+    does not. (xdist's `loadgroup` marks do not take under pytest 9.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return FleetsTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-timeout's, which reads `config.option.timeout`
