@@ -72,7 +72,7 @@ OWN_PROJECT = "supportdesk.app:app"
 
 OWN_TURNS: list[tuple[str, str]] = [
     ("desk", "search_articles about a late parcel"),
-    ("desk", "open_ticket: my parcel never arrived"),
+    ("desk", "open_ticket customer=ana@example.com: my parcel never arrived"),
     ("desk", "ask the status_agent if payments work"),
 ]
 """What a customer asks the support desk: (agent, text)."""

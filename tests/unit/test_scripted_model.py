@@ -309,6 +309,40 @@ def test_a_tool_the_text_names_is_the_one_called() -> None:
     assert called("weathering") == ["weather", "ping"]  # a whole word only
 
 
+class Ticket(BaseModel):
+    """Arguments of a user's tool with a free-text parameter that is not the first."""
+
+    customer: str = Field(min_length=1, max_length=80)
+    summary: str = Field(min_length=1, max_length=24)
+    urgent: bool = False
+    copies: int | None = None
+
+
+TICKET = ToolSpec("open_ticket", "Opens a ticket.", Ticket.model_json_schema())
+
+
+def test_a_named_tool_takes_what_its_clause_says_after_its_name() -> None:
+    text = "open_ticket customer=ana@example.com: my parcel never came"
+    [(name, arguments)] = uses(answer(text, tools=[TICKET]))
+    assert name == "open_ticket"
+    assert (arguments["customer"], arguments["summary"]) == ("ana@example.com", "my parcel never came")
+    [(_, searched)] = uses(answer("weather about Lisbon please; ping", tools=[WEATHER]))
+    assert searched["city"] == "Lisbon please"  # the only plain string, up to the clause's end
+    Forecast.model_validate(searched)
+
+
+def test_said_pairs_are_typed_by_the_schema_and_what_does_not_fit_stays_fitted() -> None:
+    text = 'open_ticket urgent=yes copies=3 customer="Ana Lopez" days=4 about a parcel that never came'
+    [(_, arguments)] = uses(answer(text, tools=[TICKET]))
+    assert (arguments["urgent"], arguments["copies"], arguments["customer"]) == (True, 3, "Ana Lopez")
+    assert "days" not in arguments  # not a parameter of this tool
+    assert arguments["summary"] == "a parcel that never came"[:24]  # cut to its maxLength
+    Ticket.model_validate(arguments)
+    [(_, unparsed)] = uses(answer("weather days=soon", tools=[WEATHER]))
+    Forecast.model_validate(unparsed)  # `soon` is no integer: the fitted days stay
+    assert unparsed == dict(uses(answer("weather days=soon", tools=[WEATHER])))["weather"]
+
+
 def test_the_phrase_rules_still_win_and_shipped_tools_alone_leave_the_echo() -> None:
     assert uses(answer("calculate 2+2", tools=[*SHIPPED, WEATHER])) == [("calculator", {"expression": "2+2"})]
     assert texts(answer("my name is Ana", tools=[WEATHER])) == ["You told me your name is Ana."]

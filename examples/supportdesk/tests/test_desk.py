@@ -91,14 +91,15 @@ async def test_the_help_centre_answers_over_mcp() -> None:
     assert "The help centre has:" in nothing.content[0].text  # type: ignore[union-attr]
 
 
-async def test_the_offline_model_opens_a_ticket_with_arguments_that_fit(ledger: Ledger) -> None:
-    request_text = "open_ticket: my parcel never arrived"
+async def test_the_offline_model_opens_a_ticket_with_what_the_turn_says(ledger: Ledger) -> None:
+    request_text = "open_ticket customer=ana@example.com: my parcel never arrived"
     offered = [open_ticket.spec(), service_status.spec()]
     user = Message(role="user", parts=(TextPart(text=request_text),))
     request = ModelRequest(system="You are a desk.", messages=[user], tools=offered)
     response = await ScriptedModel().complete(request)
     [use] = [part for part in response.parts if isinstance(part, ToolUsePart)]
     assert use.name == "open_ticket"  # the tool the text names, not every tool offered
+    assert (use.input["customer"], use.input["summary"]) == ("ana@example.com", "my parcel never arrived")
     said = await run_tool(open_ticket, use.input, call(use.id))
     assert said.startswith(f"Ticket {ticket_id(use.id)} is open")
     assert len(ledger.all()) == 1

@@ -50,7 +50,10 @@ Rules, first match wins:
    shipped four, not an `*_agent`), the model calls them as pydantic-ai's `TestModel` does: the
    ones the text names (as a whole word), else every one, once each, with arguments drawn to fit
    the tool's JSON schema (`fitting.fitting_value`, seeded by the tool-use id, so a retried step
-   asks for the very same call). Their results then get the answer of rule 4.
+   asks for the very same call). A named tool takes what its clause says after its name first
+   (`said.said_arguments`): `name=value` pairs for its parameters, and the rest of the clause as
+   its free-text parameter (`search_articles about a late parcel` → `{"query": "a late
+   parcel"}`). Their results then get the answer of rule 4.
 8. Anything else is an echo, `You said: "<text>". ...`, with a hint of one phrase per command
    family (`HINT_PHRASES`).
 
@@ -102,6 +105,7 @@ from quipu.services.domain.models.port import (
     ToolSpec,
     Usage,
 )
+from quipu.services.domain.models.said import said_arguments
 from quipu.services.domain.models.schema_examples import example_for_schema, transcript_digest
 from quipu.services.domain.transcript import tool_result_text
 
@@ -255,22 +259,31 @@ def _rule_answer(request: ModelRequest) -> tuple[list[Part], StopReason]:
     answer = _plain_answer(request.system, text)
     if answer is not None:
         return [TextPart(text=answer)], StopReason.END_TURN
-    uses = _fitted_uses(request, _unknown_tools(request.tools, text))
+    uses = _fitted_uses(request, _unknown_tools(request.tools, text), text)
     if uses:
         return _calling(uses)
     return [TextPart(text=_echo(text))], StopReason.END_TURN
 
 
-def _fitted_uses(request: ModelRequest, tools: Sequence[ToolSpec]) -> list[ToolUsePart]:
-    """One use of each tool, its input drawn to fit the tool's schema (seeded by the use's id)."""
+def _fitted_uses(request: ModelRequest, tools: Sequence[ToolSpec], text: str) -> list[ToolUsePart]:
+    """One use of each tool: what the text says after the tool's name (`said.said_arguments`) over
+    an input drawn to fit the tool's schema (seeded by the use's id)."""
     uses = []
     for position, tool in enumerate(tools):
         use_id = tool_use_id(request, position)
-        arguments = fitting_value(tool.input_schema, seed=use_id)
-        uses.append(
-            ToolUsePart(id=use_id, name=tool.name, input=arguments if isinstance(arguments, dict) else {})
-        )
+        fitted = fitting_value(tool.input_schema, seed=use_id)
+        arguments = fitted if isinstance(fitted, dict) else {}
+        after = _after_name(tool.name, text)
+        if after is not None:
+            arguments |= said_arguments(tool.input_schema, after)
+        uses.append(ToolUsePart(id=use_id, name=tool.name, input=arguments))
     return uses
+
+
+def _after_name(name: str, text: str) -> str | None:
+    """What follows the first whole-word mention of `name` in its clause; None if not named."""
+    match = re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)
+    return text[match.end() :].split(";", 1)[0] if match else None
 
 
 def _calling(uses: list[ToolUsePart]) -> tuple[list[Part], StopReason]:
@@ -283,7 +296,7 @@ def _unknown_tools(tools: Sequence[ToolSpec], text: str) -> list[ToolSpec]:
     unknown = [
         tool for tool in tools if tool.name not in PHRASE_TOOLS and not tool.name.endswith(AGENT_TOOL_SUFFIX)
     ]
-    named = [tool for tool in unknown if re.search(rf"(?<![\w-]){re.escape(tool.name)}(?![\w-])", text)]
+    named = [tool for tool in unknown if _after_name(tool.name, text) is not None]
     return named or unknown
 
 
