@@ -39,6 +39,10 @@ Definitions (printed by `python -m bench`):
 
 Then 50 sessions run at once, each client running its turns back to back (a fresh session per run,
 created beforehand, so every run is the same first turn): runs/s and p50/p99 under load.
+The CPU of those runs, per run, is read for each process (this one with every service, the
+broker, the database): `run_cpu_ms_all_processes_50_sessions` is their sum, and
+`runs_per_s_cpu_bound_50_sessions` = cores x 1000 / that sum, the rate at which the box's cores
+would be full: what 50 sessions can reach on this machine however the path is shaped.
 `python -m bench.run_bench --profile` also runs 20 sequential runs under cProfile (CPU time).
 """
 
@@ -294,6 +298,7 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
     breakdown = _breakdown(system, paths)
     _print_details(system, breakdown, sequential, op_p50, path_ops, shapes, concurrent, idle, hop_p50, hops)
     runs = len(concurrent.latencies)
+    all_cpu_per_run = sum(concurrent.cpu_s.values()) / runs
     return {
         "run_overhead_p50_ms": to_ms(p50),
         "run_overhead_p99_ms": to_ms(quantile(latencies, 0.99)),
@@ -312,6 +317,8 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
         "run_cpu_ms_bench_process": to_ms(sequential.cpu_s["bench"] / len(latencies)),
         "run_cpu_ms_bench_process_50_sessions": to_ms(concurrent.cpu_s["bench"] / runs),
         "run_idle_cpu_pct_bench_process": 100 * idle["bench"],
+        "run_cpu_ms_all_processes_50_sessions": to_ms(all_cpu_per_run),
+        "runs_per_s_cpu_bound_50_sessions": (os.cpu_count() or 1) / all_cpu_per_run,
         "run_bench_load_avg_1m": max(load),
     }
 
