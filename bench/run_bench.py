@@ -43,6 +43,11 @@ The CPU of those runs, per run, is read for each process (this one with every se
 broker, the database): `run_cpu_ms_all_processes_50_sessions` is their sum, and
 `runs_per_s_cpu_bound_50_sessions` = cores x 1000 / that sum, the rate at which the box's cores
 would be full: what 50 sessions can reach on this machine however the path is shaped.
+Every Kafka request this process sends (the services in it, and the bench's own producer, run-end
+watcher and store client) is counted by kind (bench/kafka_requests): `run_kafka_fetches_per_run`
+and `run_kafka_requests_per_run` over the sequential runs, `run_kafka_fetches_per_run_50_sessions`
+over the 50 sessions. Exact counts, but a waiting consumer fetches every `fetch_max_wait_ms`
+(Tansu), so a run that takes longer on a busy box sends more: compare them side by side.
 `python -m bench.run_bench --profile` also runs 20 sequential runs under cProfile (CPU time).
 """
 
@@ -60,6 +65,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from bench.kafka_requests.sitecustomize import count_requests
 from bench.run_instruments import STARTED, Span, progress, quantile, to_ms
 from bench.run_system import Run, System, raw_hops, replay, started_system
 from quipu.contracts.commands import AppendRunRecords
@@ -94,7 +100,10 @@ raw hop          aiokafka send_and_wait -> group-less consumer, same client sett
 store op         the runs' own commands (20 runs) replayed one at a time on MongoStore and
                  MongoMemoryStore (fresh database, same server)
 raw_hops_p50_ms  H x p50(raw hop) + sum over the N commands of p50(that operation, replayed)
-ratio            run_overhead_p50 / raw_hops_p50 (target <= 1.5)"""
+ratio            run_overhead_p50 / raw_hops_p50 (target <= 1.5)
+kafka requests   every request this process's Kafka clients send (services and the bench's own),
+                 exact, per run: run_kafka_fetches_per_run (Fetch) and run_kafka_requests_per_run
+                 (every kind) over the sequential runs; run_kafka_fetches_per_run_50_sessions"""
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -109,17 +118,20 @@ class Sequential:
     runs: list[Run]
     cpu_s: dict[str, float]
     wall_s: float
+    requests: Counter[str]
+    """This process's Kafka requests during the runs, by kind."""
 
 
-async def _sequential(system: System, count: int) -> Sequential:
+async def _sequential(system: System, count: int, requests: Counter[str]) -> Sequential:
     sessions = [await system.new_session() for _ in range(count)]
-    before = system.cpu()
+    before, requests_before = system.cpu(), requests.copy()
     started = time.perf_counter()
     runs = [await system.run(session_id) for session_id in sessions]
     wall = time.perf_counter() - started
-    after = system.cpu()
+    after, requests_after = system.cpu(), requests.copy()
     await asyncio.sleep(0.5)  # the last RecordRunTerminal's reply may land after its event
-    return Sequential(runs, {name: after[name] - before[name] for name in after}, wall)
+    cpu = {name: after[name] - before[name] for name in after}
+    return Sequential(runs, cpu, wall, requests_after - requests_before)
 
 
 @dataclass
@@ -133,9 +145,11 @@ class Concurrent:
     """Share of the wall time the owner spent inside its backends (it applies one at a time)."""
     command_ms: float
     backend_op_ms: float
+    requests: Counter[str]
+    """This process's Kafka requests during the runs, by kind."""
 
 
-async def _concurrent(system: System) -> Concurrent:
+async def _concurrent(system: System, requests: Counter[str]) -> Concurrent:
     sessions = [[await system.new_session() for _ in range(RUNS_PER_SESSION)] for _ in range(SESSIONS)]
     latencies: list[float] = []
 
@@ -143,11 +157,11 @@ async def _concurrent(system: System) -> Concurrent:
         for session_id in own:
             latencies.append((await system.run(session_id)).seconds)
 
-    before = system.cpu()
+    before, requests_before = system.cpu(), requests.copy()
     started = time.perf_counter()
     await asyncio.gather(*(client(own) for own in sessions))
     ended = time.perf_counter()
-    after = system.cpu()
+    after, requests_after = system.cpu(), requests.copy()
     wall = ended - started
     planner = [span.duration for span in _within(system.planner_store.spans, started, ended)]
     owner = [span.duration for span in _within(system.owner_spans, started, ended)]
@@ -159,6 +173,7 @@ async def _concurrent(system: System) -> Concurrent:
         sum(owner) / wall,
         to_ms(statistics.mean(planner)),
         to_ms(statistics.mean(owner)),
+        requests_after - requests_before,
     )
 
 
@@ -266,6 +281,7 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
     print(DEFINITIONS)
     STARTED[0] = time.perf_counter()
     load = [os.getloadavg()[0]]
+    requests = count_requests()
     with EmbeddedStack() as stack:
         async with started_system(stack) as system:
             for _ in range(WARMUP_RUNS):
@@ -275,12 +291,12 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
             hops_idle = await raw_hops(system.settings, RAW_HOPS, IDLE_GAP_S)
             hops_back_to_back = await raw_hops(system.settings, RAW_HOPS, 0.0)
             progress("raw hops")
-            sequential = await _sequential(system, SEQUENTIAL_RUNS)
+            sequential = await _sequential(system, SEQUENTIAL_RUNS, requests)
             paths = _paths(system, sequential.runs)
             progress("sequential runs")
             replayed = await replay(stack.mongo_uri, paths[:REPLAYED_RUNS], system)
             progress("commands replayed")
-            concurrent = await _concurrent(system)
+            concurrent = await _concurrent(system, requests)
             progress(f"{SESSIONS} sessions")
             load.append(os.getloadavg()[0])
             if profile:
@@ -317,6 +333,9 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
         "run_cpu_ms_bench_process": to_ms(sequential.cpu_s["bench"] / len(latencies)),
         "run_cpu_ms_bench_process_50_sessions": to_ms(concurrent.cpu_s["bench"] / runs),
         "run_idle_cpu_pct_bench_process": 100 * idle["bench"],
+        "run_kafka_fetches_per_run": sequential.requests["Fetch"] / len(latencies),
+        "run_kafka_requests_per_run": sequential.requests.total() / len(latencies),
+        "run_kafka_fetches_per_run_50_sessions": concurrent.requests["Fetch"] / runs,
         "run_cpu_ms_all_processes_50_sessions": to_ms(all_cpu_per_run),
         "runs_per_s_cpu_bound_50_sessions": (os.cpu_count() or 1) / all_cpu_per_run,
         "run_bench_load_avg_1m": max(load),
@@ -364,6 +383,10 @@ def _print_details(
         f"({concurrent.backend_op_ms:.1f} ms an op); "
         f"bench process at {concurrent.cpu_s['bench'] / concurrent.wall_s:.0%} of a core"
     )
+    print("Kafka requests per run, this process (exact) | sequential | 50 sessions:")
+    for kind, _ in (sequential.requests + concurrent.requests).most_common():
+        per_run = (sequential.requests[kind] / count, concurrent.requests[kind] / runs)
+        print(f"  {kind:44s} {per_run[0]:8.1f} | {per_run[1]:8.1f}")
 
 
 async def _profiled(system: System) -> None:
