@@ -28,22 +28,17 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
-from quipu.services.planner.adapters import SessionHistoryContext
-from quipu.services.planner.orchestrator import Planner, ReadyDeps
+from quipu.services.planner.orchestrator import Planner
 from quipu.services.planner.settings import PlannerSettings
-from tests.support.announced import announced
 from tests.timing import scaled
 from tests.unit.test_planner_runs import (
-    AGENTS,
     FakeModel,
     Harness,
     YieldingStore,
     calls,
     make_harness,
-    on_store,
     result_for,
     tool_then_answer,
-    turn,
 )
 
 
@@ -64,12 +59,8 @@ class CrashingOnceStore(InMemoryStore):
 
 
 async def test_a_crash_after_the_model_call_records_nothing_so_the_model_is_asked_again() -> None:
-    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
-    store = CrashingOnceStore()
-    on_store(h, store)
-    session = await h.session()
-    request = turn("calculate 6*7", session)
-    await h.deliver(request)
+    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})), store=CrashingOnceStore())
+    request = await h.start("calculate 6*7")
     [call] = h.bus.of(ToolCallRequested)
     before = await h.keys(request.run_id)
 
@@ -121,12 +112,9 @@ class Held:
 
 
 async def held_model_call() -> Held:
-    h = make_harness(asks_again)
     model = HeldModel(asks_again)
-    h.model = model
-    h.planner.deps = ReadyDeps(h.store, model, announced(), AGENTS, SessionHistoryContext(h.store))
-    request = turn("calculate", await h.session())
-    await h.deliver(request)
+    h = make_harness(model)
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
     taking = asyncio.create_task(h.deliver(result_for(call, 2)))
     await asyncio.wait_for(model.answering.wait(), scaled(5.0))
@@ -184,15 +172,10 @@ async def test_the_last_two_results_of_a_step_arriving_at_once_finish_the_run_on
     """Each result sees the other missing, so each is written alone; whichever then reads both
     carries nothing more and goes on. Two copies (a rebalance) share no lock."""
     uses = [("calculator", {"expression": "1+1"}), ("calculator", {"expression": "2+2"})]
-    h = make_harness(tool_then_answer(*uses))
     store = YieldingStore()
-    h.store = store
-    deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
-    h.planner.deps = deps
-    planners = [h.planner, Planner(deps, h.bus, PlannerSettings())][:copies]
-    session = await h.session()
-    request = turn("two at once", session)
-    await h.deliver(request)
+    h = make_harness(tool_then_answer(*uses), store=store)
+    planners = [h.planner, Planner(h.planner.deps, h.bus, PlannerSettings())][:copies]
+    request = await h.start("two at once")
     first, second = h.bus.of(ToolCallRequested)
 
     await asyncio.gather(
@@ -212,9 +195,7 @@ async def test_the_last_two_results_of_a_step_arriving_at_once_finish_the_run_on
 async def test_a_result_that_leaves_another_missing_is_written_at_once() -> None:
     uses = [("calculator", {"expression": "1+1"}), ("calculator", {"expression": "2+2"})]
     h = make_harness(tool_then_answer(*uses))
-    session = await h.session()
-    request = turn("two", session)
-    await h.deliver(request)
+    request = await h.start("two")
     first, second = h.bus.of(ToolCallRequested)
 
     await h.deliver(result_for(first, 2))
@@ -241,14 +222,10 @@ class CancelLostOnceStore(InMemoryStore):
 async def test_a_step_written_in_an_ended_session_is_not_dispatched_by_a_redelivery_either() -> None:
     """A crash after that step's commit, before the cancel: the redelivered result finds a step
     whose calls were never published, and reads the session's status before sending them."""
-    h = make_harness(asks_again)
-    store = CancelLostOnceStore()
-    on_store(h, store)
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
+    h = make_harness(asks_again, store=CancelLostOnceStore())
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
-    await h.store.end_session(session, utc_now_ms())
+    await h.store.end_session(request.session_id, utc_now_ms())
     with pytest.raises(PlannerCrashError):
         await h.deliver(result_for(call, 2))
     assert "step/2/assistant" in await h.keys(request.run_id)

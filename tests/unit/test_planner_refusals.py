@@ -143,10 +143,10 @@ async def test_an_invalid_request_without_a_run_id_has_no_stream_to_tell(body: b
 
 async def test_a_refusal_never_ends_a_run_that_exists() -> None:
     h, _ = harness_with_history()
-    session = await h.session()
-    started = turn("hello", session)
-    await h.deliver(started)
+    started = await h.start("hello")
     published = len(h.bus.messages)
-    body = RunRequested(run_id=started.run_id, session_id=session, agent_id="x", text="").model_dump_json()
+    body = RunRequested(
+        run_id=started.run_id, session_id=started.session_id, agent_id="x", text=""
+    ).model_dump_json()
     await h.planner.on_invalid_request(body.encode(), "forged")
     assert len(h.bus.messages) == published

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -192,6 +192,12 @@ class Harness:
         await self.store.create_session(session_id, utc_now_ms(), owner)
         return session_id
 
+    async def start(self, text: str, **fields: Any) -> RunRequested:
+        """A turn of `text` (`fields` as for `turn`) in a new session, delivered."""
+        request = turn(text, await self.session(), **fields)
+        await self.deliver(request)
+        return request
+
     async def deliver(self, message: Output) -> None:
         if isinstance(message, RunRequested):
             await self.planner.on_run_requested(message)
@@ -218,16 +224,19 @@ class Harness:
 
 
 def make_harness(
-    answer: Answer,
+    answer: Answer | FakeModel,
     settings: PlannerSettings | None = None,
     history: MemoryStore | None = None,
     agents: AgentRegistry | None = None,
     registry: ToolsetRegistry | None = None,
+    store: InMemoryStore | None = None,
 ) -> Harness:
-    """A planner over in-memory parts, offered the shipped tools as their executor announces them
-    (or what `registry` holds); with `history`, its sessions' owners are claimed there."""
-    store = InMemoryStore()
-    model = FakeModel(answer)
+    """A planner over in-memory parts (`store`, or a fresh one), asking a `FakeModel` that answers
+    by `answer` (or `answer` itself, a model of the test's own), offered the shipped tools as their
+    executor announces them (or what `registry` holds); with `history`, its sessions' owners are
+    claimed there."""
+    store = store if store is not None else InMemoryStore()
+    model = answer if isinstance(answer, FakeModel) else FakeModel(answer)
     bus = Bus()
     deps = ReadyDeps(
         store=store,
@@ -262,10 +271,7 @@ def result_for(call: ToolCallRequested, content: Any, **fields: Any) -> ToolCall
 
 async def test_plain_answer_completes_the_turn_and_streams_the_reply() -> None:
     h = make_harness(lambda request: says("Hello there."))
-    session = await h.session()
-    request = turn("hi", session)
-
-    await h.deliver(request)
+    request = await h.start("hi")
 
     assert await h.status(request.run_id) is RunStatus.COMPLETED
     assert await h.keys(request.run_id) == [
@@ -286,7 +292,7 @@ async def test_plain_answer_completes_the_turn_and_streams_the_reply() -> None:
     assert (finished.user_text, finished.assistant_text, finished.session_id) == (
         "hi",
         "Hello there.",
-        session,
+        request.session_id,
     )
     # Every record written for the request carries the request's time: retries are exact.
     for record in await h.records(request.run_id):
@@ -295,10 +301,7 @@ async def test_plain_answer_completes_the_turn_and_streams_the_reply() -> None:
 
 async def test_tool_round_trip_records_the_results_and_answers() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
-    session = await h.session()
-    request = turn("calculate 6*7", session)
-
-    await h.deliver(request)
+    request = await h.start("calculate 6*7")
 
     [call] = h.bus.of(ToolCallRequested)
     assert (call.tool_name, call.input, call.run_id) == ("calculator", {"expression": "6*7"}, request.run_id)
@@ -330,9 +333,7 @@ async def test_tool_round_trip_records_the_results_and_answers() -> None:
 async def test_parallel_tool_uses_answer_in_tool_use_order_whatever_the_arrival_order() -> None:
     uses = [("calculator", {"expression": f"{n}+{n}"}) for n in (1, 2, 3)]
     h = make_harness(tool_then_answer(*uses))
-    session = await h.session()
-    request = turn("three sums", session)
-    await h.deliver(request)
+    request = await h.start("three sums")
     sent = h.bus.of(ToolCallRequested)
     assert [call.input["expression"] for call in sent] == ["1+1", "2+2", "3+3"]
 
@@ -372,9 +373,7 @@ SHIPPED = announce(DEFAULT_TOOLSET, "1", default_catalog(), at=utc_now_ms())
 async def test_a_shipped_tool_no_executor_announced_is_not_offered_and_the_run_fails_at_its_start() -> None:
     nothing_announced = ToolsetRegistry()
     h = make_harness(lambda _: says("never"), PlannerSettings(tools_wait_s=0), registry=nothing_announced)
-    request = turn("calculate 6*7", await h.session())
-
-    await h.deliver(request)
+    request = await h.start("calculate 6*7")
 
     assert await h.status(request.run_id) is RunStatus.FAILED
     failure = (await h.terminal(request.run_id)).failure
@@ -422,9 +421,7 @@ async def test_a_run_whose_tools_are_not_announced_yet_waits_for_the_announcemen
 async def test_a_run_whose_tools_nobody_announces_fails_after_the_bounded_wait() -> None:
     settings = PlannerSettings(tools_wait_s=0.05)
     h = make_harness(lambda request: says("never"), settings, registry=ToolsetRegistry())
-    request = turn("hi", await h.session())
-
-    await h.deliver(request)
+    request = await h.start("hi")
 
     failure = (await h.terminal(request.run_id)).failure
     assert failure.kind == "missing_tool" and "no executor announced them" in failure.message
@@ -433,9 +430,7 @@ async def test_a_run_whose_tools_nobody_announces_fails_after_the_bounded_wait()
 
 async def test_step_budget_exhausted_fails_the_run_without_another_model_call() -> None:
     h = make_harness(lambda request: calls(request, ("current_time", {})))
-    session = await h.session()
-    request = turn("loop forever", session, max_steps=2)
-    await h.deliver(request)
+    request = await h.start("loop forever", max_steps=2)
     await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "12:00"))
     await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "12:01"))
 
@@ -449,9 +444,7 @@ async def test_step_budget_exhausted_fails_the_run_without_another_model_call() 
 
 async def test_output_token_budget_exhausted_fails_the_run() -> None:
     h = make_harness(lambda request: calls(request, ("current_time", {}), output_tokens=600))
-    session = await h.session()
-    request = turn("spend", session, max_tokens=1000)
-    await h.deliver(request)
+    request = await h.start("spend", max_tokens=1000)
     assert h.model.requests[0].max_tokens == 1000  # the run's budget bounds the call
     await h.deliver(result_for(h.bus.of(ToolCallRequested)[-1], "now"))
     assert h.model.requests[1].max_tokens == 400
@@ -468,10 +461,7 @@ async def test_permanent_model_error_fails_the_run_with_provider_details() -> No
         "invalid request: bad schema", kind="invalid_request", retryable=False, http_status=400
     )
     h = make_harness(failing(error))
-    session = await h.session()
-    request = turn("hi", session)
-
-    await h.deliver(request)
+    request = await h.start("hi")
 
     terminal = await h.terminal(request.run_id)
     assert terminal.status == "failed"
@@ -504,12 +494,10 @@ async def test_retryable_model_error_is_retried_by_delivery_and_leaves_no_step()
 
 async def test_cancel_at_a_boundary_ends_the_run_with_the_requested_reason() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
-    session = await h.session()
-    request = turn("calculate 1+1", session)
-    await h.deliver(request)
+    request = await h.start("calculate 1+1")
     [call] = h.bus.of(ToolCallRequested)
 
-    await h.deliver(CancelRun(run_id=request.run_id, session_id=session))
+    await h.deliver(CancelRun(run_id=request.run_id, session_id=request.session_id))
 
     meta = await h.store.load_run(request.run_id)
     assert meta.status is RunStatus.CANCELED
@@ -526,11 +514,9 @@ async def test_cancel_at_a_boundary_ends_the_run_with_the_requested_reason() -> 
 
 async def test_engine_reason_is_kept_when_the_session_ends() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
-    await h.deliver(CancelRun(run_id=request.run_id, session_id=session, reason="session_ended"))
-    await h.deliver(CancelRun(run_id=request.run_id, session_id=session, reason="user_requested"))
+    request = await h.start("calculate")
+    await h.deliver(CancelRun(run_id=request.run_id, session_id=request.session_id, reason="session_ended"))
+    await h.deliver(CancelRun(run_id=request.run_id, session_id=request.session_id, reason="user_requested"))
 
     terminal = await h.terminal(request.run_id)
     assert terminal.cancellation_reason == "session_ended"  # the first reason is permanent
@@ -544,9 +530,7 @@ async def test_suspension_then_resume_continues_in_the_same_session() -> None:
         return calls(request, ("ask_user", {"question": "Which colour?"}), ("current_time", {}))
 
     h = make_harness(answer)
-    session = await h.session()
-    first = turn("ask me a colour", session, principal_id="ana")
-    await h.deliver(first)
+    first = await h.start("ask me a colour", principal_id="ana")
     ask, clock = h.bus.of(ToolCallRequested)
     awaiting = AwaitInput(kind=AwaitKind.CLARIFICATION, prompt="Which colour?")
     await h.deliver(result_for(ask, None, awaiting=awaiting))
@@ -571,7 +555,7 @@ async def test_suspension_then_resume_continues_in_the_same_session() -> None:
     resume = RunRequested(
         kind=RunKind.RESUME,
         run_id=first.run_id + "-2",
-        session_id=session,
+        session_id=first.session_id,
         agent_id="assistant",
         predecessor_run_id=first.run_id,
         answer="blue",
@@ -616,9 +600,7 @@ async def test_child_run_is_linked_to_its_parent_and_answers_its_tool_use() -> N
         return calls(request, ("math_agent", {"task": "what is 6*7?"}))
 
     h = make_harness(answer)
-    session = await h.session()
-    parent = turn("ask the math_agent", session, principal_id="ana")
-    await h.deliver(parent)
+    parent = await h.start("ask the math_agent", principal_id="ana")
 
     [child_request] = h.bus.of(RunRequested)
     assert child_request.kind is RunKind.CHILD
@@ -663,13 +645,11 @@ async def test_canceling_a_parent_cancels_its_running_child_and_the_child_report
         return calls(request, ("math_agent", {"task": "1/3"}))
 
     h = make_harness(answer)
-    session = await h.session()
-    parent = turn("delegate", session)
-    await h.deliver(parent)
+    parent = await h.start("delegate")
     [child_request] = h.bus.of(RunRequested)
     await h.deliver(child_request)
 
-    await h.deliver(CancelRun(run_id=parent.run_id, session_id=session))
+    await h.deliver(CancelRun(run_id=parent.run_id, session_id=parent.session_id))
 
     [cancel_child] = h.bus.of(CancelRun)
     assert cancel_child.run_id == child_request.run_id
@@ -699,9 +679,7 @@ async def test_start_in_an_ended_session_stops_without_a_model_call() -> None:
 
 async def test_unknown_tool_gets_an_error_result_and_the_model_goes_on() -> None:
     h = make_harness(tool_then_answer(("teleport", {"to": "Mars"})))
-    session = await h.session()
-    request = turn("go", session)
-    await h.deliver(request)
+    request = await h.start("go")
 
     assert not h.bus.of(ToolCallRequested)
     assert len(h.model.requests) == 2
@@ -737,9 +715,7 @@ async def test_one_shot_run_has_no_history_and_no_finished_turn() -> None:
 
 async def test_replaying_every_trigger_of_a_finished_run_changes_nothing() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"}), ("current_time", {})))
-    session = await h.session()
-    request = turn("calculate 6*7 and time", session)
-    await h.deliver(request)
+    request = await h.start("calculate 6*7 and time")
     first, second = h.bus.of(ToolCallRequested)
     results = [result_for(first, 42), result_for(second, "10:00")]
     for result in results:
@@ -749,7 +725,7 @@ async def test_replaying_every_trigger_of_a_finished_run_changes_nothing() -> No
     model_calls = len(h.model.requests)
     published = list(h.bus.messages)
 
-    cancel = CancelRun(run_id=request.run_id, session_id=session)
+    cancel = CancelRun(run_id=request.run_id, session_id=request.session_id)
     triggers: list[Output] = [request, *results, request, *reversed(results), cancel]
     for trigger in triggers:
         await h.deliver(trigger)
@@ -764,9 +740,7 @@ async def test_replaying_every_trigger_of_a_finished_run_changes_nothing() -> No
 
 async def test_a_tool_result_delivered_twice_is_recorded_once() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"}), ("current_time", {})))
-    session = await h.session()
-    request = turn("two tools", session)
-    await h.deliver(request)
+    request = await h.start("two tools")
     first, second = h.bus.of(ToolCallRequested)
     once = result_for(first, 2)
     again_later = result_for(first, 3)  # a second execution's different answer: the first one wins
@@ -784,9 +758,7 @@ async def test_a_tool_result_delivered_twice_is_recorded_once() -> None:
 
 async def test_replaying_a_run_request_mid_run_republishes_pending_calls_only() -> None:
     h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"}), ("current_time", {})))
-    session = await h.session()
-    request = turn("two tools", session)
-    await h.deliver(request)
+    request = await h.start("two tools")
     first, second = h.bus.of(ToolCallRequested)
     await h.deliver(result_for(first, 2))
 
@@ -806,9 +778,7 @@ async def test_replayed_child_request_and_result_change_nothing() -> None:
         return calls(request, ("math_agent", {"task": "3+4"}))
 
     h = make_harness(answer)
-    session = await h.session()
-    parent = turn("delegate 3+4", session)
-    await h.deliver(parent)
+    parent = await h.start("delegate 3+4")
     [child_request] = h.bus.of(RunRequested)
     await h.deliver(child_request)
     [to_parent] = h.bus.of(ToolCallCompleted)
@@ -849,14 +819,9 @@ class RacingStore(InMemoryStore):
 
 
 async def test_a_step_another_writer_recorded_first_is_reused() -> None:
-    h = make_harness(lambda request: says("Mine."))
     store = RacingStore()
-    h.store = store
-    h.planner.deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
-    session = await h.session()
-    request = turn("hi", session)
-
-    await h.deliver(request)
+    h = make_harness(lambda request: says("Mine."), store=store)
+    request = await h.start("hi")
 
     assert await h.status(request.run_id) is RunStatus.COMPLETED
     messages = await build_messages_from_run_log(store, request.run_id)
@@ -876,11 +841,9 @@ async def test_a_session_ended_under_a_running_run_stops_it_at_the_next_write_wh
         return calls(request, ("calculator", {"expression": "2+2"}), ("math_agent", {"task": "3+3"}))
 
     h = make_harness(answer)
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
-    await h.store.end_session(session, utc_now_ms())
+    await h.store.end_session(request.session_id, utc_now_ms())
 
     await h.deliver(result_for(call, 2))
 
@@ -906,11 +869,9 @@ async def test_an_answer_written_in_an_ended_session_closes_the_run_as_given() -
     """A result whose answer is the terminal: the session's end is seen by that very write, which
     the store takes (a running run may close in an ended session), so the turn is answered."""
     h = make_harness(tool_then_answer(("calculator", {"expression": "1+1"})))
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
-    await h.store.end_session(session, utc_now_ms())
+    await h.store.end_session(request.session_id, utc_now_ms())
 
     await h.deliver(result_for(call, 2))
 
@@ -944,11 +905,9 @@ async def test_requests_that_can_never_run_are_permanent_errors(fields: dict[str
 
 async def test_a_child_that_cannot_start_answers_its_parent_with_an_error() -> None:
     h = make_harness(lambda request: calls(request, ("math_agent", {"task": "2+2"})))
-    session = await h.session()
-    parent = turn("delegate", session)
-    await h.deliver(parent)
+    parent = await h.start("delegate")
     [child_request] = h.bus.of(RunRequested)
-    await h.store.end_session(session, utc_now_ms())
+    await h.store.end_session(parent.session_id, utc_now_ms())
 
     await h.deliver(child_request)  # the child's start takes the stop decision
 
@@ -972,10 +931,7 @@ class SlowModel(FakeModel):
 
 
 async def test_a_model_call_that_outlives_its_timeout_is_retried_later() -> None:
-    h = make_harness(lambda request: says("unused"), PlannerSettings(model_timeout_s=0.05))
-    h.planner.deps = ReadyDeps(
-        h.store, SlowModel(h.model.answer), announced(), AGENTS, SessionHistoryContext(h.store)
-    )
+    h = make_harness(SlowModel(lambda request: says("unused")), PlannerSettings(model_timeout_s=0.05))
     session = await h.session()
     request = turn("hi", session)
     with pytest.raises(RetryableError, match="timed out"):
@@ -1008,13 +964,8 @@ class YieldingStore(InMemoryStore):
 
 async def test_results_arriving_together_are_handled_one_at_a_time_per_run() -> None:
     uses = [("calculator", {"expression": f"{n}*2"}) for n in range(4)]
-    h = make_harness(tool_then_answer(*uses))
-    store = YieldingStore()
-    h.store = store
-    h.planner.deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
-    session = await h.session()
-    request = turn("four at once", session)
-    await h.deliver(request)
+    h = make_harness(tool_then_answer(*uses), store=YieldingStore())
+    request = await h.start("four at once")
     sent = h.bus.of(ToolCallRequested)
 
     await asyncio.gather(*(h.deliver(result_for(call, n)) for n, call in enumerate(sent)))
@@ -1028,15 +979,10 @@ async def test_results_arriving_together_are_handled_one_at_a_time_per_run() -> 
 async def test_two_planner_processes_racing_on_one_run_finish_it_once() -> None:
     """No lock is shared across processes (a rebalance): keys and reloads still give one outcome."""
     uses = [("calculator", {"expression": f"{n}*2"}) for n in range(4)]
-    h = make_harness(tool_then_answer(*uses))
     store = YieldingStore()
-    h.store = store
-    deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
-    h.planner.deps = deps
-    other = Planner(deps, h.bus, PlannerSettings())
-    session = await h.session()
-    request = turn("four at once", session)
-    await h.deliver(request)
+    h = make_harness(tool_then_answer(*uses), store=store)
+    other = Planner(h.planner.deps, h.bus, PlannerSettings())
+    request = await h.start("four at once")
     sent = h.bus.of(ToolCallRequested)
 
     await asyncio.gather(
@@ -1056,10 +1002,8 @@ async def test_a_huge_prompt_never_makes_a_run_spend_more_than_its_output_budget
     leaves (`max_tokens`), and the answer stops there, as a real model's does, instead of running
     to twice the budget."""
     h = make_harness(ScriptedModel().respond)
-    session = await h.session()
     prompt = " ".join(f"word{index}" for index in range(20_000))[:120_000]
-    request = turn(prompt, session, max_tokens=16_000)
-    await h.deliver(request)
+    request = await h.start(prompt, max_tokens=16_000)
     [call] = h.model.requests
     assert call.max_tokens <= 16_000
     messages = await build_messages_from_run_log(h.store, request.run_id)
@@ -1079,18 +1023,13 @@ class ReadCountingStore(InMemoryStore):
 
 
 def counting_harness(answer: Answer) -> tuple[Harness, ReadCountingStore]:
-    h = make_harness(answer)
     store = ReadCountingStore()
-    h.store = store
-    h.planner.deps = ReadyDeps(store, h.model, announced(), AGENTS, SessionHistoryContext(store))
-    return h, store
+    return make_harness(answer, store=store), store
 
 
 async def test_the_result_of_a_call_this_planner_sent_is_folded_in_without_reading_the_log() -> None:
     h, store = counting_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
     before = store.reads
 
@@ -1106,9 +1045,7 @@ async def test_a_kept_view_another_process_wrote_past_is_read_again_and_nothing_
     """Another copy takes a run's results only after a rebalance of the results group, which has
     every copy drop the views it kept: the result redelivered here is taken on what the store holds."""
     h, _ = counting_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
-    session = await h.session()
-    request = turn("calculate", session)
-    await h.deliver(request)
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
     h.planner.forget_kept_views()  # the rebalance that gives the results partition to another copy
     other = Planner(h.planner.deps, h.bus, PlannerSettings())
@@ -1146,19 +1083,10 @@ class WritesSeen(InMemoryStore):
         return await super().record_run_terminal(record, records)
 
 
-def on_store(h: Harness, store: InMemoryStore) -> None:
-    h.store = store
-    h.planner.deps = replace(h.planner.deps, store=store, context=SessionHistoryContext(store, 12))
-
-
 async def test_a_turn_starts_with_its_context_and_input_so_a_one_tool_run_is_three_writes() -> None:
-    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
     store = WritesSeen()
-    on_store(h, store)
-    session = await h.session()
-    request = turn("calculate", session)
-
-    await h.deliver(request)
+    h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})), store=store)
+    request = await h.start("calculate")
     [call] = h.bus.of(ToolCallRequested)
     await h.deliver(result_for(call, 42))
 

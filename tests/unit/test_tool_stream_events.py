@@ -13,21 +13,24 @@ from quipu.contracts.events import EVENT_VALUE_MAX_BYTES, StreamEventType, cappe
 from quipu.contracts.store import AppendResult
 from quipu.contracts.tools import TOOL_RESULT_RECORD, ToolCallRequested
 from quipu.services.storage_owner.logic import events_after_commit
-from tests.unit.test_planner_runs import make_harness, result_for, tool_then_answer, turn
+from tests.unit.test_planner_runs import make_harness, result_for, tool_then_answer
 
 
 async def tool_end_of(result: Any, **fields: Any) -> dict[str, Any]:
     """Run one tool round trip; the `tool_end` payload the owner streams for its result record."""
     h = make_harness(tool_then_answer(("calculator", {"expression": "6*7"})))
-    session = await h.session()
-    await h.deliver(turn("calculate 6*7", session))
+    request = await h.start("calculate 6*7")
     [call] = h.bus.of(ToolCallRequested)
     await h.deliver(result_for(call, result, **fields))
     [record] = [r for r in await h.records(call.run_id) if r.type == TOOL_RESULT_RECORD]
     written = AppendResult(record_id="1", inserted=True, session_status="active")
     [event] = events_after_commit(AppendRunRecord(record=record), written)
     assert event.type is StreamEventType.TOOL_END
-    assert (event.run_id, event.session_id, event.event_key) == (call.run_id, session, record.event_key)
+    assert (event.run_id, event.session_id, event.event_key) == (
+        call.run_id,
+        request.session_id,
+        record.event_key,
+    )
     assert event.payload["tool_use_id"] == call.tool_use_id
     return event.payload
 
