@@ -15,7 +15,7 @@ import pytest
 from pydantic import Field
 
 from quipu.contracts.envelope import derive_id
-from quipu.contracts.tools import AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.tools import AwaitKind, ToolCallCompleted
 from quipu.contracts.transcript import TOOL_RESULT_MAX_BYTES, ToolResultPart, encode_json_value
 from quipu.services.domain.shipped_tools import (
     ASK_USER,
@@ -30,6 +30,7 @@ from quipu.services.domain.tool_catalog import ToolArguments, ToolCatalog, ToolD
 from quipu.services.tool_executor.adapters import RememberedResults
 from quipu.services.tool_executor.logic import ToolRunner
 from quipu.tools import ToolContext, ToolError, ToolImplementation
+from tests.support.tool_calls import answer_of, tool_call
 
 
 class Seconds(ToolArguments):
@@ -104,26 +105,6 @@ def _runner(probe: Probe, *, max_timeout_s: float = 30.0, notes: NotesStore | No
     return ToolRunner(catalog, implementations, RememberedResults(100), max_timeout_s=max_timeout_s)
 
 
-def _call(tool: str, arguments: dict[str, Any] | None = None, **fields: Any) -> ToolCallRequested:
-    values: dict[str, Any] = {
-        "run_id": "run-1",
-        "session_id": "session-1",
-        "agent_id": "agent-1",
-        "principal_id": "person-1",
-        "tool_use_id": f"toolu_{tool}",
-        "tool_name": tool,
-        "input": arguments or {},
-        **fields,
-    }
-    return ToolCallRequested(**values)
-
-
-async def _answer(runner: ToolRunner, request: ToolCallRequested) -> ToolCallCompleted:
-    result = await runner.run(request)
-    assert result is not None
-    return result
-
-
 def _as_transcript_part(result: ToolCallCompleted) -> ToolResultPart:
     """What the planner will build from the result: it must be a valid transcript part."""
     return ToolResultPart(tool_use_id=result.tool_use_id, content=result.content, is_error=result.is_error)
@@ -133,8 +114,8 @@ def _as_transcript_part(result: ToolCallCompleted) -> ToolResultPart:
 
 
 async def test_a_result_answers_its_call_and_derives_its_id() -> None:
-    request = _call(CALCULATOR, {"expression": "(17.5 - 2) * 3 ** 2"}, tenant_id="t", correlation_id="c")
-    result = await _answer(_runner(Probe()), request)
+    request = tool_call(CALCULATOR, {"expression": "(17.5 - 2) * 3 ** 2"}, tenant_id="t", correlation_id="c")
+    result = await answer_of(_runner(Probe()), request)
     assert result.content == {"expression": "(17.5 - 2) * 3 ** 2", "result": 139.5}
     assert not result.is_error and result.awaiting is None
     assert result.event_id == derive_id(request.event_id, "result")
@@ -148,33 +129,35 @@ async def test_a_result_answers_its_call_and_derives_its_id() -> None:
 
 async def test_current_time_reads_the_clock_in_the_zone_asked() -> None:
     runner = _runner(Probe())
-    utc = await _answer(runner, _call(CURRENT_TIME, tool_use_id="a"))
+    utc = await answer_of(runner, tool_call(CURRENT_TIME, tool_use_id="a"))
     assert utc.content["iso"] == "2025-03-14T09:26:53+00:00" and utc.content["weekday"] == "Friday"
-    madrid = await _answer(runner, _call(CURRENT_TIME, {"timezone": "Europe/Madrid"}, tool_use_id="b"))
+    madrid = await answer_of(runner, tool_call(CURRENT_TIME, {"timezone": "Europe/Madrid"}, tool_use_id="b"))
     assert (
         madrid.content["iso"] == "2025-03-14T10:26:53+01:00" and madrid.content["timezone"] == "Europe/Madrid"
     )
-    bad = await _answer(runner, _call(CURRENT_TIME, {"timezone": "Mars/Olympus"}, tool_use_id="c"))
+    bad = await answer_of(runner, tool_call(CURRENT_TIME, {"timezone": "Mars/Olympus"}, tool_use_id="c"))
     assert bad.is_error and "unknown time zone 'Mars/Olympus'" in bad.content
-    escape = await _answer(runner, _call(CURRENT_TIME, {"timezone": "../../etc/passwd"}, tool_use_id="d"))
+    escape = await answer_of(
+        runner, tool_call(CURRENT_TIME, {"timezone": "../../etc/passwd"}, tool_use_id="d")
+    )
     assert escape.is_error and "unknown time zone" in escape.content
 
 
 async def test_numbers_travel_as_json_numbers_not_strings() -> None:
     # The transcript keeps numbers as Decimal, which pydantic writes as a string; the wire must not.
-    result = await _answer(_runner(Probe()), _call("fraction"))
+    result = await answer_of(_runner(Probe()), tool_call("fraction"))
     assert json.loads(result.model_dump_json())["content"] == {"value": 0.1, "count": 3}
 
 
 async def test_ask_user_asks_instead_of_answering() -> None:
-    request = _call(ASK_USER, {"question": "Which city?", "choices": ["Lima", "Cusco"]})
-    result = await _answer(_runner(Probe()), request)
+    request = tool_call(ASK_USER, {"question": "Which city?", "choices": ["Lima", "Cusco"]})
+    result = await answer_of(_runner(Probe()), request)
     assert result.content is None and not result.is_error
     assert result.awaiting is not None
     assert result.awaiting.kind is AwaitKind.CLARIFICATION
     assert result.awaiting.prompt == "Which city?"
     assert result.awaiting.details == {"choices": ["Lima", "Cusco"]}
-    open_question = await _answer(_runner(Probe()), _call(ASK_USER, {"question": "Why?"}))
+    open_question = await answer_of(_runner(Probe()), tool_call(ASK_USER, {"question": "Why?"}))
     assert open_question.awaiting is not None and open_question.awaiting.details == {"choices": []}
 
 
@@ -182,7 +165,7 @@ async def test_ask_user_asks_instead_of_answering() -> None:
 
 
 async def test_invalid_arguments_are_an_error_result_the_model_can_act_on() -> None:
-    result = await _answer(_runner(Probe()), _call(CALCULATOR, {"expr": "1+1"}))
+    result = await answer_of(_runner(Probe()), tool_call(CALCULATOR, {"expr": "1+1"}))
     assert result.is_error
     assert result.content == (
         "invalid arguments for calculator: expression: Field required; expr: Extra inputs are not permitted"
@@ -191,13 +174,13 @@ async def test_invalid_arguments_are_an_error_result_the_model_can_act_on() -> N
 
 
 async def test_an_unknown_tool_is_an_error_result_naming_the_tools_there_are() -> None:
-    result = await _answer(_runner(Probe()), _call("shell", {"command": "rm -rf /"}))
+    result = await answer_of(_runner(Probe()), tool_call("shell", {"command": "rm -rf /"}))
     assert result.is_error
     assert result.content.startswith("unknown tool 'shell'; available tools: current_time, calculator")
 
 
 async def test_an_agent_tool_is_never_run_by_the_executor() -> None:
-    result = await _answer(_runner(Probe()), _call("researcher", {"task": "look it up"}))
+    result = await answer_of(_runner(Probe()), tool_call("researcher", {"task": "look it up"}))
     assert result.is_error and "the planner runs it" in result.content
 
 
@@ -210,15 +193,15 @@ async def test_a_calculator_error_is_an_error_result() -> None:
             ("1 / 0", "division by zero"),
         ]
     ):
-        result = await _answer(
-            runner, _call(CALCULATOR, {"expression": expression}, tool_use_id=f"c{number}")
+        result = await answer_of(
+            runner, tool_call(CALCULATOR, {"expression": expression}, tool_use_id=f"c{number}")
         )
         assert result.is_error and text in result.content
 
 
 async def test_a_timeout_is_an_error_result() -> None:
     probe = Probe()
-    result = await _answer(_runner(probe), _call("slow", {"seconds": 5}))
+    result = await answer_of(_runner(probe), tool_call("slow", {"seconds": 5}))
     assert result.is_error
     assert result.content == "slow timed out after 0.2 s (running)"
     assert result.duration_ms >= 150  # measured up to the deadline (a busy machine only adds to it)
@@ -227,21 +210,21 @@ async def test_a_timeout_is_an_error_result() -> None:
 
 async def test_a_request_can_shorten_the_deadline_but_not_pass_the_executor_cap() -> None:
     runner = _runner(Probe(), max_timeout_s=0.1)
-    result = await _answer(runner, _call("large", {"size": 1}, timeout_s=1000))
+    result = await answer_of(runner, tool_call("large", {"size": 1}, timeout_s=1000))
     assert not result.is_error
     definition = default_catalog().get(NOTES)
-    assert runner.deadline(definition, _call(NOTES, timeout_s=1000)) == 0.1
-    assert _runner(Probe()).deadline(definition, _call(NOTES, timeout_s=0.5)) == 0.5
-    assert _runner(Probe()).deadline(definition, _call(NOTES)) == definition.timeout_s
+    assert runner.deadline(definition, tool_call(NOTES, timeout_s=1000)) == 0.1
+    assert _runner(Probe()).deadline(definition, tool_call(NOTES, timeout_s=0.5)) == 0.5
+    assert _runner(Probe()).deadline(definition, tool_call(NOTES)) == definition.timeout_s
 
 
 async def test_a_timeout_the_tool_raises_itself_is_reported_as_its_failure() -> None:
-    result = await _answer(_runner(Probe()), _call("own_timeout"))
+    result = await answer_of(_runner(Probe()), tool_call("own_timeout"))
     assert result.is_error and result.content == "own_timeout failed: TimeoutError"
 
 
 async def test_an_exception_is_an_error_result_without_traceback_or_secrets() -> None:
-    result = await _answer(_runner(Probe()), _call("failing"))
+    result = await answer_of(_runner(Probe()), tool_call("failing"))
     assert result.is_error
     assert result.content.startswith("failing failed: RuntimeError: upstream said no")
     assert "abcdefghijklmnop" not in result.content and "sk-abcdefghijkl" not in result.content
@@ -250,12 +233,12 @@ async def test_an_exception_is_an_error_result_without_traceback_or_secrets() ->
 
 
 async def test_a_tool_error_is_given_as_the_tool_wrote_it() -> None:
-    result = await _answer(_runner(Probe()), _call("refusing"))
+    result = await answer_of(_runner(Probe()), tool_call("refusing"))
     assert result.is_error and result.content == "no such city"
 
 
 async def test_a_value_that_is_not_json_is_an_error_result() -> None:
-    result = await _answer(_runner(Probe()), _call("not_json"))
+    result = await answer_of(_runner(Probe()), tool_call("not_json"))
     assert result.is_error and "returned a value that is not JSON" in result.content
 
 
@@ -264,14 +247,16 @@ async def test_a_value_that_is_not_json_is_an_error_result() -> None:
 
 async def test_content_up_to_64_kib_is_given_whole() -> None:
     overhead = len(encode_json_value({"text": ""}))
-    result = await _answer(_runner(Probe()), _call("large", {"size": TOOL_RESULT_MAX_BYTES - overhead}))
+    result = await answer_of(_runner(Probe()), tool_call("large", {"size": TOOL_RESULT_MAX_BYTES - overhead}))
     assert len(encode_json_value(result.content)) == TOOL_RESULT_MAX_BYTES
     assert result.content["text"].startswith("xxx")
 
 
 async def test_content_over_64_kib_becomes_the_omission_marker() -> None:
     overhead = len(encode_json_value({"text": ""}))
-    result = await _answer(_runner(Probe()), _call("large", {"size": TOOL_RESULT_MAX_BYTES - overhead + 1}))
+    result = await answer_of(
+        _runner(Probe()), tool_call("large", {"size": TOOL_RESULT_MAX_BYTES - overhead + 1})
+    )
     assert not result.is_error
     assert result.content["omitted"] is True and result.content["reason"] == "size_limit"
     assert result.content["bounds"] == {
@@ -289,8 +274,8 @@ async def test_content_over_64_kib_becomes_the_omission_marker() -> None:
 async def test_a_tool_never_runs_more_calls_at_once_than_its_limit() -> None:
     probe = Probe()
     runner = _runner(probe)
-    calls = [_call("narrow", {"seconds": 0.05}, tool_use_id=f"n{number}") for number in range(6)]
-    results = await asyncio.gather(*(_answer(runner, call) for call in calls))
+    calls = [tool_call("narrow", {"seconds": 0.05}, tool_use_id=f"n{number}") for number in range(6)]
+    results = await asyncio.gather(*(answer_of(runner, call) for call in calls))
     assert probe.most_at_once == 2
     assert all(not result.is_error for result in results)
 
@@ -298,9 +283,9 @@ async def test_a_tool_never_runs_more_calls_at_once_than_its_limit() -> None:
 async def test_waiting_for_a_slot_counts_against_the_deadline() -> None:
     probe = Probe()
     runner = _runner(probe)
-    first = [_call("narrow", {"seconds": 0.5}, tool_use_id=f"n{number}") for number in range(2)]
-    late = _call("narrow", {"seconds": 0}, tool_use_id="late", timeout_s=0.1)
-    results = await asyncio.gather(*(_answer(runner, call) for call in [*first, late]))
+    first = [tool_call("narrow", {"seconds": 0.5}, tool_use_id=f"n{number}") for number in range(2)]
+    late = tool_call("narrow", {"seconds": 0}, tool_use_id="late", timeout_s=0.1)
+    results = await asyncio.gather(*(answer_of(runner, call) for call in [*first, late]))
     assert (
         results[2].is_error and results[2].content == "narrow timed out after 0.1 s (waiting for a free slot)"
     )
@@ -309,22 +294,22 @@ async def test_waiting_for_a_slot_counts_against_the_deadline() -> None:
 async def test_a_redelivered_call_is_answered_again_without_running_again() -> None:
     notes = NotesStore()
     runner = _runner(Probe(), notes=notes)
-    first_set = _call(NOTES, {"action": "set", "key": "city", "value": "Lima"}, tool_use_id="set-1")
-    second_set = _call(NOTES, {"action": "set", "key": "city", "value": "Cusco"}, tool_use_id="set-2")
-    first = await _answer(runner, first_set)
-    await _answer(runner, second_set)
-    again = await _answer(runner, first_set)  # redelivered after the second set
+    first_set = tool_call(NOTES, {"action": "set", "key": "city", "value": "Lima"}, tool_use_id="set-1")
+    second_set = tool_call(NOTES, {"action": "set", "key": "city", "value": "Cusco"}, tool_use_id="set-2")
+    first = await answer_of(runner, first_set)
+    await answer_of(runner, second_set)
+    again = await answer_of(runner, first_set)  # redelivered after the second set
     assert again == first  # the very same event: same id, same time
-    read = await _answer(runner, _call(NOTES, {"action": "get", "key": "city"}, tool_use_id="get-1"))
+    read = await answer_of(runner, tool_call(NOTES, {"action": "get", "key": "city"}, tool_use_id="get-1"))
     assert read.content == {"key": "city", "found": True, "value": "Cusco"}  # the first set did not run twice
 
 
 async def test_a_new_request_for_an_answered_tool_use_gets_the_answer_under_its_own_id() -> None:
     probe = Probe()
     runner = _runner(probe)
-    first = await _answer(runner, _call("slow", {"seconds": 0}))
-    repeat = _call("slow", {"seconds": 0})
-    again = await _answer(runner, repeat)
+    first = await answer_of(runner, tool_call("slow", {"seconds": 0}))
+    repeat = tool_call("slow", {"seconds": 0})
+    again = await answer_of(runner, repeat)
     assert probe.calls == 1
     assert again.event_id == derive_id(repeat.event_id, "result") != first.event_id
     assert again.content == first.content
@@ -333,16 +318,16 @@ async def test_a_new_request_for_an_answered_tool_use_gets_the_answer_under_its_
 async def test_a_duplicate_of_a_running_call_shares_its_execution() -> None:
     probe = Probe()
     runner = _runner(probe)
-    call = _call("slow", {"seconds": 0.05})
-    results = await asyncio.gather(_answer(runner, call), _answer(runner, call))
+    call = tool_call("slow", {"seconds": 0.05})
+    results = await asyncio.gather(answer_of(runner, call), answer_of(runner, call))
     assert probe.calls == 1 and results[0] == results[1]
 
 
 async def test_a_canceled_run_answers_nothing_and_runs_no_more_calls() -> None:
     probe = Probe()
     runner = _runner(probe)
-    slow = [_call("slow", {"seconds": 0.15}, tool_use_id=f"s{number}") for number in range(3)]
-    other = _call("slow", {"seconds": 0.01}, run_id="run-2", tool_use_id="other")
+    slow = [tool_call("slow", {"seconds": 0.15}, tool_use_id=f"s{number}") for number in range(3)]
+    other = tool_call("slow", {"seconds": 0.01}, run_id="run-2", tool_use_id="other")
     pending = [asyncio.create_task(runner.run(call)) for call in [*slow, other]]
     await probe.started.wait()
     assert runner.cancel_run("run-1") == 3
@@ -350,14 +335,14 @@ async def test_a_canceled_run_answers_nothing_and_runs_no_more_calls() -> None:
     assert results[:3] == [None, None, None]
     assert results[3] is not None and not results[3].is_error
     assert probe.running == 0
-    assert await runner.run(_call("slow", {"seconds": 0}, tool_use_id="later")) is None
+    assert await runner.run(tool_call("slow", {"seconds": 0}, tool_use_id="later")) is None
     assert runner.is_canceled("run-1") and not runner.is_canceled("run-2")
 
 
 async def test_shutting_down_cancels_the_call_without_pretending_the_run_was_canceled() -> None:
     probe = Probe()
     runner = _runner(probe)
-    task = asyncio.create_task(runner.run(_call("slow", {"seconds": 0.15})))
+    task = asyncio.create_task(runner.run(tool_call("slow", {"seconds": 0.15})))
     await probe.started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -383,13 +368,15 @@ async def test_serving_a_new_list_runs_its_tools_and_refuses_the_removed_ones() 
     runner = ToolRunner(
         ToolCatalog([_tool("slow")]), {"slow": probe.slow}, RememberedResults(100), max_timeout_s=5.0
     )
-    running = asyncio.create_task(_answer(runner, _call("slow", {"seconds": 0.2}, tool_use_id="before")))
+    running = asyncio.create_task(
+        answer_of(runner, tool_call("slow", {"seconds": 0.2}, tool_use_id="before"))
+    )
     await probe.started.wait()
 
     runner.serve(ToolCatalog([_tool("fraction")]), {"fraction": probe.fraction})
 
-    added = await _answer(runner, _call("fraction"))
-    removed = await _answer(runner, _call("slow", tool_use_id="after"))
+    added = await answer_of(runner, tool_call("fraction"))
+    removed = await answer_of(runner, tool_call("slow", tool_use_id="after"))
     assert added.content == {"value": 0.1, "count": 3}
     assert removed.is_error and removed.content == "unknown tool 'slow'; available tools: fraction"
     assert not (await running).is_error  # a call already running ends with the tool it started with
@@ -402,13 +389,13 @@ async def test_a_tool_kept_in_a_new_list_keeps_its_concurrency_slots() -> None:
         ToolCatalog([narrow]), {"narrow": probe.slow}, RememberedResults(100), max_timeout_s=5.0
     )
     first = [
-        asyncio.create_task(_answer(runner, _call("narrow", {"seconds": 0.1}, tool_use_id=f"a{n}")))
+        asyncio.create_task(answer_of(runner, tool_call("narrow", {"seconds": 0.1}, tool_use_id=f"a{n}")))
         for n in range(2)
     ]
     await probe.started.wait()
 
     runner.serve(ToolCatalog([narrow]), {"narrow": probe.slow})
-    later = [_answer(runner, _call("narrow", {"seconds": 0.05}, tool_use_id=f"b{n}")) for n in range(2)]
+    later = [answer_of(runner, tool_call("narrow", {"seconds": 0.05}, tool_use_id=f"b{n}")) for n in range(2)]
     await asyncio.gather(*first, *later)
 
     assert probe.most_at_once == 2

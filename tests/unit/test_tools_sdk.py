@@ -17,13 +17,14 @@ import pytest
 from pydantic import BaseModel, Field
 
 import quipu
-from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallCompleted, ToolCallRequested
+from quipu.contracts.tools import AwaitInput, AwaitKind, ToolCallRequested
 from quipu.services.domain.shipped_tools import NotesArguments, ask_user, calculator, default_catalog
 from quipu.services.domain.tool_catalog import ToolCatalog
 from quipu.services.tool_executor.adapters import RememberedResults
 from quipu.services.tool_executor.logic import ToolRunner
 from quipu.tools import Tool, ToolContext, ToolError, Toolset, tool
 from tests.support.log_capture import log_lines
+from tests.support.tool_calls import answer_of, tool_call
 
 # --- tools under test (module level: their annotations resolve in this module) ----------------------
 
@@ -152,24 +153,8 @@ def _runner(*tools: Tool[..., Any]) -> ToolRunner:
 
 
 def _call(name: str, arguments: dict[str, Any] | None = None, **fields: Any) -> ToolCallRequested:
-    values: dict[str, Any] = {
-        "run_id": "run-1",
-        "session_id": "session-1",
-        "agent_id": "agent-1",
-        "principal_id": "ana",
-        "tenant_id": "t1",
-        "tool_use_id": f"toolu_{name}",
-        "tool_name": name,
-        "input": arguments or {},
-        **fields,
-    }
-    return ToolCallRequested(**values)
-
-
-async def _answer(runner: ToolRunner, request: ToolCallRequested) -> ToolCallCompleted:
-    result = await runner.run(request)
-    assert result is not None
-    return result
+    """A call by ana of tenant t1 (`tool_call`)."""
+    return tool_call(name, arguments, **{"principal_id": "ana", "tenant_id": "t1", **fields})
 
 
 # --- the definition --------------------------------------------------------------------------------
@@ -284,7 +269,7 @@ def test_unannotated_private_and_undescribed_tools_are_refused() -> None:
 
 async def test_arguments_are_validated_and_passed_with_the_context() -> None:
     arguments = {"item": "tea", "quantity": 3, "address": {"street": "Jr. Puno 1", "city": "Lima"}}
-    result = await _answer(_runner(ship), _call("ship", arguments))
+    result = await answer_of(_runner(ship), _call("ship", arguments))
     assert not result.is_error
     assert result.content == {
         "item": "tea",
@@ -309,29 +294,29 @@ async def test_arguments_are_validated_and_passed_with_the_context() -> None:
 async def test_a_schema_error_goes_back_to_the_model_and_the_function_is_not_called(
     arguments: dict[str, Any], fragments: list[str]
 ) -> None:
-    result = await _answer(_runner(ship), _call("ship", arguments))
+    result = await answer_of(_runner(ship), _call("ship", arguments))
     assert result.is_error
     for fragment in fragments:
         assert fragment in result.content
 
 
 async def test_a_sync_tool_runs_in_a_worker_thread_not_the_event_loop() -> None:
-    result = await _answer(_runner(where_am_i), _call("where_am_i"))
+    result = await answer_of(_runner(where_am_i), _call("where_am_i"))
     assert not result.is_error
     assert result.content != threading.current_thread().name
-    result = await _answer(_runner(weigh_parcel), _call("weigh", {"grams": 2500, "unit": "kg"}))
+    result = await answer_of(_runner(weigh_parcel), _call("weigh", {"grams": 2500, "unit": "kg"}))
     assert result.content == 2.5
 
 
 async def test_a_tool_error_is_a_message_for_the_model_and_is_not_logged(log_output: io.StringIO) -> None:
-    result = await _answer(_runner(refuse), _call("refuse", {"city": "Cusco"}))
+    result = await answer_of(_runner(refuse), _call("refuse", {"city": "Cusco"}))
     assert result.is_error and result.content == "no store in Cusco"
     assert "tool raised" not in log_output.getvalue()
 
 
 async def test_another_exception_is_an_error_result_logged_without_the_input(log_output: io.StringIO) -> None:
     card = "4111111111111111"
-    result = await _answer(_runner(crash), _call("crash", {"card_number": card}))
+    result = await answer_of(_runner(crash), _call("crash", {"card_number": card}))
     assert result.is_error and result.content.startswith("crash failed: RuntimeError")
     [line] = [line for line in log_lines(log_output) if line["event"] == "tool raised"]
     assert (line["tool_name"], line["error_type"]) == ("crash", "RuntimeError")
@@ -340,27 +325,27 @@ async def test_another_exception_is_an_error_result_logged_without_the_input(log
 
 
 async def test_an_awaits_input_tool_suspends_the_run_with_its_question() -> None:
-    result = await _answer(_runner(approve), _call("approve", {"amount": "12.50"}))
+    result = await answer_of(_runner(approve), _call("approve", {"amount": "12.50"}))
     assert result.content is None and not result.is_error
     assert result.awaiting == AwaitInput(kind=AwaitKind.CLARIFICATION, prompt="Approve a payment of 12.50?")
 
 
 async def test_models_and_dataclasses_come_back_as_json() -> None:
     runner = _runner(order, receipt)
-    assert (await _answer(runner, _call("order", {"item": "Lima"}))).content == {
+    assert (await answer_of(runner, _call("order", {"item": "Lima"}))).content == {
         "street": "1 Main St",
         "city": "Lima",
     }
-    assert (await _answer(runner, _call("receipt"))).content == {"total": "9.50", "lines": ["tea"]}
+    assert (await answer_of(runner, _call("receipt"))).content == {"total": "9.50", "lines": ["tea"]}
 
 
 async def test_the_context_carries_the_deadline() -> None:
-    result = await _answer(_runner(deadline_probe), _call("deadline_probe", timeout_s=5.0))
+    result = await answer_of(_runner(deadline_probe), _call("deadline_probe", timeout_s=5.0))
     assert result.content["has_deadline"] and 0 < result.content["left"] <= 5.0
 
 
 async def test_a_thread_tool_sees_its_call_abandoned_at_the_deadline() -> None:
-    result = await _answer(_runner(count_until_abandoned), _call("count_until_abandoned"))
+    result = await answer_of(_runner(count_until_abandoned), _call("count_until_abandoned"))
     assert result.is_error and "timed out after 0.3 s" in result.content
 
 
@@ -458,9 +443,9 @@ def test_the_shipped_current_time_and_notes_are_expressible_as_functions() -> No
 async def test_a_single_tool_arguments_parameter_is_the_whole_schema_and_keeps_its_validator() -> None:
     assert notes_as_a_function.definition.arguments is NotesArguments
     runner = _runner(notes_as_a_function)
-    result = await _answer(runner, _call("notes", {"action": "get", "key": "city"}))
+    result = await answer_of(runner, _call("notes", {"action": "get", "key": "city"}))
     assert result.content == {"action": "get", "key": "city", "for": "ana"}
-    refused = await _answer(runner, _call("notes", {"action": "set", "key": "city"}, tool_use_id="toolu_2"))
+    refused = await answer_of(runner, _call("notes", {"action": "set", "key": "city"}, tool_use_id="toolu_2"))
     assert refused.is_error and "action 'set' needs a value" in refused.content
     # A parameter of another model type stays one nested argument.
     assert list(_schema(ship)["properties"]) == ["item", "quantity", "speed", "address"]
