@@ -506,6 +506,13 @@ async def running_root(store: Store, session_id: str, **options: Any) -> RunStar
     return await proceed(store, root_start(session_id, **options))
 
 
+async def stopped_root(store: Store) -> RootStart:
+    """A root run's start sent in an ended session: it stops (canceled, session_ended)."""
+    command = root_start(await ended_session(store))
+    await start(store, command)
+    return command
+
+
 async def session_with_root(store: Store, **options: Any) -> tuple[str, RunStart]:
     """An active session and a running root run in it (`options` as for `root_start`)."""
     session_id = await open_session(store)

@@ -17,16 +17,15 @@ from tests.conformance.builders import (
     changed,
     child_start,
     close_run,
-    ended_session,
     ms,
     ordinary,
     proceed,
     refused,
-    root_start,
     running_one_shot,
     same_record,
     session_with_root,
     snapshot,
+    stopped_root,
 )
 
 
@@ -76,10 +75,7 @@ async def test_new_record_on_a_closed_run_is_run_not_active(store: Store, how: s
 
 
 async def test_new_record_on_a_stop_run_is_run_not_active(store: Store) -> None:
-    session_id = await ended_session(store)
-    command = root_start(session_id)
-    await store.start_root_run(*command)
-    run = command.run
+    run = (await stopped_root(store)).run
     await refused(ErrorCode.RUN_NOT_ACTIVE, store.append_run_record(ordinary(run, "plan")))
     assert len(await all_run_records(store, run.run_id)) == 2
 

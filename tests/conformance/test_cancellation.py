@@ -15,16 +15,15 @@ from tests.conformance.builders import (
     STATE_CHANGE_GAP,
     all_run_records,
     close_run,
-    ended_session,
     intent,
     ms,
     ordinary,
     refused,
-    root_start,
     running_one_shot,
     same_record,
     session_with_root,
     snapshot,
+    stopped_root,
     terminal,
 )
 
@@ -112,9 +111,7 @@ async def test_cancellation_of_a_sessionless_run(store: Store) -> None:
 
 async def test_cancellation_of_a_stop_run(store: Store) -> None:
     # A stop run is closed with reason session_ended stored and no intent key (§6.3, §9).
-    session_id = await ended_session(store)
-    command = root_start(session_id)
-    await store.start_root_run(*command)
+    command = await stopped_root(store)
     same_reason = intent(command.run, CancellationReason.SESSION_ENDED)
     await refused(ErrorCode.RUN_NOT_ACTIVE, store.record_run_cancellation(same_reason))
     other_reason = intent(command.run, CancellationReason.USER_REQUESTED)

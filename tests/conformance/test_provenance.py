@@ -14,13 +14,12 @@ from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
     changed,
-    ended_session,
     intent,
     ms,
     refused,
-    root_start,
     session_with_root,
     snapshot,
+    stopped_root,
     suspension,
     terminal,
 )
@@ -57,9 +56,7 @@ async def test_explicit_cancellation_then_canceled_with_the_same_reason(
 
 
 async def test_start_under_an_ended_session(store: Store) -> None:
-    session_id = await ended_session(store)
-    command = root_start(session_id)
-    await store.start_root_run(*command)
+    command = await stopped_root(store)
     meta = await store.load_run(command.run.run_id)
     assert meta.status is RunStatus.CANCELED
     assert meta.cancellation_reason == SESSION.value

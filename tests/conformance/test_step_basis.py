@@ -10,14 +10,12 @@ from quipu.contracts.store import LogBasis
 from quipu.services.domain.store.protocol import Store
 from tests.conformance.builders import (
     all_run_records,
-    ended_session,
     ordinary,
     refused,
-    root_start,
     run_start,
     session_with_root,
     snapshot,
-    start,
+    stopped_root,
 )
 
 
@@ -58,12 +56,10 @@ async def test_a_log_as_long_with_other_content_is_not_the_basis(store: Store) -
 
 
 async def test_a_step_following_a_start_that_stopped_or_never_happened_is_refused(store: Store) -> None:
-    session_id = await ended_session(store)
-    command = root_start(session_id)
-    await start(store, command)  # stop: the session had ended
+    command = await stopped_root(store)
     seen = [command.started, ordinary(command.run, "input")]
     step = [ordinary(command.run, "step")]
     await refused(ErrorCode.RUN_LOG_MOVED, store.append_run_records(step, follows=LogBasis.of(seen)))
-    never = run_start(session_id=session_id)
+    never = run_start(session_id=command.run.session_id)
     step = [ordinary(never, "step")]
     await refused(ErrorCode.RUN_NOT_FOUND, store.append_run_records(step, follows=LogBasis.of(seen)))

@@ -24,17 +24,16 @@ from tests.conformance.builders import (
     all_run_records,
     changed,
     close_run,
-    ended_session,
     ms,
     open_session,
     ordinary,
     refused,
-    root_start,
     running_one_shot,
     running_root,
     same_record,
     session_with_root,
     snapshot,
+    stopped_root,
     suspension,
     terminal,
     uid,
@@ -142,9 +141,7 @@ async def test_suspension_of_a_final_run_is_run_terminal_conflict(store: Store, 
 
 
 async def test_suspension_of_a_stop_run_is_run_terminal_conflict(store: Store) -> None:
-    session_id = await ended_session(store)
-    command = root_start(session_id)
-    await store.start_root_run(*command)
+    command = await stopped_root(store)
     await refused(ErrorCode.RUN_TERMINAL_CONFLICT, store.record_run_suspension(*suspension(command.run)))
     await refused(ErrorCode.RUN_SUSPENSION_NOT_FOUND, store.load_run_suspension(command.run.run_id))
 
