@@ -4,8 +4,8 @@
   calls them (those the user's text names, else every one). A named tool's arguments are what the
   text says after its name (`name=value` pairs, the rest as its free-text parameter); the others
   are drawn to fit its JSON schema, deterministically per tool-use id. Then it answers with their
-  results: a user's tools run end to end offline. The demo's phrases ("calculate 6*7", "note k=v", "ask me ...") still drive
-  the shipped tools.
+  results: a user's tools run end to end offline. The demo's phrases ("calculate 6*7", "note k=v",
+  "ask me ...") still drive the shipped tools.
 - `FunctionModel(function)` answers each `ModelRequest` with what your function returns: a text,
   a list of parts (`ToolUsePart`s make it a tool step) or a `ModelResponse`.
 - `fitting_value(schema, seed=...)` is the argument generator on its own.
