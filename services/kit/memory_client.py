@@ -84,6 +84,11 @@ class KafkaMemoryStore:
     async def __aexit__(self, *_: object) -> None:
         await self.stop()
 
+    @property
+    def turn_claims(self) -> KafkaMemoryStore:
+        """This client: `claim_session_for_turn` is one command the owner applies (`MemoryStore`)."""
+        return self
+
     async def _call(self, command: MemoryOperation) -> Any:
         return await self._transport.call(command)
 

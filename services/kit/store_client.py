@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -71,6 +71,9 @@ from quipu.services.kit.publishing import PublishError, TopicPublisher, producer
 from quipu.services.kit.reply_claim import ReplyClaim
 from quipu.services.kit.sealing import current_sealing_for
 from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
+
+if TYPE_CHECKING:
+    from quipu.services.kit.memory_client import KafkaMemoryStore
 
 logger = structlog.get_logger(__name__)
 
@@ -355,6 +358,27 @@ class KafkaStore:
         if reply.error is not None:
             raise StoreError.from_body(reply.error)
         return decode_result(command, reply.result)
+
+    # --- capabilities (`Store`): the owner's client has all three ---------------------------------
+
+    @property
+    def pipeline(self) -> KafkaStore:
+        """This client (`sent`): a command is under way once the broker holds it, and commands for
+        one run share its key, so the owner applies them in the order sent."""
+        return self
+
+    @property
+    def outbox(self) -> KafkaStore:
+        """This client: its `append_run_records` carries a step's calls and the owner publishes them."""
+        return self
+
+    @property
+    def owner_memory(self) -> KafkaMemoryStore:
+        """The owner's memory store over this client's transport (memory commands)."""
+        # The memory client is built on this module's KafkaStore, so it is imported when asked for.
+        from quipu.services.kit.memory_client import KafkaMemoryStore  # noqa: PLC0415
+
+        return KafkaMemoryStore(self)
 
     async def sent(self, operation: Awaitable[T]) -> asyncio.Task[T]:
         """`operation` (one call of this client) under way: returns once the broker holds its

@@ -29,9 +29,7 @@ from quipu.services.domain.tool_catalog import agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
 from quipu.services.kit.delivery import PermanentError, describe_error
-from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import TopicPublisher
-from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.context import history_window
 from quipu.services.planner.logic.dispatch import ToolInfo
@@ -161,11 +159,11 @@ class CallRouter:
 class StepWriter:
     """Commits a step's records, then has the tool calls they justify published (never before).
 
-    Through the storage owner's client the step's command carries its calls and the owner publishes
-    them once the records commit, and again on an exact retry (an outbox): the calls leave without
-    waiting for the reply's hop back and the planner's turn. Any other store commits here, then
-    the calls are published here, as before. Either way none is published when the step met an
-    ended session: the run is closed instead, and runs no tool.
+    Through a store with an outbox (`Store.outbox`: the storage owner's client) the step's command
+    carries its calls and the owner publishes them once the records commit, and again on an exact
+    retry: the calls leave without waiting for the reply's hop back and the planner's turn. Any
+    other store commits here, then the calls are published here. Either way none is published
+    when the step met an ended session: the run is closed instead, and runs no tool.
     """
 
     def __init__(self, store: Store, publisher: Publisher, registry: ToolsetRegistry | None) -> None:
@@ -183,9 +181,10 @@ class StepWriter:
     ) -> list[AppendResult]:
         """Append `records` as one command (only while the run's log is `follows`, when given);
         `calls` go out once it committed (not on a refusal, not in an ended session)."""
-        if isinstance(self._store, KafkaStore):
+        outbox = self._store.outbox
+        if outbox is not None:
             dispatched = [self.dispatched(call) for call in calls]
-            return await self._store.append_run_records(records, dispatched, follows=follows)
+            return await outbox.append_run_records(records, dispatched, follows=follows)
         if follows is not None:
             results = await self._store.append_run_records(records, follows=follows)
         else:
@@ -312,11 +311,9 @@ class SessionOwners:
 
     @classmethod
     def over(cls, store: Store, memory: MemoryStore) -> SessionOwners:
-        """Through the storage owner's client (`memory` a `KafkaMemoryStore`): one command, which
-        the owner applies over its own two stores; else the same rule, here, over `store` and `memory`."""
-        claims: SessionClaims = (
-            memory if isinstance(memory, KafkaMemoryStore) else SessionClaimRule(store, memory)
-        )
+        """Through the storage owner's client (`memory.turn_claims`): one command, which the owner
+        applies over its own two stores; else the same rule, here, over `store` and `memory`."""
+        claims: SessionClaims = memory.turn_claims or SessionClaimRule(store, memory)
         return cls(claims)
 
     async def require(self, session_id: str, scope: MemoryScope) -> None:

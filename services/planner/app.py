@@ -14,7 +14,6 @@ from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
 from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.keys import message_seals
 from quipu.services.kit.lifecycle import Opened, Running, ServiceDefinition, service_app
-from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -97,15 +96,15 @@ def create_app(
             context = given.context
         elif given.memory is not None:
             context = memory_context(given.memory, publisher, settings)
-        elif settings.use_memory and isinstance(store, KafkaStore):
-            context = memory_context(KafkaMemoryStore(store), publisher, settings)
+        elif settings.use_memory and store.owner_memory is not None:
+            context = memory_context(store.owner_memory, publisher, settings)
         else:
             context = SessionHistoryContext(store, settings.history_messages)
         model = given.model or make_model(
             settings.model, max_poll_interval_ms=int(settings.model_timeout_s * 1000)
         )
         # Sessions are claimed where their owner is recorded and their history kept: the storage owner.
-        memory = given.memory or (KafkaMemoryStore(store) if isinstance(store, KafkaStore) else None)
+        memory = given.memory or store.owner_memory
         ready = ReadyDeps(
             store=store,
             model=model,

@@ -19,14 +19,14 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import structlog
 
 from quipu.contracts.agents import AgentDefinition
-from quipu.contracts.errors import ErrorCode, QuipuError, StoreError, StoreRefusedError
+from quipu.contracts.errors import ErrorCode, StoreError, StoreRefusedError
 from quipu.contracts.lifecycle import Failure, encode_cancellation_intent
 from quipu.contracts.memory import HistoryRole, MemoryScope
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested
@@ -67,7 +67,6 @@ from quipu.services.domain.transcript import validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError, describe_error, first_delivery
 from quipu.services.kit.keyed_locks import KeyedLocks
 from quipu.services.kit.sealing import sealing_for
-from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import (
     MissingToolsError,
     Publisher,
@@ -83,7 +82,6 @@ from quipu.services.planner.logic.actions import (
     Dispatch,
     Finish,
     Intend,
-    Output,
     Suspend,
     Trigger,
     Wait,
@@ -127,11 +125,15 @@ from quipu.services.planner.logic.starts import (
     user_message,
 )
 from quipu.services.planner.logic.view import RunView, text_of
+from quipu.services.planner.pipelined_starts import (
+    PipelinedStarts,
+    StartAnswer,
+    StartMissedError,
+    start_answer,
+)
 from quipu.services.planner.settings import PlannerSettings
 
 logger = structlog.get_logger(__name__)
-
-T = TypeVar("T")
 
 COMPACTION_FAILED = "the history over the request budget could not be compacted"
 
@@ -163,57 +165,6 @@ class RunRefusedError(PermanentError):
 
 AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
 """Refusal code of a request naming an agent nobody registered."""
-
-
-# --- a start under way ----------------------------------------------------------------------------
-
-StartAnswer = StartResult | StoreRefusedError
-"""What a start came to: its result, or the owner's refusal."""
-
-
-@dataclass
-class _PendingStart:
-    """A new turn's start sent and not answered yet (the turn is pipelined): the log its first step
-    is decided on, how the turn goes on when the start did not simply succeed, and the text deltas
-    held until it is known that it did."""
-
-    reply: asyncio.Task[StartResult]
-    basis: LogBasis
-    then: Callable[[StartAnswer], Awaitable[RunView | None]]
-    held: list[Output] = field(default_factory=list)
-
-    def succeeded(self) -> bool:
-        """Whether the start is answered and simply succeeded."""
-        reply = self.reply
-        if not reply.done() or reply.cancelled() or reply.exception() is not None:
-            return False
-        return _simply_started(reply.result())
-
-
-class _StartMissedError(QuipuError):
-    """Raised inside a pipelined turn's first steps when its start did not simply succeed (the
-    session had ended, the start was refused or met an earlier attempt): what was decided on the
-    assumed log is dropped, and the turn goes on from the start's outcome (`then`)."""
-
-    def __init__(self, then: Callable[[], Awaitable[RunView | None]]) -> None:
-        super().__init__("the pipelined start did not simply succeed")
-        self.then = then
-
-
-def _simply_started(result: StartResult) -> bool:
-    """This start wrote the run and it is running: its log is the start's records and nothing else."""
-    return (
-        result.decision is StartOutcome.PROCEED
-        and result.started.inserted
-        and result.run_status is RunStatus.RUNNING
-    )
-
-
-async def _outcome(start: Awaitable[StartResult]) -> StartAnswer:
-    try:
-        return await start
-    except StoreRefusedError as error:
-        return error
 
 
 # --- the planner --------------------------------------------------------------------------------
@@ -280,7 +231,7 @@ class Planner:
         repeats a model call another copy recorded. Stale otherwise (a cancel written elsewhere),
         one shows at the next write: a record it finds written, or a refusal, makes the planner
         read the log again."""
-        self._starting: dict[str, _PendingStart] = {}
+        self._starting = PipelinedStarts(publisher)
         """Turns whose start is under way while their first step is decided (one per run)."""
         self._recent_starts: OrderedDict[str, None] = OrderedDict()
         """Run ids this process started lately: a request for one again is never pipelined."""
@@ -309,7 +260,7 @@ class Planner:
                 await self._tell_refusal(request.run_id, request.session_id, refusal.code, refusal.message)
                 raise
             finally:
-                await self._drop_start(request.run_id)
+                await self._starting.drop(request.run_id)
             if view is None:
                 log.info("run not planned (stopped at start or parent closed)")
 
@@ -323,7 +274,7 @@ class Planner:
                 with for_its_person(view):
                     await self.advance(view, trigger)
             return view
-        except _StartMissedError as missed:
+        except StartMissedError as missed:
             logger.info(
                 "pipelined start did not simply succeed; going on from its outcome", run_id=request.run_id
             )
@@ -463,7 +414,7 @@ class Planner:
         again = self._started_here_before(request.run_id)
         if not again and self._may_pipeline():
             return await self._send_start(plan, request, first, trigger)
-        outcome = await _outcome(self._store_start(plan, first))
+        outcome = await start_answer(self._store_start(plan, first))
         return await self._turn_started(plan, request, first, trigger, outcome)
 
     def _started_here_before(self, run_id: str) -> bool:
@@ -479,8 +430,8 @@ class Planner:
         """Whether a new turn's model may be called before its start is answered: only when its
         request cannot be a redelivery, so no earlier attempt can have recorded a model step the
         call would repeat (the message's first handling, consumed after this planner was given its
-        partition; a run this process did not start before), and over the owner's client."""
-        return self.settings.pipeline_starts and first_delivery() and isinstance(self.deps.store, KafkaStore)
+        partition; a run this process did not start before), and over a store that pipelines."""
+        return self.settings.pipeline_starts and first_delivery() and self.deps.store.pipeline is not None
 
     async def _send_start(
         self, plan: StartPlan, request: RunRequested, first: list[Record], trigger: Trigger
@@ -488,14 +439,15 @@ class Planner:
         """Send the start and go on as if it simply succeeded: the first step follows it on its
         partition and names the log it assumed (the start's records), so the owner refuses it, and
         publishes none of its calls, unless the start wrote exactly that log."""
-        assert isinstance(self.deps.store, KafkaStore)
-        reply = await self.deps.store.sent(self._store_start(plan, first))
+        pipeline = self.deps.store.pipeline
+        assert pipeline is not None  # `_may_pipeline` said so
         opening = [plan.started, *first]
 
         async def then(outcome: StartAnswer) -> RunView | None:
             return await self._turn_started(plan, request, first, trigger, outcome)
 
-        self._starting[plan.run.run_id] = _PendingStart(reply, LogBasis.of(opening), then)
+        start = self._store_start(plan, first)
+        await self._starting.send(plan.run.run_id, start, pipeline, LogBasis.of(opening), then)
         view = RunView.of(opening)
         assert view is not None  # `opening` starts with the run_started record
         return view
@@ -512,45 +464,6 @@ class Planner:
         if view is None or view.closed:
             return view
         return await self._write_first(view, first, trigger)
-
-    async def _settle_start(self, pending: _PendingStart) -> None:
-        """Wait for the pipelined start's answer: return when it simply succeeded (the deltas held
-        meanwhile go out), else raise _StartMissedError (they are dropped, never published)."""
-        outcome = await _outcome(pending.reply)
-        if isinstance(outcome, StartResult) and _simply_started(outcome):
-            for message in pending.held:
-                await self.publisher.publish(message)
-            pending.held.clear()
-            return
-
-        async def then() -> RunView | None:
-            return await pending.then(outcome)
-
-        raise _StartMissedError(then)
-
-    async def _behind_start(self, pending: _PendingStart, write: Awaitable[T]) -> T:
-        """`write` (the first step, following `pending.basis`) sent behind the start: its result
-        once the start simply succeeded. Else it is awaited all the same (refused by the owner, as
-        its log is not the run's), so what is read next comes after it."""
-        step = asyncio.ensure_future(write)
-        try:
-            await self._settle_start(pending)
-        except _StartMissedError:
-            with contextlib.suppress(StoreRefusedError):
-                await step
-            raise
-        except BaseException:
-            step.cancel()
-            await asyncio.gather(step, return_exceptions=True)
-            raise
-        return await step
-
-    async def _drop_start(self, run_id: str) -> None:
-        """A request's handling ended with its start still pending (an error before any write)."""
-        pending = self._starting.pop(run_id, None)
-        if pending is not None:
-            pending.reply.cancel()
-            await asyncio.gather(pending.reply, return_exceptions=True)
 
     async def _write_first(self, view: RunView, first: list[Record], trigger: Trigger) -> RunView:
         """The first records a started run's log lacks: the start met an earlier attempt's (a
@@ -654,7 +567,7 @@ class Planner:
     ) -> RunView | None:
         """Start the run carrying its `first` records (an exact retry on redelivery); None when it
         must not be planned."""
-        return await self._started(plan, request, first, await _outcome(self._store_start(plan, first)))
+        return await self._started(plan, request, first, await start_answer(self._store_start(plan, first)))
 
     def _store_start(self, plan: StartPlan, first: Sequence[Record]) -> Awaitable[StartResult]:
         """The store call that starts the run of `plan` carrying `first`."""
@@ -783,7 +696,7 @@ class Planner:
 
         async def on_text(text: str) -> None:
             nonlocal deltas
-            await self._say(view.run_id, reply_delta(view, step, deltas, text, utc_now_ms()))
+            await self._starting.say(view.run_id, reply_delta(view, step, deltas, text, utc_now_ms()))
             deltas += 1
 
         model = self.deps.model
@@ -801,19 +714,6 @@ class Planner:
         for record in model_records(view, step, response, trigger.at):
             view = await self._write(view, record)
         return view
-
-    async def _say(self, run_id: str, delta: Output) -> None:
-        """Publish a text delta; while the run's pipelined start is not known to have simply
-        succeeded it is held (a run that never was this turn's must not stream its words)."""
-        pending = self._starting.get(run_id)
-        if pending is not None:
-            if not pending.succeeded():
-                pending.held.append(delta)
-                return
-            for message in pending.held:
-                await self.publisher.publish(message)
-            pending.held.clear()
-        await self.publisher.publish(delta)
 
     # --- the request budget ---------------------------------------------------------------------
 
@@ -967,12 +867,12 @@ class Planner:
         if not view.unwritten:
             return view
         step = list(view.unwritten)
-        pending = self._starting.pop(view.run_id, None)
+        pending = self._starting.take(view.run_id)
         if pending is not None:
             # The turn's first step, decided while its start is under way: sent behind it.
             basis = pending.basis
             return await self._commit(
-                view, step[0], lambda: self._behind_start(pending, self.steps.append(step, calls, basis))
+                view, step[0], lambda: pending.ahead_of(self.steps.append(step, calls, basis))
             )
         return await self._commit(view, step[0], lambda: self.steps.append(step, calls))
 
@@ -984,9 +884,9 @@ class Planner:
     async def _commit(self, view: RunView, record: Record, write: Callable[[], Awaitable[object]]) -> RunView:
         """Apply `write` (the staged records, then `record` unless it is the first of them) and fold
         it into the view; use the store's view instead when another writer came first."""
-        pending = self._starting.pop(view.run_id, None)
+        pending = self._starting.take(view.run_id)
         if pending is not None:
-            await self._settle_start(pending)  # a pipelined turn's first write of another kind
+            await pending.settle()  # a pipelined turn's first write of another kind
         try:
             result = await write()
         except StoreRefusedError as error:

@@ -88,11 +88,9 @@ OwnerStoresFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManag
 def _owner_stores(name: str) -> OwnerStoresFactory:
     @asynccontextmanager
     async def factory(request: pytest.FixtureRequest) -> AsyncIterator[OwnerStores]:
-        from quipu.services.kit.memory_client import KafkaMemoryStore  # noqa: PLC0415
-
         async with IMPLEMENTATIONS[name](request) as store, MEMORY_IMPLEMENTATIONS[name](request) as memory:
             # Over Kafka the owner applies the rule to its own stores: one command, not the rule here.
-            claims = memory if isinstance(memory, KafkaMemoryStore) else SessionClaimRule(store, memory)
+            claims = memory.turn_claims or SessionClaimRule(store, memory)
             yield OwnerStores(store, memory, claims)
 
     return factory

@@ -9,7 +9,8 @@ from quipu.contracts.commands import REPLY_PARTITION_HEADER, REPLY_TO_HEADER, ST
 from quipu.contracts.store import LifecycleType
 from quipu.contracts.topics import TOPICS
 from quipu.services.kit.delivery import DeadLetterLimits, Delivery, RetryPolicy
-from tests.unit.test_delivery import Broker, Message
+from tests.support.consumed import Message
+from tests.unit.test_delivery import Broker
 
 
 def test_the_committed_wire_document_is_the_generated_one() -> None:

@@ -21,6 +21,7 @@ from quipu.services.kit.delivery import (
     describe_error,
     first_delivery,
 )
+from tests.support.consumed import Message
 
 SECRET_INPUT = "tell-no-one-7f3a"
 """A value that only ever appears inside test messages: it must never reach a header or a log."""
@@ -43,30 +44,6 @@ class Drop(BaseModel):
 
 
 COMMAND: TypeAdapter[Create | Drop] = TypeAdapter(Annotated[Create | Drop, Field(discriminator="op")])
-
-
-@dataclass
-class Record:
-    topic: str = "t.commands"
-    partition: int = 3
-    offset: int = 42
-    key: bytes | None = b"session-1"
-
-
-@dataclass
-class Message:
-    body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
-    raw_message: Record = field(default_factory=Record)
-    acked: int = 0
-    nacked: int = 0
-    first_delivery: bool = False
-
-    async def ack(self) -> None:
-        self.acked += 1
-
-    async def nack(self) -> None:
-        self.nacked += 1
 
 
 @dataclass

@@ -27,7 +27,8 @@ from quipu.services.kit.keys import (
 )
 from quipu.services.kit.sealing import current_sealing_for, sealing_for
 from quipu.services.kit.settings import KeySettings
-from tests.unit.test_delivery import Broker, Message
+from tests.support.consumed import Message
+from tests.unit.test_delivery import Broker
 
 EVENT = TypeAdapter(RunEvent)
 WORDS = "my blood type is AB negative"

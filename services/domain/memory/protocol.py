@@ -7,7 +7,7 @@ MEMORY_CONFLICT for a stale conditional write, FACT_NOT_FOUND, INVALID_ARGUMENT,
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from quipu.contracts.memory import (
     Fact,
@@ -24,9 +24,23 @@ from quipu.contracts.memory import (
     SessionSummary,
 )
 
+if TYPE_CHECKING:
+    from quipu.services.domain.session_claims import SessionClaims
+
 
 class MemoryStore(Protocol):
-    """Conversation memory as the services see it."""
+    """Conversation memory as the services see it.
+
+    Capability (`turn_claims`): a store that reaches the storage owner admits a turn into its
+    session in one command, which the owner applies over the runtime store and the history it
+    holds both of; a direct store (in memory, MongoDB) has none, and its caller applies
+    `SessionClaimRule` over the two stores itself.
+    """
+
+    @property
+    def turn_claims(self) -> SessionClaims | None:
+        """The owner-side claim of a session for a turn (one command); None for a direct store."""
+        ...
 
     async def append_history_turn(self, turn: HistoryTurn) -> HistoryAppendResult:
         """Record a turn as two rows (user, assistant); the same turn_id again writes nothing."""

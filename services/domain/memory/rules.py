@@ -82,6 +82,11 @@ class MemoryRules:
         self._transactions = transactions
         self._clock = clock
 
+    @property
+    def turn_claims(self) -> None:
+        """None: a direct store; its caller applies `SessionClaimRule` (`MemoryStore`)."""
+        return None
+
     # -- history -------------------------------------------------------------------------------
 
     async def append_history_turn(self, turn: HistoryTurn) -> HistoryAppendResult:

@@ -1,11 +1,19 @@
-"""The `Store` protocol: one interface, three implementations (memory, MongoDB, Kafka client)."""
+"""The `Store` protocol: one interface, three implementations (memory, MongoDB, Kafka client).
+
+Besides the contract's operations, a store names what it can do beyond them (its capabilities):
+a direct store (in memory, MongoDB) applies each call as it is made and has none; the storage
+owner's Kafka client has all three (`pipeline`, `outbox`, `owner_memory`). Callers ask the
+capability, never the store's class.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from quipu.contracts.commands import DispatchedCall
 from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
@@ -20,9 +28,65 @@ from quipu.contracts.store import (
     StartResult,
 )
 
+if TYPE_CHECKING:
+    from quipu.services.domain.memory.protocol import MemoryStore
+
+T = TypeVar("T")
+
+
+class Pipeline(Protocol):
+    """A store's way to have a call under way without awaiting its answer, in order per key."""
+
+    async def sent(self, operation: Awaitable[T]) -> asyncio.Task[T]:
+        """`operation` (one call of this store) under way: returns once it is sent, or once it
+        ended without being sent (its error is then the task's). A call made after this returns
+        is applied after it when the two concern the same run."""
+        ...
+
+
+class Outbox(Protocol):
+    """A store whose step command carries the tool calls it justifies and publishes them itself."""
+
+    async def append_run_records(
+        self,
+        records: Sequence[Record],
+        calls: Sequence[DispatchedCall] = (),
+        *,
+        follows: LogBasis | None = None,
+    ) -> list[AppendResult]:
+        """AppendRunRecords with `calls`, published by the store once the records commit (again
+        on an exact retry), never on a refusal or in an ended session."""
+        ...
+
 
 class Store(Protocol):
-    """The runtime store contract (STORE_CONTRACT §6). Every method raises `StoreError` on refusal."""
+    """The runtime store contract (STORE_CONTRACT §6). Every method raises `StoreError` on refusal.
+
+    Capabilities (None for a direct store, whose every call is its write):
+    - `pipeline`: calls can be sent without awaiting their answers and are applied in the order
+      sent for one run (the owner's client: one partition per run key), so a planner may send a
+      run's start and its first step back to back.
+    - `outbox`: a step's command carries its tool calls and the store publishes them once the
+      step commits; without it the caller publishes them after the append returns.
+    - `owner_memory`: the memory store of the storage owner this client reaches, over the same
+      transport; a direct store keeps no memory of its own.
+    """
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """How to send a call without awaiting its answer, keeping per-run order; None when the
+        store applies each call before it returns."""
+        ...
+
+    @property
+    def outbox(self) -> Outbox | None:
+        """The step append that publishes the step's tool calls itself; None when the caller must."""
+        ...
+
+    @property
+    def owner_memory(self) -> MemoryStore | None:
+        """The storage owner's memory store, reached through this client; None for a direct store."""
+        ...
 
     async def create_session(
         self, session_id: str, created_at: datetime, owner: SessionOwner | None = None

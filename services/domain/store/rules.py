@@ -129,6 +129,23 @@ class RuleStore:
         self._cursors = CursorCodec(cursor_secret)
         self._clock = clock
 
+    # --- capabilities: none, each call is applied before it returns (`Store`) -------------------
+
+    @property
+    def pipeline(self) -> None:
+        """None: a call here is applied before it returns."""
+        return None
+
+    @property
+    def outbox(self) -> None:
+        """None: the caller publishes a step's tool calls once the append returns."""
+        return None
+
+    @property
+    def owner_memory(self) -> None:
+        """None: a direct store keeps no memory of its own."""
+        return None
+
     # --- sessions -------------------------------------------------------------------------------
 
     async def create_session(
