@@ -19,7 +19,6 @@ import pytest
 from quipu.contracts.transcript import (
     ImagePart,
     Message,
-    Part,
     TextPart,
     ThinkingPart,
     ToolResultPart,
@@ -41,6 +40,7 @@ from tests.support.messages_api import (
     thinking,
     tool_use,
 )
+from tests.support.transcripts import assistant, user
 from tests.timing import scaled
 
 FAST_RETRY = {"retry-after-ms": "10"}
@@ -77,14 +77,6 @@ async def no_retry_model(server: MessagesApiServer) -> AsyncIterator[AnthropicMo
     )
     yield adapter
     await adapter.aclose()
-
-
-def user(*parts: Part) -> Message:
-    return Message(role="user", parts=parts)
-
-
-def assistant(*parts: Part) -> Message:
-    return Message(role="assistant", parts=parts)
 
 
 def ask(text_value: str = "What is 6*7?", **options: Any) -> ModelRequest:

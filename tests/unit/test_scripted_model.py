@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field, ValidationError
 from quipu.contracts.transcript import (
     ImagePart,
     Message,
-    Part,
     TextPart,
     ThinkingPart,
     ToolResultPart,
@@ -39,16 +38,9 @@ from quipu.services.domain.transcript import (
     validate_planner_transcript,
     validate_thinking_first,
 )
+from tests.support.transcripts import assistant, user
 
 SAFE_ID = re.compile(r"toolu_[0-9a-f]{24}")
-
-
-def user(*parts: Part) -> Message:
-    return Message(role="user", parts=parts)
-
-
-def assistant(*parts: Part) -> Message:
-    return Message(role="assistant", parts=parts)
 
 
 def said(text: str) -> Message:

@@ -30,30 +30,11 @@ from quipu.services.domain.transcript import (
     encode_anthropic_messages,
     tool_result_text,
 )
-
-
-def user(*parts: Part) -> Message:
-    return Message(role="user", parts=parts)
-
-
-def assistant(*parts: Part) -> Message:
-    return Message(role="assistant", parts=parts)
-
-
-def system(*parts: Part) -> Message:
-    return Message(role="system", parts=parts)
-
-
-def text(value: str) -> TextPart:
-    return TextPart(text=value)
+from tests.support.transcripts import assistant, result, system, text, user
 
 
 def use(tool_id: str, **tool_input: Any) -> ToolUsePart:
     return ToolUsePart(id=tool_id, name="calc", input=tool_input)
-
-
-def result(tool_id: str, content: Any = "ok", is_error: bool = False) -> ToolResultPart:
-    return ToolResultPart(tool_use_id=tool_id, content=content, is_error=is_error)
 
 
 def blocks_of(messages: list[Message]) -> list[list[dict[str, Any]]]:

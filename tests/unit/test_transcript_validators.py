@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from quipu.contracts.transcript import (
     Message,
-    Part,
-    TextPart,
     ThinkingPart,
     ToolResultPart,
     ToolUsePart,
     TranscriptError,
 )
 from quipu.services.domain.transcript import validate_planner_transcript, validate_thinking_first
+from tests.support.transcripts import assistant, result, text, user
 
 
 def use(tool_id: str) -> ToolUsePart:
     return ToolUsePart(id=tool_id, name="lookup", input={"q": tool_id})
 
 
-def result(tool_id: str, content: Any = "ok") -> ToolResultPart:
-    return ToolResultPart(tool_use_id=tool_id, content=content)
-
-
 def thinking() -> ThinkingPart:
     return ThinkingPart(text="plan", signature="sig")
-
-
-def user(*parts: Part) -> Message:
-    return Message(role="user", parts=parts)
-
-
-def assistant(*parts: Part) -> Message:
-    return Message(role="assistant", parts=parts)
-
-
-def text(value: str) -> TextPart:
-    return TextPart(text=value)
 
 
 # --- ValidatePlannerTranscript: passing ---------------------------------------------------------
