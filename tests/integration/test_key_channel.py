@@ -90,6 +90,23 @@ def fact(fact_id: str, text: str) -> FactOperation:
     )
 
 
+async def ana_run(store: KafkaStore, session_id: str) -> RunStart:
+    """A run of ana's in `session_id`, written as the planner writes it, holding WORDS."""
+    start = root_start(session_id)
+    run = start.run.model_copy(update={"tenant_id": ANA.tenant_id, "principal_id": ANA.principal_id})
+    with sealing_for(ANA.tenant_id, ANA.principal_id):
+        await store.start_root_run(run, start.started, start.stopped)
+        await store.append_run_record(ordinary(run, payload=json.dumps({"text": WORDS}).encode()))
+    return run
+
+
+async def session_with_ana_run(store: KafkaStore, owner: SessionOwner | None = None) -> tuple[str, RunStart]:
+    """A new session (owned by `owner`, else by no one) and a run of ana's in it (`ana_run`)."""
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    await store.create_session(session_id, ms(), owner)
+    return session_id, await ana_run(store, session_id)
+
+
 async def test_the_key_endpoint_hands_a_key_to_a_service_token_only_and_none_after_forget(
     stack: EmbeddedStack,
 ) -> None:
@@ -141,15 +158,7 @@ async def test_a_read_that_names_no_one_is_answered_sealed_for_the_person_whose_
 ) -> None:
     async with sealed_deployment(stack) as deployment:
         store = deployment.store
-        session_id = f"s-{uuid.uuid4().hex[:8]}"
-        await store.create_session(
-            session_id, ms(), SessionOwner(tenant_id=ANA.tenant_id, principal_id="ana")
-        )
-        start = root_start(session_id)
-        run = start.run.model_copy(update={"tenant_id": ANA.tenant_id, "principal_id": ANA.principal_id})
-        with sealing_for(ANA.tenant_id, ANA.principal_id):  # as the planner writes a run
-            await store.start_root_run(run, start.started, start.stopped)
-            await store.append_run_record(ordinary(run, payload=json.dumps({"text": WORDS}).encode()))
+        session_id, run = await session_with_ana_run(store, ANA_OWNER)
         await deployment.memory.append_history_turn(
             HistoryTurn(
                 session_id=session_id,
@@ -172,24 +181,12 @@ async def test_a_read_that_names_no_one_is_answered_sealed_for_the_person_whose_
         assert readable_anywhere(wire, WORDS) == []
 
 
-async def ana_run(store: KafkaStore, session_id: str) -> RunStart:
-    """A run of ana's in `session_id`, written as the planner writes it, holding WORDS."""
-    start = root_start(session_id)
-    run = start.run.model_copy(update={"tenant_id": ANA.tenant_id, "principal_id": ANA.principal_id})
-    with sealing_for(ANA.tenant_id, ANA.principal_id):
-        await store.start_root_run(run, start.started, start.stopped)
-        await store.append_run_record(ordinary(run, payload=json.dumps({"text": WORDS}).encode()))
-    return run
-
-
 async def test_the_records_of_a_session_created_without_an_owner_are_answered_sealed_for_their_person(
     stack: EmbeddedStack,
 ) -> None:
     async with sealed_deployment(stack) as deployment:
         store = deployment.store
-        session_id = f"s-{uuid.uuid4().hex[:8]}"
-        await store.create_session(session_id, ms())  # a worker's session: `quipu run --session`
-        await ana_run(store, session_id)
+        session_id, _ = await session_with_ana_run(store)  # a worker's session: `quipu run --session`
         page = await store.list_session_run_records(session_id, "", 10)  # a reader naming no one
         assert any(WORDS.encode() in record.payload for record in page.records)
 
@@ -202,9 +199,7 @@ async def test_a_read_asked_for_another_person_is_answered_sealed_for_the_person
 ) -> None:
     async with sealed_deployment(stack) as deployment:
         store = deployment.store
-        session_id = f"s-{uuid.uuid4().hex[:8]}"
-        await store.create_session(session_id, ms(), ANA_OWNER)
-        run = await ana_run(store, session_id)
+        session_id, run = await session_with_ana_run(store, ANA_OWNER)
         with sealing_for(BEA.tenant_id, BEA.principal_id):  # whoever asks names the key of the reply
             await store.list_run_records(run.run_id, "", 10)
             await store.list_session_run_records(session_id, "", 10)
@@ -219,9 +214,7 @@ async def test_the_events_of_a_write_that_names_no_one_are_sealed_for_the_runs_p
 ) -> None:
     async with sealed_deployment(stack) as deployment:
         store = deployment.store
-        session_id = f"s-{uuid.uuid4().hex[:8]}"
-        await store.create_session(session_id, ms(), ANA_OWNER)
-        run = await ana_run(store, session_id)
+        _, run = await session_with_ana_run(store, ANA_OWNER)
         answer = [{"role": "assistant", "content": [{"type": "text", "text": WORDS}]}]
         await store.append_run_record(  # a writer outside any person's run: the command is its own
             ordinary(run, payload=json.dumps(answer).encode(), record_type=TRANSCRIPT_MESSAGES_APPENDED)
@@ -240,9 +233,7 @@ async def test_a_session_page_holding_two_peoples_records_is_refused_and_each_ru
 ) -> None:
     async with sealed_deployment(stack) as deployment:
         store = deployment.store
-        session_id = f"s-{uuid.uuid4().hex[:8]}"
-        await store.create_session(session_id, ms())
-        await ana_run(store, session_id)
+        session_id, _ = await session_with_ana_run(store)
         start = root_start(session_id)  # a direct writer puts bea's run in the same session
         run = start.run.model_copy(update={"tenant_id": BEA.tenant_id, "principal_id": BEA.principal_id})
         with sealing_for(BEA.tenant_id, BEA.principal_id):
