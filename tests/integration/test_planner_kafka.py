@@ -77,6 +77,13 @@ class System:
         await self.publish(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), request.partition_key())
         return request
 
+    async def turn(self, session_id: str, text: str = "", **fields: Any) -> RunRequested:
+        """Request a run of the assistant in `session_id` (`fields` as for `RunRequested`)."""
+        run_id = "r-" + uuid.uuid4().hex
+        return await self.request(
+            RunRequested(run_id=run_id, session_id=session_id, agent_id="assistant", text=text, **fields)
+        )
+
     def run_events(self, run_id: str) -> list[RunEvent]:
         parsed = [RunEvent.model_validate_json(r.value or b"") for r in self.events.records]
         return [event for event in parsed if event.run_id == run_id]
@@ -137,11 +144,7 @@ def workflow_phases(events: list[RunEvent]) -> list[str]:
 async def test_calculate_runs_the_tool_round_trip_and_completes(system: System) -> None:
     session = await system.session()
     started = time.monotonic()
-    request = await system.request(
-        RunRequested(
-            run_id="r-" + uuid.uuid4().hex, session_id=session, agent_id="assistant", text="calculate 6*7"
-        )
-    )
+    request = await system.turn(session, "calculate 6*7")
 
     events = await system.until_closed(request.run_id)
     elapsed = time.monotonic() - started
@@ -182,11 +185,7 @@ async def test_a_sessions_owner_is_checked_by_one_command_beside_the_memory_read
 
     async with TopicReader(system.settings.bootstrap, system.topic(Topic.STORAGE_COMMANDS)) as commands:
         for text in ("calculate 6*7", "calculate 2*3"):
-            request = await system.request(
-                RunRequested(
-                    run_id="r-" + uuid.uuid4().hex, session_id=session, agent_id="assistant", text=text
-                )
-            )
+            request = await system.turn(session, text)
             await system.until_closed(request.run_id)
         sent = ops(await commands.wait_for(lambda records: ops(records).count("RecordRunTerminal") == 2))
     checks = [op for op in sent if op in ("LoadSessionStatus", "ClaimSession", "ClaimSessionForTurn")]
@@ -196,14 +195,7 @@ async def test_a_sessions_owner_is_checked_by_one_command_beside_the_memory_read
 
 async def test_republishing_every_message_of_a_finished_run_changes_nothing(system: System) -> None:
     session = await system.session()
-    request = await system.request(
-        RunRequested(
-            run_id="r-" + uuid.uuid4().hex,
-            session_id=session,
-            agent_id="assistant",
-            text="calculate 2*21; what time is it",
-        )
-    )
+    request = await system.turn(session, "calculate 2*21; what time is it")
     await system.until_closed(request.run_id)
     await system.turns.wait_for(lambda _: len(system.finished_turns(request.run_id)) == 1)
     records: list[Record] = await load_records(system.store, request.run_id)
@@ -229,14 +221,7 @@ async def test_republishing_every_message_of_a_finished_run_changes_nothing(syst
 
 async def test_ask_user_suspends_and_the_answer_continues_the_turn(system: System) -> None:
     session = await system.session()
-    first = await system.request(
-        RunRequested(
-            run_id="r-" + uuid.uuid4().hex,
-            session_id=session,
-            agent_id="assistant",
-            text="confirm the booking",
-        )
-    )
+    first = await system.turn(session, "confirm the booking")
     events = await system.until_closed(first.run_id)
     assert workflow_phases(events)[-1] == "suspended"
     # The await event follows the suspension's commit (and so the owner's run_stream_end).
@@ -246,15 +231,8 @@ async def test_ask_user_suspends_and_the_answer_continues_the_turn(system: Syste
     [ask] = [e for e in system.run_events(first.run_id) if e.type is StreamEventType.AWAIT_CLARIFICATION]
     assert "booking" in ask.payload["prompt"]
 
-    resume = await system.request(
-        RunRequested(
-            kind=RunKind.RESUME,
-            run_id="r-" + uuid.uuid4().hex,
-            session_id=session,
-            agent_id="assistant",
-            predecessor_run_id=first.run_id,
-            answer="yes, book it",
-        )
+    resume = await system.turn(
+        session, kind=RunKind.RESUME, predecessor_run_id=first.run_id, answer="yes, book it"
     )
     events = await system.until_closed(resume.run_id)
     assert workflow_phases(events) == ["synthesizing", "completed"]
@@ -267,14 +245,7 @@ async def test_ask_user_suspends_and_the_answer_continues_the_turn(system: Syste
 
 async def test_agent_tool_runs_a_linked_child_and_answers_with_its_result(system: System) -> None:
     session = await system.session()
-    request = await system.request(
-        RunRequested(
-            run_id="r-" + uuid.uuid4().hex,
-            session_id=session,
-            agent_id="assistant",
-            text="ask the math_agent to calculate 6*7",
-        )
-    )
+    request = await system.turn(session, "ask the math_agent to calculate 6*7")
     events = await system.until_closed(request.run_id, within=30.0)
     assert workflow_phases(events)[-1] == "completed"
     [link] = [e for e in events if e.type is StreamEventType.CHILD_RUN_LINKED]
