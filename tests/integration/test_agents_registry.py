@@ -35,12 +35,12 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.logic.view import text_of
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.testing import FunctionModel, ModelAnswer, ModelRequest
 from tests.owner_support import RawPublisher, TopicReader
 from tests.support.announced import publish_built_in_agents
-from tests.timing import eventually, scaled
+from tests.support.deployment import deployed, unique_prefix
+from tests.timing import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -124,31 +124,22 @@ def refusal_kind(events: list[RunEvent]) -> str:
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"ag{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    settings = stack.kafka_settings(topic_prefix=prefix)
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("ag"))
     seen = Seen()
     agents = AgentRegistry()  # the planner's view of agents.registry: what it serves
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(settings, deps=PlannerDeps(model=scripted(seen), agents=agents))
     executor = create_executor(settings)
-    await owner.start()
-    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
-    await store.start()
-    await executor.start()  # announced before the planner starts, as `quipu up` orders them
-    await planner.start()
-    events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
-    await events.start()
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(settings, store, agents, events, publisher, seen)
-    finally:
-        await events.stop()
-        await planner.stop()
-        await executor.stop()
-        await store.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with deployed(
+        stack,
+        settings,
+        [executor],  # announced before the planner starts, as `quipu up` orders them
+        [planner],
+        store=True,
+        readers=[Topic.RUNS_EVENTS.value],
+        publisher=True,
+    ) as up:
+        [events] = up.readers
+        yield System(settings, up.store, agents, events, up.publisher, seen)
 
 
 async def test_an_agent_applied_to_a_running_planner_is_served_without_a_restart(system: System) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -26,13 +25,12 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
-from tests.support.announced import publish_built_in_agents
+from tests.support.deployment import deployed, unique_prefix
 from tests.support.json_schema import key_by_rule, problems, resolve
 from tests.timing import scaled
 
@@ -54,25 +52,12 @@ def message_of(address: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 async def prefix(stack: EmbeddedStack) -> AsyncIterator[str]:
     """The three services on a topic prefix of their own."""
-    prefix = f"aa{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
-    settings = stack.kafka_settings(topic_prefix=prefix)
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("aa"))
     planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
     executor = create_executor(settings)
-    started = time.monotonic()
-    await owner.start()
-    await executor.start()  # announced before the planner starts, as `quipu up` orders them
-    await planner.start()
-    print(f"system up in {time.monotonic() - started:.1f} s")
-    try:
-        yield prefix
-    finally:
-        await planner.stop()
-        await executor.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    # The executor is announced before the planner starts, as `quipu up` orders them.
+    async with deployed(stack, settings, [executor], [planner], agents=True):
+        yield settings.topic_prefix
 
 
 async def follow(

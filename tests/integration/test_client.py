@@ -37,6 +37,7 @@ from quipu.services.tool_executor.app import ToolExecutorDeps
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.tools import Toolset
 from tests.owner_support import every_record_on_topics, free_port, readable_anywhere
+from tests.support.deployment import deployed, unique_prefix
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -63,26 +64,18 @@ CLERK = AgentDefinition(id="clerk", instructions="You run a desk.", tools=["hold
 @pytest.fixture(scope="module")
 async def kafka(stack: EmbeddedStack) -> AsyncIterator[KafkaSettings]:
     """The three services up on a prefix of their own; the settings a program is given."""
-    prefix = f"cli{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    settings = stack.kafka_settings(topic_prefix=prefix)
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("cli"))
     planner = create_planner(
         settings,
         deps=PlannerDeps(model=ScriptedModel(), agents=AgentRegistry([CLERK])),
     )
     executor = create_executor(settings, deps=ToolExecutorDeps.serving(desk))
-    await owner.start()
-    await executor.start()  # announced before the planner starts, as `quipu up` orders them
-    await planner.start()
-    try:
-        yield settings
-    finally:
-        RELEASE.set()
-        await planner.stop()
-        await executor.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    # The executor is announced before the planner starts, as `quipu up` orders them.
+    async with deployed(stack, settings, [executor], [planner]):
+        try:
+            yield settings
+        finally:
+            RELEASE.set()
 
 
 @pytest.fixture

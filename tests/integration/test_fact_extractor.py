@@ -14,7 +14,6 @@ them; once its fact is announced, everything before it is done.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from quipu.contracts.agents import AgentDefinition
 from quipu.contracts.memory import FactChanged, HistoryRecorded, HistoryTurn, MemoryScope
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.agent_publisher import publish_agents
 from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.models.port import ModelRequest
@@ -38,8 +37,8 @@ from quipu.services.fact_extractor.app import create_app as create_extractor
 from quipu.services.fact_extractor.settings import FactExtractorSettings
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
-from quipu.services.storage_owner.app import create_app as create_owner
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.deployment import deployed, unique_prefix
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -100,9 +99,7 @@ class System:
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"fx{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    settings = stack.kafka_settings(topic_prefix=prefix)
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("fx"))
     answers: dict[str, Any] = {}
 
     def answer(request: ModelRequest) -> Any:
@@ -110,35 +107,23 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
 
     model = ScriptedModel(structured_output=answer)
     agents = AgentRegistry([assistant, DIARY])
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     extractor = create_extractor(
         settings,
         FactExtractorSettings(profile_every_turns=2, store_reply_timeout_s=scaled(10.0)),
         FactExtractorDeps(model=model, agents=agents),
     )
-    started = time.monotonic()
-    await owner.start()
-    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
-    await memory.start()
-    await extractor.start()
-    readers = [
-        TopicReader(stack.bootstrap, prefix + name)
-        for name in (Topic.MEMORY_CHANGES.value, Topic.HISTORY_RECORDED.value, Topic.HISTORY_RECORDED.dlq)
-    ]
-    for reader in readers:
-        await reader.start()
-    print(f"owner and extractor up in {time.monotonic() - started:.1f} s")
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
-            changes, recorded, dead_letters = readers
-            yield System(settings, memory, model, changes, recorded, dead_letters, publisher, agents, answers)
-    finally:
-        for reader in readers:
-            await reader.stop()
-        await extractor.stop()
-        await memory.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with deployed(
+        stack,
+        settings,
+        [extractor],
+        memory=True,
+        readers=[Topic.MEMORY_CHANGES.value, Topic.HISTORY_RECORDED.value, Topic.HISTORY_RECORDED.dlq],
+        publisher=True,
+    ) as up:
+        changes, recorded, dead_letters = up.readers
+        yield System(
+            settings, up.memory, model, changes, recorded, dead_letters, up.publisher, agents, answers
+        )
 
 
 def scope(principal_id: str, agent_id: str = "assistant") -> MemoryScope:

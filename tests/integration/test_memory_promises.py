@@ -9,9 +9,7 @@ a person could see: history, facts, their export and the session summary, throug
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from quipu.contracts.runs import RunRequested, TurnCompleted
 from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import Message, TextPart
 from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.memory.summary import SUMMARY_HEADER, neutralise
 from quipu.services.domain.models.estimate import estimate_text_tokens
 from quipu.services.domain.models.port import ModelRequest
@@ -38,13 +36,12 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from quipu.services.transcript_recorder.settings import TranscriptRecorderSettings
 from tests.owner_support import RawPublisher, TopicReader
-from tests.support.announced import publish_built_in_agents
+from tests.support.deployment import deployed, unique_prefix
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -118,45 +115,26 @@ class System:
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"mp{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
-    settings = stack.kafka_settings(topic_prefix=prefix)
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("mp"))
     planner_model = ScriptedModel()
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(settings, deps=PlannerDeps(model=planner_model))
     recorder = create_recorder(settings, deps=RecorderDeps(model=ScriptedModel()))
     extractor = create_extractor(settings, deps=FactExtractorDeps(model=ScriptedModel()))
     enricher = create_enricher(settings)
     executor = create_executor(settings)  # announces the shipped tools the assistant declares
-    services = (executor, planner, recorder, extractor, enricher)
-    started = time.monotonic()
-    await owner.start()
-    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
-    await memory.start()
-    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
-    await store.start()
-    await executor.start()  # announced before the planner starts, as `quipu up` orders them
-    await asyncio.gather(*(service.start() for service in services[1:]))
-    events, changes = readers = [
-        TopicReader(stack.bootstrap, prefix + name)
-        for name in (Topic.RUNS_EVENTS.value, Topic.MEMORY_CHANGES.value)
-    ]
-    for reader in readers:
-        await reader.start()
-    print(f"owner, planner, recorder, extractor and enricher up in {time.monotonic() - started:.1f} s")
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(settings, memory, store, planner_model, events, changes, publisher)
-    finally:
-        for reader in readers:
-            await reader.stop()
-        for service in services:
-            await service.stop()
-        await store.stop()
-        await memory.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with deployed(
+        stack,
+        settings,
+        [executor],  # announced before the planner starts, as `quipu up` orders them
+        [planner, recorder, extractor, enricher],
+        agents=True,
+        store=True,
+        memory=True,
+        readers=[Topic.RUNS_EVENTS.value, Topic.MEMORY_CHANGES.value],
+        publisher=True,
+    ) as up:
+        events, changes = up.readers
+        yield System(settings, up.memory, up.store, planner_model, events, changes, up.publisher)
 
 
 async def test_a_fact_said_again_with_a_new_value_is_updated_not_duplicated(system: System) -> None:

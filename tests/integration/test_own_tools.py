@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,19 +27,18 @@ from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import ToolExecutorDeps
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.testing import ScriptedModel
 from quipu.tools import ToolContext, Toolset
-from tests.owner_support import RawPublisher, TopicReader
-from tests.timing import scaled
+from tests.owner_support import TopicReader
+from tests.support.deployment import deployed, unique_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -122,45 +120,31 @@ class Shop:
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[Shop]:
-    prefix = f"own{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    settings = stack.kafka_settings(topic_prefix=prefix)
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("own"))
     planner = create_planner(
         settings,
         deps=PlannerDeps(model=ScriptedModel(), agents=AgentRegistry([SHOPPER])),
     )
     executor = create_executor(settings, deps=ToolExecutorDeps.serving(shop))
-    started = time.monotonic()
-    await owner.start()
-    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
-    await store.start()
-    await executor.start()  # announced before the planner starts, as `quipu up` orders them
-    await planner.start()
-    events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
-    results = TopicReader(stack.bootstrap, prefix + Topic.TOOLS_RESULTS.value)
-    await events.start()
-    await results.start()
-    print(f"system up in {time.monotonic() - started:.1f} s")
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
+    async with deployed(
+        stack,
+        settings,
+        [executor],  # announced before the planner starts, as `quipu up` orders them
+        [planner],
+        store=True,
+        readers=[Topic.RUNS_EVENTS.value, Topic.TOOLS_RESULTS.value],
+        publisher=True,
+    ) as up:
 
-            async def publish(request: RunRequested) -> None:
-                await publisher.send(
-                    prefix + Topic.RUNS_REQUESTED.value,
-                    request.model_dump_json().encode(),
-                    key=request.partition_key().encode(),
-                )
+        async def publish(request: RunRequested) -> None:
+            await up.publisher.send(
+                settings.topic_prefix + Topic.RUNS_REQUESTED.value,
+                request.model_dump_json().encode(),
+                key=request.partition_key().encode(),
+            )
 
-            yield Shop(store, events, results, publish)
-    finally:
-        await events.stop()
-        await results.stop()
-        await planner.stop()
-        await executor.stop()
-        await store.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+        events, results = up.readers
+        yield Shop(up.store, events, results, publish)
 
 
 def _results(system: Shop, run_id: str) -> list[ToolCallCompleted]:

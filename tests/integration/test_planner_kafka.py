@@ -31,7 +31,7 @@ from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
 from quipu.services.kit.settings import KafkaSettings
@@ -39,11 +39,9 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from tests.owner_support import RawPublisher, TopicReader
-from tests.support.announced import publish_built_in_agents
-from tests.timing import scaled
+from tests.support.deployment import deployed, unique_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -102,36 +100,22 @@ class System:
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"pl{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
-    settings = stack.kafka_settings(topic_prefix=prefix)
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("pl"))
     model = ScriptedModel()
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(settings, deps=PlannerDeps(model=model))
     executor = create_executor(settings)
-    started = time.monotonic()
-    await owner.start()
-    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
-    await store.start()
-    await executor.start()  # announced before the planner starts, as `quipu up` orders them
-    await planner.start()
-    readers = [TopicReader(stack.bootstrap, prefix + name.value) for name in _READ]
-    for reader in readers:
-        await reader.start()
-    print(f"system up in {time.monotonic() - started:.1f} s")
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
-            events, turns, results = readers
-            yield System(settings, store, model, events, turns, results, publisher)
-    finally:
-        for reader in readers:
-            await reader.stop()
-        await planner.stop()
-        await executor.stop()
-        await store.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with deployed(
+        stack,
+        settings,
+        [executor],  # announced before the planner starts, as `quipu up` orders them
+        [planner],
+        agents=True,
+        store=True,
+        readers=[name.value for name in _READ],
+        publisher=True,
+    ) as up:
+        events, turns, results = up.readers
+        yield System(settings, up.store, model, events, turns, results, up.publisher)
 
 
 _READ = (Topic.RUNS_EVENTS, Topic.HISTORY_TURNS, Topic.TOOLS_RESULTS)

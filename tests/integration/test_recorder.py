@@ -27,7 +27,7 @@ from quipu.contracts.memory import HistoryRecorded, HistoryRole
 from quipu.contracts.runs import RunRequested, TurnCompleted
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.settings import KafkaSettings
@@ -35,12 +35,11 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.services.transcript_recorder.app import RecorderDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from tests.owner_support import RawPublisher, TopicReader
-from tests.support.announced import publish_built_in_agents
+from tests.support.deployment import deployed, unique_prefix
 from tests.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -93,42 +92,23 @@ class System:
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"tr{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
-    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
-    settings = stack.kafka_settings(topic_prefix=prefix)
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
+    settings = stack.kafka_settings(topic_prefix=unique_prefix("tr"))
     recorder = create_recorder(settings, deps=RecorderDeps(model=ScriptedModel()))
     planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
     executor = create_executor(settings)  # announces the shipped tools the assistant declares
-    started = time.monotonic()
-    await owner.start()
-    memory = KafkaMemoryStore.connect(settings, reply_timeout_s=scaled(10.0))
-    await memory.start()
-    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
-    await store.start()
-    await asyncio.gather(recorder.start(), executor.start())
-    await planner.start()  # once the tools are announced, as `quipu up` orders them
-    recorded, dead_letters, events = readers = [
-        TopicReader(stack.bootstrap, prefix + name)
-        for name in (Topic.HISTORY_RECORDED.value, Topic.HISTORY_TURNS.dlq, Topic.RUNS_EVENTS.value)
-    ]
-    for reader in readers:
-        await reader.start()
-    print(f"owner, recorder and planner up in {time.monotonic() - started:.1f} s")
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(settings, memory, store, recorded, dead_letters, events, publisher)
-    finally:
-        for reader in readers:
-            await reader.stop()
-        await planner.stop()
-        await executor.stop()
-        await recorder.stop()
-        await store.stop()
-        await memory.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with deployed(
+        stack,
+        settings,
+        [recorder, executor],
+        [planner],  # once the tools are announced, as `quipu up` orders them
+        agents=True,
+        store=True,
+        memory=True,
+        readers=[Topic.HISTORY_RECORDED.value, Topic.HISTORY_TURNS.dlq, Topic.RUNS_EVENTS.value],
+        publisher=True,
+    ) as up:
+        recorded, dead_letters, events = up.readers
+        yield System(settings, up.memory, up.store, recorded, dead_letters, events, up.publisher)
 
 
 def finished(session_id: str, number: int) -> TurnCompleted:
