@@ -126,6 +126,7 @@ from quipu.services.planner.logic.starts import (
 )
 from quipu.services.planner.logic.view import RunView, text_of
 from quipu.services.planner.pipelined_starts import (
+    GoOn,
     PipelinedStarts,
     StartAnswer,
     StartMissedError,
@@ -411,11 +412,35 @@ class Planner:
         trigger = self._trigger(request.occurred_at, request.event_id)
         opening = first_records(plan, context, user_message(request.text), trigger.at, blocks)
         first = before_first_call(plan.started, opening, trigger)
+        return await self._start_first(plan, request, first, trigger)
+
+    async def _start_first(
+        self,
+        plan: StartPlan,
+        request: RunRequested,
+        first: list[Record],
+        trigger: Trigger,
+        not_started: Callable[[], Awaitable[None]] | None = None,
+    ) -> RunView | None:
+        """Start the run carrying its `first` records; None when it must not be planned (then
+        `not_started` is told). A request that cannot be a redelivery is pipelined: the start is
+        sent and the run goes on as if it simply succeeded, and from the start's answer only when
+        it did not (`_send_start`)."""
+
+        async def then(outcome: StartAnswer) -> RunView | None:
+            view = await self._started(plan, request, first, outcome)
+            if view is None:
+                if not_started is not None:
+                    await not_started()
+                return None
+            if view.closed:
+                return view
+            return await self._write_first(view, first, trigger)
+
         again = self._started_here_before(request.run_id)
         if not again and self._may_pipeline():
-            return await self._send_start(plan, request, first, trigger)
-        outcome = await start_answer(self._store_start(plan, first))
-        return await self._turn_started(plan, request, first, trigger, outcome)
+            return await self._send_start(plan, first, then)
+        return await then(await start_answer(self._store_start(plan, first)))
 
     def _started_here_before(self, run_id: str) -> bool:
         """Whether this process started the run lately (a duplicate request); it is noted now."""
@@ -427,43 +452,24 @@ class Planner:
         return again
 
     def _may_pipeline(self) -> bool:
-        """Whether a new turn's model may be called before its start is answered: only when its
+        """Whether a new run's model may be called before its start is answered: only when its
         request cannot be a redelivery, so no earlier attempt can have recorded a model step the
         call would repeat (the message's first handling, consumed after this planner was given its
         partition; a run this process did not start before), and over a store that pipelines."""
         return self.settings.pipeline_starts and first_delivery() and self.deps.store.pipeline is not None
 
-    async def _send_start(
-        self, plan: StartPlan, request: RunRequested, first: list[Record], trigger: Trigger
-    ) -> RunView:
+    async def _send_start(self, plan: StartPlan, first: list[Record], then: GoOn) -> RunView:
         """Send the start and go on as if it simply succeeded: the first step follows it on its
         partition and names the log it assumed (the start's records), so the owner refuses it, and
         publishes none of its calls, unless the start wrote exactly that log."""
         pipeline = self.deps.store.pipeline
         assert pipeline is not None  # `_may_pipeline` said so
         opening = [plan.started, *first]
-
-        async def then(outcome: StartAnswer) -> RunView | None:
-            return await self._turn_started(plan, request, first, trigger, outcome)
-
         start = self._store_start(plan, first)
         await self._starting.send(plan.run.run_id, start, pipeline, LogBasis.of(opening), then)
         view = RunView.of(opening)
         assert view is not None  # `opening` starts with the run_started record
         return view
-
-    async def _turn_started(
-        self,
-        plan: StartPlan,
-        request: RunRequested,
-        first: list[Record],
-        trigger: Trigger,
-        outcome: StartAnswer,
-    ) -> RunView | None:
-        view = await self._started(plan, request, first, outcome)
-        if view is None or view.closed:
-            return view
-        return await self._write_first(view, first, trigger)
 
     async def _write_first(self, view: RunView, first: list[Record], trigger: Trigger) -> RunView:
         """The first records a started run's log lacks: the start met an earlier attempt's (a
@@ -507,16 +513,14 @@ class Planner:
         trigger = self._trigger(request.occurred_at, request.event_id)
         opening = first_records(plan, run_context(request, agent), user_message(request.text), trigger.at)
         first = before_first_call(plan.started, opening, trigger)
-        view = await self._start(plan, request, first)
-        if view is None:
+
+        async def not_started() -> None:
             # Stopped (the session ended) or refused (the parent closed): the parent must not wait.
             answer = child_not_started(request, "its session ended or its parent closed")
             if answer is not None:
                 await self.publisher.publish(answer)
-            return None
-        if view.closed:
-            return view
-        return await self._write_first(view, first, trigger)
+
+        return await self._start_first(plan, request, first, trigger, not_started)
 
     async def _start_resume(self, request: RunRequested) -> RunView | None:
         store = self.deps.store

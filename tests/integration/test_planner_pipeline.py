@@ -11,6 +11,10 @@ was answered. What must hold:
   again;
 - a start that stops (the session had ended) or is refused while its step is on its way leaves
   nothing of the step: no record, no tool call, no text streamed.
+
+A child run (an agent called as a tool) is pipelined the same way: its start and first step in one
+round trip; a parent closed or a session ended leaves nothing of the child's step, and the parent
+still hears that its child did not run; a redelivered or repeated child request is never pipelined.
 """
 
 from __future__ import annotations
@@ -26,22 +30,31 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from quipu.contracts.commands import AppendRunRecords, StartOneShotRun, StartRootRun, StoreOperation
+from quipu.contracts.commands import (
+    AppendRunRecords,
+    StartChildRun,
+    StartOneShotChildRun,
+    StartOneShotRun,
+    StartRootRun,
+    StoreOperation,
+)
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.events import RunEvent, StreamEventType
 from quipu.contracts.lifecycle import encode_run_started
-from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.runs import ParentToolCall, RunKind, RunRequested, TurnCompleted
 from quipu.contracts.store import LifecycleType, RunStart, RunStatus
-from quipu.contracts.tools import ToolCallRequested
+from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import to_millisecond, utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.domain.models.port import ModelError, ModelRequest, ModelResponse, TextDelta
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import load_records
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.logic.keys import STARTED_KEY
+from quipu.services.planner.logic.starts import start_plan
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.settings import OwnerSettings
@@ -91,8 +104,26 @@ class NotingStore(KafkaStore):
         return [
             sent
             for sent in self.noted
-            if isinstance(sent.command, StartRootRun | StartOneShotRun) and sent.command.run.run_id == run_id
+            if isinstance(sent.command, StartRootRun | StartOneShotRun | StartChildRun | StartOneShotChildRun)
+            and sent.command.run.run_id == run_id
         ]
+
+
+class FailingOnce(ScriptedModel):
+    """The scripted model, failing the first call of the runs named in `fail_once` (retryably)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_once: set[str] = set()
+        self.failed: list[str] = []
+
+    async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
+        run_id = request.call_key.split("/")[0]
+        if run_id in self.fail_once:
+            self.fail_once.discard(run_id)
+            self.failed.append(run_id)
+            raise ModelError("briefly overloaded", kind="overloaded", retryable=True)
+        return await super().complete(request, on_text)
 
 
 @dataclass
@@ -100,10 +131,11 @@ class System:
     settings: KafkaSettings
     store: KafkaStore
     planner_store: NotingStore
-    model: ScriptedModel
+    model: FailingOnce
     events: TopicReader
     turns: TopicReader
     calls: TopicReader
+    results: TopicReader
     publisher: RawPublisher
 
     async def session(self) -> str:
@@ -133,6 +165,42 @@ class System:
     def calls_of(self, run_id: str) -> list[ToolCallRequested]:
         return [call for call in _parsed(self.calls, ToolCallRequested) if call.run_id == run_id]
 
+    def results_of(self, run_id: str) -> list[ToolCallCompleted]:
+        return [result for result in _parsed(self.results, ToolCallCompleted) if result.run_id == run_id]
+
+    async def running_parent(self, session_id: str) -> str:
+        """A root run of the session started in the store and left running (a parent for children
+        published by hand: it never made their tool calls, so their results are ignored)."""
+        run = RunStart(
+            run_id="r-" + uuid.uuid4().hex,
+            agent_id="assistant",
+            session_id=session_id,
+            started_at=utc_now_ms(),
+        )
+        plan = start_plan(run)
+        await self.store.start_root_run(run, plan.started, plan.stopped)
+        return run.run_id
+
+    async def child(self, session_id: str, parent_run_id: str, run_id: str = "") -> RunRequested:
+        """Ask math_agent to calculate 6*7 in a child run of `parent_run_id`, as the planner does
+        for an agent-tool call."""
+        parent = ParentToolCall(
+            parent_run_id=parent_run_id,
+            parent_agent_id="assistant",
+            tool_call_id="tu-" + uuid.uuid4().hex[:12],
+            tool_name="math_agent",
+        )
+        return await self.request(
+            RunRequested(
+                kind=RunKind.CHILD,
+                run_id=run_id or "r-" + uuid.uuid4().hex,
+                session_id=session_id,
+                agent_id="math_agent",
+                text="calculate 6*7",
+                parent=parent,
+            )
+        )
+
     async def step_refused(self, run_id: str) -> None:
         """Wait until the run's first step is answered with a refusal."""
 
@@ -159,7 +227,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await create_topics(stack.bootstrap, prefix)
     settings = stack.kafka_settings(topic_prefix=prefix)
     await publish_built_in_agents(settings)
-    model = ScriptedModel()
+    model = FailingOnce()
     owner = create_owner(
         settings, stack.mongo_settings(database=prefix.rstrip(".")), OwnerSettings(group_commit_max=16)
     )
@@ -175,15 +243,15 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await planner.start()
     readers = [
         TopicReader(stack.bootstrap, prefix + name.value)
-        for name in (Topic.RUNS_EVENTS, Topic.HISTORY_TURNS, Topic.TOOLS_CALLS)
+        for name in (Topic.RUNS_EVENTS, Topic.HISTORY_TURNS, Topic.TOOLS_CALLS, Topic.TOOLS_RESULTS)
     ]
     for reader in readers:
         await reader.start()
     print(f"system up in {time.monotonic() - started:.1f} s")
     try:
         async with RawPublisher(stack.bootstrap) as publisher:
-            events, turns, calls = readers
-            yield System(settings, store, planner_store, model, events, turns, calls, publisher)
+            events, turns, calls, results = readers
+            yield System(settings, store, planner_store, model, events, turns, calls, results, publisher)
     finally:
         for reader in readers:
             await reader.stop()
@@ -212,10 +280,12 @@ def turn(session_id: str, text: str = "calculate 6*7", run_id: str | None = None
     )
 
 
-def assert_pipelined_and_appended(system: System, run_id: str) -> None:
+def assert_pipelined_and_appended(
+    system: System, run_id: str, start_type: type[StartRootRun | StartChildRun] = StartRootRun
+) -> None:
     """The run's first step was sent behind its start, following the start's records, and landed."""
     [start] = system.planner_store.starts_of(run_id)
-    assert isinstance(start.command, StartRootRun) and start.refused is None
+    assert isinstance(start.command, start_type) and start.refused is None
     first = system.planner_store.steps_of(run_id)[0]
     assert isinstance(first.command, AppendRunRecords) and first.refused is None
     follows = first.command.follows
@@ -312,3 +382,108 @@ async def test_a_refused_start_leaves_nothing_of_its_step(system: System) -> Non
     spoken = {StreamEventType.ASSISTANT_REPLY, StreamEventType.ASSISTANT_TURN}
     assert not [event for event in system.run_events(run_id) if event.type in spoken]
     assert (await system.store.load_run(run_id)).status is RunStatus.RUNNING  # the earlier run's
+
+
+# --- children ---------------------------------------------------------------------------------------
+
+
+def assert_left_nothing_of_its_step(system: System, run_id: str) -> Sent:
+    """The run's one step was sent behind its start, naming the log it assumed, and refused."""
+    [step] = system.planner_store.steps_of(run_id)
+    assert isinstance(step.command, AppendRunRecords) and step.command.follows is not None
+    assert step.refused is not None
+    return step
+
+
+async def assert_said_and_called_nothing(system: System, run_id: str, session_id: str) -> None:
+    # Text deltas are published before the step is sent, calls by the owner before its reply.
+    await system.read_past(system.events, session_id)
+    await system.read_past(system.calls, run_id)
+    assert system.calls_of(run_id) == []
+    spoken = {StreamEventType.ASSISTANT_REPLY, StreamEventType.ASSISTANT_TURN}
+    assert not [event for event in system.run_events(run_id) if event.type in spoken]
+
+
+async def test_an_agent_tools_child_is_pipelined_and_answers_its_parent(system: System) -> None:
+    request = await system.request(turn(await system.session(), "ask the math_agent to calculate 6*7"))
+    events = await system.until_closed(request.run_id)
+    [link] = [event for event in events if event.type is StreamEventType.CHILD_RUN_LINKED]
+    child = link.payload["child_run_id"]
+    assert_pipelined_and_appended(system, child, StartChildRun)
+    assert (await system.store.load_run(child)).status is RunStatus.COMPLETED
+    assert system.model_calls(child) == 2
+    [answer] = system.results_of(request.run_id)  # the child's answer, the parent's tool result
+    assert not answer.is_error and "42" in str(answer.content)
+    assert (await system.store.load_run(request.run_id)).status is RunStatus.COMPLETED
+
+
+async def test_a_child_whose_parent_closed_leaves_nothing_of_its_step(system: System) -> None:
+    session_id = await system.session()
+    parent = await system.request(turn(session_id, "hello"))
+    await system.until_closed(parent.run_id)
+    request = await system.child(session_id, parent.run_id)
+    # The parent hears that its child did not run; the child's start was refused ...
+    await system.results.wait_for(lambda _: bool(system.results_of(parent.run_id)))
+    [result] = system.results_of(parent.run_id)
+    assert request.parent is not None
+    assert result.is_error and result.tool_use_id == request.parent.tool_call_id
+    [start] = system.planner_store.starts_of(request.run_id)
+    assert start.refused is ErrorCode.RUN_NOT_ACTIVE
+    # ... while its model was asked (the pipelined path ran), and nothing it said was kept or sent.
+    await system.step_refused(request.run_id)
+    assert_left_nothing_of_its_step(system, request.run_id)
+    assert system.model_calls(request.run_id) == 1
+    with pytest.raises(StoreError) as missing:
+        await system.store.load_run(request.run_id)
+    assert missing.value.code is ErrorCode.RUN_NOT_FOUND
+    await assert_said_and_called_nothing(system, request.run_id, session_id)
+
+
+async def test_a_child_whose_session_ended_leaves_nothing_of_its_step(system: System) -> None:
+    session_id = await system.session()
+    parent_run_id = await system.running_parent(session_id)
+    await system.store.end_session(session_id, utc_now_ms())
+    request = await system.child(session_id, parent_run_id)
+    await system.results.wait_for(lambda _: bool(system.results_of(parent_run_id)))
+    [result] = system.results_of(parent_run_id)
+    assert result.is_error and "did not run" in str(result.content)
+    await system.step_refused(request.run_id)
+    step = assert_left_nothing_of_its_step(system, request.run_id)
+    assert step.refused is ErrorCode.RUN_LOG_MOVED
+    assert system.model_calls(request.run_id) == 1
+    types = [record.type for record in await load_records(system.store, request.run_id)]
+    assert types == [LifecycleType.RUN_STARTED.value, LifecycleType.RUN_COMPLETED.value]
+    await assert_said_and_called_nothing(system, request.run_id, session_id)
+
+
+async def test_a_redelivered_child_request_is_never_pipelined(system: System) -> None:
+    session_id = await system.session()
+    parent_run_id = await system.running_parent(session_id)
+    run_id = "r-" + uuid.uuid4().hex
+    # The child's first model call fails (retryably): the request is handled again, in process,
+    # and that second handling is no first delivery, so its start is answered before the model.
+    system.model.fail_once.add(run_id)
+    await system.child(session_id, parent_run_id, run_id)
+    await system.results.wait_for(lambda _: bool(system.results_of(parent_run_id)))
+    assert system.model.failed.count(run_id) == 1
+    assert (await system.store.load_run(run_id)).status is RunStatus.COMPLETED
+    steps = [sent.command for sent in system.planner_store.steps_of(run_id) if sent.refused is None]
+    assert len(steps) == len(system.planner_store.steps_of(run_id)) > 0
+    assert all(isinstance(step, AppendRunRecords) and step.follows is None for step in steps)
+    [result] = system.results_of(parent_run_id)
+    assert "42" in str(result.content)
+
+
+async def test_a_repeated_child_request_asks_the_model_no_more(system: System) -> None:
+    session_id = await system.session()
+    parent_run_id = await system.running_parent(session_id)
+    request = await system.child(session_id, parent_run_id)
+    await system.results.wait_for(lambda _: len(system.results_of(parent_run_id)) == 1)
+    assert_pipelined_and_appended(system, request.run_id, StartChildRun)
+    records = await load_records(system.store, request.run_id)
+    steps = len(system.planner_store.steps_of(request.run_id))
+    await system.request(request)  # the same request again: a run this planner started
+    await system.results.wait_for(lambda _: len(system.results_of(parent_run_id)) == 2)
+    assert system.model_calls(request.run_id) == 2
+    assert await load_records(system.store, request.run_id) == records
+    assert len(system.planner_store.steps_of(request.run_id)) == steps
