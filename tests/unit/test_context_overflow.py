@@ -189,13 +189,8 @@ def summary_in(request: ModelRequest) -> str | None:
 # --- the memory context record ------------------------------------------------------------------
 
 
-async def test_a_turn_records_which_memory_its_context_used() -> None:
-    h = await harness(turns=8, words=2)
-    await h.memory.save_summary(
-        SessionSummary(
-            session_id=h.session_id, text="Early talk.", cursor=4, version=1, model="m", updated_at=AT
-        )
-    )
+async def remember_that_ana_prefers_green_tea(h: Harness) -> None:
+    """Ana's fact `f-tea`, learnt in an earlier session."""
     await h.memory.apply_fact_operations(
         MemoryScope(principal_id="ana"),
         [
@@ -208,6 +203,16 @@ async def test_a_turn_records_which_memory_its_context_used() -> None:
         ],
         "k1",
     )
+
+
+async def test_a_turn_records_which_memory_its_context_used() -> None:
+    h = await harness(turns=8, words=2)
+    await h.memory.save_summary(
+        SessionSummary(
+            session_id=h.session_id, text="Early talk.", cursor=4, version=1, model="m", updated_at=AT
+        )
+    )
+    await remember_that_ana_prefers_green_tea(h)
     [fact] = await h.memory.list_facts(MemoryScope(principal_id="ana"))
     await h.memory.upsert_index_entry(build_index_entry(fact, AT))
 
@@ -227,18 +232,7 @@ async def test_a_turn_records_which_memory_its_context_used() -> None:
 
 async def test_an_opt_out_agent_is_given_no_facts_and_its_turn_is_still_published() -> None:
     h = await harness(turns=1, words=2)
-    await h.memory.apply_fact_operations(
-        MemoryScope(principal_id="ana"),
-        [
-            FactOperation(
-                kind=FactOperationKind.NEW,
-                fact_id="f-tea",
-                text="Ana prefers green tea.",
-                provenance=Provenance(session_id="old", turn_id="old"),
-            )
-        ],
-        "k1",
-    )
+    await remember_that_ana_prefers_green_tea(h)
     await h.turn("Which tea do I like?", agent_id="private")
     assert (await h.record("memory-context"))["facts"] == []
     assert "green tea" not in h.model.planner_requests[0].system
