@@ -28,7 +28,7 @@ from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.topics import Topic, dead_letter_topic, toolset_calls_topic
 from quipu.contracts.transcript import ToolResultPart, ToolUsePart
 from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.agents import AgentRegistry
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.kit.settings import KafkaSettings
@@ -36,12 +36,12 @@ from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.planner.settings import PlannerSettings
-from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.tool_executor.app import ToolExecutorDeps
 from quipu.services.tool_executor.app import create_app as create_executor
 from quipu.testing import FunctionModel, ModelAnswer, ModelRequest
 from quipu.tools import Toolset, tool
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.deployment import deployed, unique_prefix
 from tests.timing import eventually, scaled
 
 pytestmark = pytest.mark.slow
@@ -208,13 +208,11 @@ async def create_toolset_topics(bootstrap: str, prefix: str, toolsets: list[str]
 
 @pytest.fixture(scope="module")
 async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
-    prefix = f"ts{uuid.uuid4().hex[:8]}."
-    await create_topics(stack.bootstrap, prefix)
+    prefix = unique_prefix("ts")
     await create_toolset_topics(stack.bootstrap, prefix, ["slow", "fast", "late"])
     settings = stack.kafka_settings(topic_prefix=prefix)
     slow, fast_ran = Slow(), list[str]()
     registry = ToolsetRegistry()
-    owner = create_owner(settings, stack.mongo_settings(database=prefix.rstrip(".")))
     planner = create_planner(
         settings,
         # Runs wait this long for tools not announced yet: the latecomer's toolset comes in time,
@@ -228,28 +226,20 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[System]:
         create_executor(settings, deps=ToolExecutorDeps.dedicated(fast_toolset("one", fast_ran))),
         create_executor(settings, deps=ToolExecutorDeps.dedicated(fast_toolset("two", fast_ran))),
     ]
-    await owner.start()
-    store = KafkaStore(settings, reply_timeout_s=scaled(10.0))
-    await store.start()
-    await asyncio.gather(*(executor.start() for executor in executors))  # announced first
-    await planner.start()
-    events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
-    results = TopicReader(stack.bootstrap, prefix + Topic.TOOLS_RESULTS.value)
-    await events.start()
-    await results.start()
-    try:
-        async with RawPublisher(stack.bootstrap) as publisher:
-            yield System(store, registry, events, results, slow, fast_ran, publisher, prefix, settings)
-    finally:
-        slow.release.set()
-        await events.stop()
-        await results.stop()
-        await planner.stop()
-        for executor in executors:
-            await executor.stop()
-        await store.stop()
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with deployed(
+        stack,
+        settings,
+        executors,  # announced first
+        [planner],
+        store=True,
+        readers=[Topic.RUNS_EVENTS.value, Topic.TOOLS_RESULTS.value],
+        publisher=True,
+    ) as up:
+        events, results = up.readers
+        try:
+            yield System(up.store, registry, events, results, slow, fast_ran, up.publisher, prefix, settings)
+        finally:
+            slow.release.set()
 
 
 async def test_the_planner_learns_every_toolset_from_the_registry(system: System) -> None:
