@@ -45,6 +45,7 @@ from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from quipu.contracts.topics import Topic
+from quipu.services.kit import fetch_pace
 from quipu.services.kit.broker import subscriber_options, topic
 from quipu.services.kit.delivery import ConsumedMessage, describe_error
 from quipu.services.kit.keyed_locks import KeyedLocks
@@ -212,9 +213,12 @@ class ConcurrentConsumer:
         redeliver_after_s: float = 1.0,
         handle_attempts: int = 3,
         on_assigned: Callable[[], None] | None = None,
+        on_call: bool = False,
     ) -> None:
-        """`on_assigned` is called after each rebalance that gave this consumer its partitions."""
+        """`on_assigned` is called after each rebalance that gave this consumer its partitions;
+        `on_call`: its records come when its service expects them (`expect()`; kit.fetch_pace)."""
         self._handle = handle
+        self.on_call = on_call
         self._on_assigned = on_assigned
         self._handle_attempts = handle_attempts
         self.skipped = 0
@@ -234,6 +238,11 @@ class ConcurrentConsumer:
         self.kafka_consumer: Callable[[], Any] = lambda: None
         """The subscriber's aiokafka consumer once it started (None before): its watermarks."""
         self._watermark_reads: set[asyncio.Task[None]] = set()
+
+    def expect(self, records: int) -> None:
+        """`records` will come soon (the service sent what they answer): fetch them at once, parked
+        or not (kit.fetch_pace; a consumer on call is woken by nothing else)."""
+        fetch_pace.expect(self.kafka_consumer(), records)
 
     def in_flight(self) -> int:
         """Messages being handled or waiting for their key."""
@@ -434,9 +443,11 @@ def consume_concurrently(
     settings: ConsumerSettings,
     order: OrderKey | None = by_kafka_key,
     on_assigned: Callable[[], None] | None = None,
+    on_call: bool = False,
 ) -> ConcurrentConsumer:
     """Subscribe `handle` to `source` in consumer group `group`, through a `ConcurrentConsumer`
-    (`on_assigned`: called after each rebalance of the group).
+    (`on_assigned`: called after each rebalance of the group; `on_call`: its records come when the
+    service expects them, `ConcurrentConsumer.expect`).
 
     The app drains the returned consumer on shutdown, before the broker stops.
     """
@@ -447,6 +458,7 @@ def consume_concurrently(
         revoke_grace_s=settings.revoke_grace_s,
         order=order,
         on_assigned=on_assigned,
+        on_call=on_call,
     )
     subscriber = broker.subscriber(
         topic(kafka, source),

@@ -213,10 +213,11 @@ def service_app(
 
     async def pace_consumers() -> None:
         # Once started: FastStream makes a subscriber's consumer when the subscriber starts.
+        on_call = [each.kafka_consumer() for each in consumers if each.on_call]
         for subscriber in broker.subscribers:
             consumer = getattr(subscriber, "consumer", None)
             if consumer is not None:
-                paces.append(FetchPace(consumer, kafka))
+                paces.append(FetchPace(consumer, kafka, on_call=any(consumer is each for each in on_call)))
                 paces[-1].start()
 
     async def drain() -> None:

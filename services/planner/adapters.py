@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Protocol
 
@@ -64,6 +65,21 @@ def ignoring_erased_runs(run_id: str) -> Iterator[None]:
         yield
     except RunErasedError:
         logger.info("run not advanced: its principal was forgotten", run_id=run_id)
+
+
+_CALLS_SENT: ContextVar[Callable[[int], None] | None] = ContextVar("quipu_planner_calls_sent", default=None)
+"""Set by `expecting_results` in the task of a message's handling: told when a step's calls went out."""
+
+
+@contextlib.contextmanager
+def expecting_results(calls_sent: Callable[[int], None]) -> Iterator[None]:
+    """Within it, `calls_sent(n)` runs each time a step's n tool calls went out (their results
+    will come): the results consumer fetches them at once (kit.fetch_pace, on call)."""
+    token = _CALLS_SENT.set(calls_sent)
+    try:
+        yield
+    finally:
+        _CALLS_SENT.reset(token)
 
 
 async def load_view(store: Store, run_id: str) -> RunView | None:
@@ -181,6 +197,15 @@ class StepWriter:
     ) -> list[AppendResult]:
         """Append `records` as one command (only while the run's log is `follows`, when given);
         `calls` go out once it committed (not on a refusal, not in an ended session)."""
+        results = await self._commit(records, calls, follows)
+        calls_sent = _CALLS_SENT.get()
+        if calls and calls_sent is not None:
+            calls_sent(len(calls))
+        return results
+
+    async def _commit(
+        self, records: Sequence[Record], calls: Sequence[ToolCallRequested], follows: LogBasis | None
+    ) -> list[AppendResult]:
         outbox = self._store.outbox
         if outbox is not None:
             dispatched = [self.dispatched(call) for call in calls]

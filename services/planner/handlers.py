@@ -35,7 +35,7 @@ from quipu.services.kit.logging import get_logger
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.topic_replay import RegistryReader
-from quipu.services.planner.adapters import ignoring_erased_runs
+from quipu.services.planner.adapters import expecting_results, ignoring_erased_runs
 from quipu.services.planner.orchestrator import Planner
 from quipu.services.planner.settings import PlannerSettings
 
@@ -60,7 +60,8 @@ def register(
 
     async def run_requested(request: RunRequested) -> None:
         principal = run_sealing_principal(request.principal_id, request.session_id, request.run_id)
-        with ignoring_erased_runs(request.run_id), sealing_for(request.tenant_id, principal):
+        erased, sealed = ignoring_erased_runs(request.run_id), sealing_for(request.tenant_id, principal)
+        with erased, sealed, expecting_results(results.expect):
             await planner.get().on_run_requested(request)
 
     async def cancel(request: CancelRun) -> None:
@@ -69,7 +70,7 @@ def register(
 
     async def tool_result(completed: ToolCallCompleted) -> None:
         # Sealed for the run's principal (the call was): Delivery runs this under their key.
-        with ignoring_erased_runs(completed.run_id):
+        with ignoring_erased_runs(completed.run_id), expecting_results(results.expect):
             await planner.get().on_tool_result(completed)
 
     async def invalid_request(body: bytes, reason: str) -> None:
@@ -83,6 +84,7 @@ def register(
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None = None,
         client: KafkaSettings = kafka,
         on_assigned: Callable[[], None] | None = None,
+        on_call: bool = False,
     ) -> ConcurrentConsumer:
         return consume_concurrently(
             broker,
@@ -92,6 +94,7 @@ def register(
             group=f"{settings.group}-{suffix}",
             settings=settings,
             on_assigned=on_assigned,
+            on_call=on_call,
         )
 
     def results_reassigned() -> None:
@@ -100,13 +103,21 @@ def register(
         with contextlib.suppress(RuntimeError):  # not open (yet, or any more): it keeps no view
             planner.get().forget_kept_views()
 
+    # Tool results come after a step sent calls: the results consumer fetches from then on, and
+    # parks once they came, even while the planner is busy (kit.fetch_pace, on call).
+    results = subscribe(
+        Topic.TOOLS_RESULTS,
+        "results",
+        TOOL_CALL_COMPLETED,
+        tool_result,
+        on_assigned=results_reassigned,
+        on_call=True,
+    )
     return [
         subscribe(Topic.RUNS_REQUESTED, "requests", RUN_REQUESTED, run_requested, invalid_request),
         # No caller waits on a cancel (it is acknowledged when published): fetched less often.
         subscribe(Topic.RUNS_CONTROL, "control", CANCEL_RUN, cancel, client=kafka.in_background()),
-        subscribe(
-            Topic.TOOLS_RESULTS, "results", TOOL_CALL_COMPLETED, tool_result, on_assigned=results_reassigned
-        ),
+        results,
     ]
 
 

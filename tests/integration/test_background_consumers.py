@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -19,6 +20,7 @@ from faststream import FastStream
 
 from quipu.contracts.topics import Topic
 from quipu.services.domain.models.scripted import ScriptedModel
+from quipu.services.kit import fetch_pace
 from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.app import create_app as create_planner
@@ -59,12 +61,17 @@ class _Paced:
 
 
 @contextlib.asynccontextmanager
-async def _paced(settings: KafkaSettings, *topics: Topic) -> AsyncIterator[_Paced]:
+async def _paced(
+    settings: KafkaSettings, *topics: Topic, on_call: Collection[Topic] = ()
+) -> AsyncIterator[_Paced]:
     partitions = [TopicPartition(settings.topic_prefix + topic.value, 0) for topic in topics]
     consumers = [_group_less(settings) for _ in partitions]
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(producer.start(), *(consumer.start() for consumer in consumers))
-    paces = [FetchPace(consumer, settings) for consumer in consumers]
+    paces = [
+        FetchPace(consumer, settings, on_call=topic in on_call)
+        for consumer, topic in zip(consumers, topics, strict=True)
+    ]
     try:
         for consumer, partition in zip(consumers, partitions, strict=True):
             consumer.assign([partition])
@@ -235,6 +242,10 @@ async def test_an_idle_service_parks_its_consumers_until_a_record_comes(
         held = [(consumer.assignment(), consumer.paused()) for consumer in consumers()]
         return all(assigned and paused == assigned for assigned, paused in held)
 
+    def results() -> AIOKafkaConsumer:
+        prefixed = settings.topic_prefix + Topic.TOOLS_RESULTS.value
+        return next(consumer for consumer in consumers() if prefixed in consumer.subscription())
+
     async with asyncio.timeout(scaled(60)):
         await asyncio.gather(planner.start(), producer.start())
         try:
@@ -242,11 +253,19 @@ async def test_an_idle_service_parks_its_consumers_until_a_record_comes(
             # Not a cancel: nothing else runs here, and what does not validate goes to the DLQ.
             await producer.send_and_wait(settings.topic_prefix + Topic.RUNS_CONTROL.value, b"{", partition=3)
             await eventually(
-                holds(lambda: not any(consumer.paused() for consumer in consumers())),
+                holds(
+                    lambda: (
+                        not any(consumer.paused() for consumer in consumers() if consumer is not results())
+                    )
+                ),
                 within=10,
-                what="every consumer fetching again",
+                what="every consumer but the one on call fetching again",
             )
             assert _waits(planner, settings)[Topic.RUNS_REQUESTED] == settings.fetch_max_wait_ms
+            # Tool results come when the planner sent calls, and it says so: nothing else wakes them.
+            assert results().paused() == results().assignment()
+            fetch_pace.expect(results())
+            assert not results().paused()
         finally:
             await asyncio.gather(planner.stop(), producer.stop())
 
@@ -278,3 +297,67 @@ async def test_a_consumer_holding_records_it_has_not_handed_out_is_not_parked(
         await eventually(read_all, within=10, what="the three records read")
         assert read == [b"one", b"two", b"three"]
         await eventually(holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked")
+
+
+async def test_a_consumer_on_call_parks_alone_and_no_other_consumers_record_wakes_it(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # The planner's results consumer fetched every 10 ms as long as any run of the process was under
+    # way: every record of the process woke it. On call, it parks as soon as it has read what came,
+    # while the others keep fetching, and only its service's `expect()` (or its own record) wakes it.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 3600.0})  # only the one on call parks
+
+    async def read(consumer: AIOKafkaConsumer) -> None:
+        while True:
+            await consumer.getmany(timeout_ms=1000)
+
+    async with _paced(
+        settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}
+    ) as paced:
+        busy, on_call = paced.paces
+        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        try:
+            for pace in paced.paces:
+                pace.start()
+            await eventually(holds(lambda: on_call.parked), within=10, what="the one on call parked")
+            assert not busy.parked and busy.wait_ms == settings.fetch_max_wait_ms
+
+            sent = time.monotonic()
+            await paced.producer.send_and_wait(paced.partitions[0].topic, b"cancel", partition=0)
+            await eventually(holds(lambda: busy.last_news > sent), within=10, what="the record seen")
+            assert on_call.parked
+
+            fetch_pace.expect(on_call.consumer)
+            assert not on_call.parked and on_call.wait_ms == settings.fetch_max_wait_ms
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_a_record_for_a_parked_consumer_on_call_wakes_it_alone(kafka_settings: KafkaSettings) -> None:
+    settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
+    received: list[bytes] = []
+
+    async def read(consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            received.extend(record.value or b"" for records in batches.values() for record in records)
+
+    async with _paced(
+        settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}
+    ) as paced:
+        other, on_call = paced.paces
+        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        try:
+            for pace in paced.paces:
+                pace.start()
+            await eventually(holds(lambda: other.parked and on_call.parked), within=10, what="both parked")
+            # Nobody expected it (a result for a call sent before a rebalance): the look-out finds it.
+            await paced.producer.send_and_wait(paced.partitions[1].topic, b"result", partition=0)
+            await eventually(holds(lambda: received == [b"result"]), within=10, what="the result read")
+            assert other.parked
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
