@@ -32,9 +32,11 @@ alone, a record for any other consumer wakes every consumer of the process but t
 On Kafka a fetch wakes on new data, so the idle wait there is the usual one and nothing changes.
 
 aiokafka reads the consumer's fetch wait (`Fetcher._fetch_max_wait_ms`) for every fetch request
-it builds; that private attribute is what is set here, and a partition's position is read from
-its subscription state (aiokafka is pinned below 0.15, and tests check that the wait a running
-consumer fetches with does change, and that an idle service's consumers are paused).
+it builds, and how long its fetch routine sleeps between looks at its partitions
+(`Fetcher._fetcher_timeout`, longer while parked); those private attributes are what is set
+here, and a partition's position is read from its subscription state (aiokafka is pinned below
+0.15, and tests check that the wait a running consumer fetches with does change, that a parked
+one's routine sleeps longer, and that an idle service's consumers are paused).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from quipu.services.kit.settings import KafkaSettings
 
 TICK_S = 0.05
 """How often the partitions are looked at: how late a busy consumer goes back to the short wait."""
+PARKED_LOOK_S = 1.0
+"""How often a parked consumer looks for a rebalance (the look-out wakes it for a record)."""
 
 logger = get_logger(__name__)
 
@@ -64,6 +68,7 @@ class FetchPace:
         self._fetcher: Any = consumer._fetcher
         self.consumer = consumer
         self.busy_ms: int = self._fetcher._fetch_max_wait_ms
+        self._fetcher_timeout_s: float = self._fetcher._fetcher_timeout
         self.idle_ms: int = max(self.busy_ms, settings.idle_fetch_max_wait_ms)
         self.bootstrap = settings.bootstrap
         self._paced = settings.flavour == "tansu"
@@ -124,6 +129,7 @@ class FetchPace:
         self._last_news = time.monotonic()
         self._fetcher._fetch_max_wait_ms = self.busy_ms
         if self._parked is not None:
+            self._fetcher._fetcher_timeout = self._fetcher_timeout_s
             assigned = self.consumer.assignment()
             self.consumer.resume(*(partition for partition in self._parked if partition in assigned))
             self._parked = None
@@ -177,6 +183,9 @@ class FetchPace:
         """Pause its partitions (each read up to its mark) until `wake()` (the look-out's
         `watch()` follows)."""
         self._fetcher._fetch_max_wait_ms = self.idle_ms
+        # aiokafka's fetch routine looks at a consumer's partitions every `consumer_timeout_ms`
+        # (200) even when all are paused; a resume and a rebalance wake it anyway.
+        self._fetcher._fetcher_timeout = PARKED_LOOK_S
         self._parked = marks
         self.consumer.pause(*marks)
 
@@ -189,7 +198,7 @@ class FetchPace:
         seen: dict[TopicPartition, int | None] = {}
         while True:
             # Parked, only a rebalance is looked for (the look-out wakes it): no hurry.
-            await asyncio.sleep(self._look_s if self._parked is None else self.idle_ms / 1000)
+            await asyncio.sleep(self._look_s if self._parked is None else PARKED_LOOK_S)
             if self._parked is not None:
                 held = self.consumer.assignment()
                 if held != self._parked.keys() or self.consumer.paused() != held:

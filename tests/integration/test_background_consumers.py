@@ -361,3 +361,41 @@ async def test_a_record_for_a_parked_consumer_on_call_wakes_it_alone(kafka_setti
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_a_parked_consumers_fetch_routine_does_not_look_at_its_paused_partitions_five_times_a_second(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # aiokafka's fetch routine wakes every consumer_timeout_ms (200) to look at a consumer's
+    # partitions, all paused or not: idle, that was 5 wake-ups a second for every parked consumer
+    # of the fleet. Parked, it waits longer (a resume or a rebalance wakes it at once).
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+
+    async def read(consumer: AIOKafkaConsumer) -> None:
+        while True:
+            await consumer.getmany(timeout_ms=1000)
+
+    def looks_every_s(pace: FetchPace) -> float:
+        timeout: float = pace.consumer._fetcher._fetcher_timeout
+        return timeout
+
+    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
+        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        try:
+            fetching = [looks_every_s(pace) for pace in paced.paces]
+            for pace in paced.paces:
+                pace.start()
+            await eventually(
+                holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked"
+            )
+            parked = [looks_every_s(pace) for pace in paced.paces]
+            assert (
+                parked == [fetch_pace.PARKED_LOOK_S] * len(parked)
+                and max(fetching) < fetch_pace.PARKED_LOOK_S
+            )
+            paced.paces[0].wake()
+            assert looks_every_s(paced.paces[0]) == fetching[0]
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
