@@ -466,7 +466,7 @@ class Planner:
         assert pipeline is not None  # `_may_pipeline` said so
         opening = [plan.started, *first]
         start = self._store_start(plan, first)
-        await self._starting.send(plan.run.run_id, start, pipeline, LogBasis.of(opening), then)
+        await self._starting.begin(plan.run.run_id, start, pipeline, LogBasis.of(opening), then)
         view = RunView.of(opening)
         assert view is not None  # `opening` starts with the run_started record
         return view

@@ -126,7 +126,7 @@ class PendingStart:
 class PipelinedStarts:
     """The starts under way in this planner, one per run, while their first step is decided.
 
-    `send` puts a start under way; the first write of the run takes it (`take`): a step goes
+    `begin` puts a start under way; the first write of the run takes it (`take`): a step goes
     `ahead_of` behind it, any other write `settle`s it first. `say` holds a run's text deltas
     while its start is unanswered; `drop` cancels a start whose handling ended before any write.
     """
@@ -135,7 +135,7 @@ class PipelinedStarts:
         self._publisher = publisher
         self._pending: dict[str, PendingStart] = {}
 
-    async def send(
+    async def begin(
         self, run_id: str, start: Awaitable[StartResult], via: Pipeline, basis: LogBasis, then: GoOn
     ) -> None:
         """Send `start` through `via` without awaiting its answer; the run's first step follows
