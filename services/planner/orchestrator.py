@@ -42,12 +42,9 @@ from quipu.contracts.store import (
 )
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.transcript import (
-    TRANSCRIPT_MESSAGES_APPENDED,
-    TRANSCRIPT_MESSAGES_SEEDED,
     Message,
     ToolUsePart,
     TranscriptError,
-    encode_messages,
 )
 from quipu.contracts.wire import to_millisecond, utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, UnknownAgentError
@@ -101,9 +98,6 @@ from quipu.services.planner.logic.dispatch import ToolInfo, dispatch_outputs
 from quipu.services.planner.logic.keys import (
     AGENT_REMOVED,
     CANCEL_KEY,
-    CONTEXT_KEY,
-    CONTEXT_TYPE,
-    INPUT_KEY,
     INVALID_TRANSCRIPT,
     MEMORY_CONTEXT_KEY,
     MISSING_TOOL,
@@ -421,21 +415,24 @@ class Planner:
         first: list[Record],
         trigger: Trigger,
         not_started: Callable[[], Awaitable[None]] | None = None,
+        sealed: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> RunView | None:
         """Start the run carrying its `first` records; None when it must not be planned (then
         `not_started` is told). A request that cannot be a redelivery is pipelined: the start is
         sent and the run goes on as if it simply succeeded, and from the start's answer only when
-        it did not (`_send_start`)."""
+        it did not (`_send_start`). What the run writes is `sealed` for its person, when going on
+        from a missed start too."""
 
         async def then(outcome: StartAnswer) -> RunView | None:
-            view = await self._started(plan, request, first, outcome)
-            if view is None:
-                if not_started is not None:
-                    await not_started()
-                return None
-            if view.closed:
-                return view
-            return await self._write_first(view, first, trigger)
+            with sealed():
+                view = await self._started(plan, request, first, outcome)
+                if view is None:
+                    if not_started is not None:
+                        await not_started()
+                    return None
+                if view.closed:
+                    return view
+                return await self._write_first(view, first, trigger)
 
         again = self._started_here_before(request.run_id)
         if not again and self._may_pipeline():
@@ -548,23 +545,24 @@ class Planner:
         link = (parent, link_key(parent.tool_call_id, run.run_id, continuation=True)) if parent else None
         context = run_context(request, agent, inherited=predecessor.context)
         await self._require_owner(request, predecessor.session_id, context)
-        # A continuation is its predecessor's person's run even when the answer names no one.
-        with sealing_for(run.tenant_id, run_sealing_principal(run.principal_id, run.session_id, run.run_id)):
-            view = await self._start(start_plan(run, link), request)
-            if view is None or view.closed:
-                return view
-            trigger = self._trigger(request.occurred_at, request.event_id)
-            view = await self._write_once(view, CONTEXT_KEY, CONTEXT_TYPE, context.encode(), trigger)
-            view = await self._write_once(
-                view, SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(predecessor.messages), trigger
+        try:
+            answer = answer_message(predecessor, checkpoint.pending, request.answer)
+        except TranscriptError as error:
+            raise PermanentError(f"resume {request.run_id!r}: {describe_error(error)}") from error
+        plan = start_plan(run, link)
+        trigger = self._trigger(request.occurred_at, request.event_id)
+        # The start carries the continuation's context, its predecessor's transcript and the answer.
+        opening = first_records(plan, context, answer, trigger.at, seed=predecessor.messages)
+        first = before_first_call(plan.started, opening, trigger)
+
+        def sealed() -> contextlib.AbstractContextManager[None]:
+            # A continuation is its predecessor's person's run even when the answer names no one.
+            return sealing_for(
+                run.tenant_id, run_sealing_principal(run.principal_id, run.session_id, run.run_id)
             )
-            try:
-                answer = answer_message(predecessor, checkpoint.pending, request.answer)
-            except TranscriptError as error:
-                raise PermanentError(f"resume {request.run_id!r}: {describe_error(error)}") from error
-            return await self._write_once(
-                view, INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([answer]), trigger
-            )
+
+        with sealed():
+            return await self._start_first(plan, request, first, trigger, sealed=sealed)
 
     async def _start(
         self, plan: StartPlan, request: RunRequested, first: Sequence[Record] = ()

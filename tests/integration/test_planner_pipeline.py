@@ -15,6 +15,8 @@ was answered. What must hold:
 A child run (an agent called as a tool) is pipelined the same way: its start and first step in one
 round trip; a parent closed or a session ended leaves nothing of the child's step, and the parent
 still hears that its child did not run; a redelivered or repeated child request is never pipelined.
+A resume's start carries its context, its predecessor's transcript and the answer, and is pipelined
+too: a second answer to the same question is refused at the start and leaves nothing.
 """
 
 from __future__ import annotations
@@ -487,3 +489,64 @@ async def test_a_repeated_child_request_asks_the_model_no_more(system: System) -
     assert system.model_calls(request.run_id) == 2
     assert await load_records(system.store, request.run_id) == records
     assert len(system.planner_store.steps_of(request.run_id)) == steps
+
+
+# --- resumes ----------------------------------------------------------------------------------------
+
+
+async def suspended_turn(system: System, session_id: str) -> str:
+    """A turn of the session suspended on its question (the calling ask_user tool)."""
+    request = await system.request(turn(session_id, "confirm the booking"))
+    events = await system.until_closed(request.run_id)
+    assert [event.payload["phase"] for event in events if event.type is StreamEventType.WORKFLOW][-1] == (
+        "suspended"
+    )
+    return request.run_id
+
+
+def resume(session_id: str, predecessor_run_id: str, answer: str = "yes, book it") -> RunRequested:
+    return RunRequested(
+        kind=RunKind.RESUME,
+        run_id="r-" + uuid.uuid4().hex,
+        session_id=session_id,
+        agent_id="assistant",
+        predecessor_run_id=predecessor_run_id,
+        answer=answer,
+    )
+
+
+async def test_a_resume_starts_with_its_answer_and_continues_the_turn(system: System) -> None:
+    session_id = await system.session()
+    request = await system.request(resume(session_id, await suspended_turn(system, session_id)))
+    events = await system.until_closed(request.run_id)
+    phases = [event.payload["phase"] for event in events if event.type is StreamEventType.WORKFLOW]
+    assert phases == ["synthesizing", "completed"]
+    # The start carries the continuation's context, its predecessor's transcript and the answer.
+    [start] = system.planner_store.starts_of(request.run_id)
+    assert isinstance(start.command, StartRootRun) and start.refused is None
+    assert [record.event_key for record in start.command.records][:3] == ["context", "seed", "input"]
+    assert system.model_calls(request.run_id) == 1
+    await system.turns.wait_for(lambda _: bool(system.finished_turns(request.run_id)))
+    [finished] = system.finished_turns(request.run_id)
+    assert "yes, book it" in finished.assistant_text
+
+
+async def test_a_second_answer_to_a_resumed_run_leaves_nothing(system: System) -> None:
+    session_id = await system.session()
+    predecessor = await suspended_turn(system, session_id)
+    first = await system.request(resume(session_id, predecessor))
+    await system.until_closed(first.run_id)
+    # Another answer to the same question: its start is refused (the run has its successor). Its
+    # model was asked while the start was on its way (the pipelined path ran); nothing it said is
+    # kept or streamed, and its stream hears the refusal.
+    second = await system.request(resume(session_id, predecessor, "no, cancel it"))
+    await system.until_closed(second.run_id)
+    # Refused, then sent again without its first records (as an earlier attempt may have started
+    # it), refused again: the request goes to the dead-letter topic.
+    assert system.model_calls(second.run_id) == 1
+    starts = system.planner_store.starts_of(second.run_id)
+    assert [start.refused for start in starts] == [ErrorCode.RUN_CONFLICT, ErrorCode.RUN_CONFLICT]
+    with pytest.raises(StoreError) as missing:
+        await system.store.load_run(second.run_id)
+    assert missing.value.code is ErrorCode.RUN_NOT_FOUND
+    await assert_said_and_called_nothing(system, second.run_id, session_id)

@@ -55,11 +55,18 @@ class StartPlan:
 
 
 def first_records(
-    plan: StartPlan, context: RunContext, opening: Message, at: datetime, blocks: ContextBlocks | None = None
+    plan: StartPlan,
+    context: RunContext,
+    opening: Message,
+    at: datetime,
+    blocks: ContextBlocks | None = None,
+    *,
+    seed: Sequence[Message] = (),
 ) -> list[Record]:
     """A run's first records, carried by its start (one write): its context; for a turn the memory
     it is shown (the memory record first: whatever the model is shown, the run says which memory
-    it was), then the seed; and the message that opens it."""
+    it was), then the seed (the memory's, or `seed`: a continuation's predecessor's transcript);
+    and the message that opens it (a turn's text, a continuation's answer)."""
     run, when = plan.run, to_millisecond(at)
     records = [run.record(CONTEXT_KEY, CONTEXT_TYPE, context.encode(), at=when)]
     if blocks is not None:
@@ -67,8 +74,8 @@ def first_records(
             memory = canonical_json(blocks.memory.payload())
             records.append(run.record(MEMORY_CONTEXT_KEY, MEMORY_CONTEXT_TYPE, memory, at=when))
         seed = seed_messages(blocks)
-        if seed:
-            records.append(run.record(SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(seed), at=when))
+    if seed:
+        records.append(run.record(SEED_KEY, TRANSCRIPT_MESSAGES_SEEDED, encode_messages(list(seed)), at=when))
     records.append(run.record(INPUT_KEY, TRANSCRIPT_MESSAGES_APPENDED, encode_messages([opening]), at=when))
     return records
 
