@@ -91,20 +91,21 @@ def create_app(
             calls=CallRouter(topics, registry),
             turns_per_session=max(1, settings.history_messages // 2),
         )
+        owner_memory = store.owner_memory
         context: ContextSource
         if given.context is not None:
             context = given.context
         elif given.memory is not None:
             context = memory_context(given.memory, publisher, settings)
-        elif settings.use_memory and store.owner_memory is not None:
-            context = memory_context(store.owner_memory, publisher, settings)
+        elif settings.use_memory and owner_memory is not None:
+            context = memory_context(owner_memory, publisher, settings)
         else:
             context = SessionHistoryContext(store, settings.history_messages)
         model = given.model or make_model(
             settings.model, max_poll_interval_ms=int(settings.model_timeout_s * 1000)
         )
         # Sessions are claimed where their owner is recorded and their history kept: the storage owner.
-        memory = given.memory or store.owner_memory
+        memory = given.memory or owner_memory
         ready = ReadyDeps(
             store=store,
             model=model,
