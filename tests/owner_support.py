@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import bson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from pydantic import BaseModel
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
@@ -60,6 +61,7 @@ from tests.timing import eventually, scaled
 OWNER_MODULE = "quipu.services.storage_owner"
 
 Document = dict[str, Any]
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 # --- the owner process ------------------------------------------------------------------------
@@ -162,6 +164,7 @@ class TopicReader:
         self._arrived = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.partitions: list[int] = []
+        self._parsed_as: dict[type[BaseModel], list[Any]] = {}
 
     async def start(self) -> Self:
         """Assign every partition, positioned at the beginning, and read in the background."""
@@ -215,6 +218,13 @@ class TopicReader:
                 waited = f"{scaled(within):.1f} s ({len(self.records)} records read)"
                 raise AssertionError(f"{self.topic}: condition not met within {waited}") from None
         return list(self.records)
+
+    def parsed(self, model: type[ModelT]) -> list[ModelT]:
+        """Every record's value as `model`, in the order read (each record is validated once)."""
+        parsed = self._parsed_as.setdefault(model, [])
+        fresh = self.records[len(parsed) :]
+        parsed.extend(model.model_validate_json(record.value or b"") for record in fresh)
+        return list(parsed)
 
     def values(self) -> list[Any]:
         """Every record's value decoded as JSON (skipping values that are not JSON)."""

@@ -112,12 +112,11 @@ from aiokafka import ConsumerRecord  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 
 from quipu.contracts.events import RunEvent, StreamEventType  # noqa: E402
-from quipu.contracts.runs import CancelRun, RunRequested, TurnCompleted  # noqa: E402
+from quipu.contracts.runs import CancelRun  # noqa: E402
 from quipu.contracts.store import CancellationReason, Record  # noqa: E402
 from quipu.contracts.tools import ToolCallCompleted  # noqa: E402
 from quipu.contracts.topics import Topic  # noqa: E402
 from quipu.contracts.transcript import Message, ToolResultPart, ToolUsePart  # noqa: E402
-from quipu.contracts.wire import utc_now_ms  # noqa: E402
 from quipu.deploy.local.services import ServiceProcess  # noqa: E402
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics  # noqa: E402
 from quipu.services.kit.keys import MessageSeals, message_seals  # noqa: E402
@@ -126,6 +125,7 @@ from quipu.services.kit.store_client import KafkaStore  # noqa: E402
 from quipu.services.planner.adapters import load_records  # noqa: E402
 from tests.owner_support import Owner, RawPublisher, TopicReader, free_port, wait_until_serving  # noqa: E402
 from tests.support.announced import publish_built_in_agents  # noqa: E402
+from tests.support.conversing import Conversing  # noqa: E402
 from tests.support.gateway_keys import TestKeys  # noqa: E402
 from tests.timing import scaled  # noqa: E402
 
@@ -212,7 +212,7 @@ def assert_each_use_has_one_result(messages: list[Message]) -> None:
 
 
 @dataclass
-class Deployment:
+class Deployment(Conversing):
     """Service processes on one prefix, and a client's view of the topics and the store."""
 
     stack: EmbeddedStack
@@ -221,6 +221,8 @@ class Deployment:
     log_dir: Path
     tool_delays: Mapping[str, float] = field(default_factory=dict)
     with_gateway: bool = False
+    executor_module: str = EXECUTOR_MODULE
+    """The journaled executor (`executions()` reads its journal), or the product's own entry point."""
     sealed: bool = False
     """Every service seals its topics under the principals' keys, fetched from the owner's key endpoint."""
     environment: dict[str, str] = field(default_factory=dict)
@@ -240,7 +242,6 @@ class Deployment:
     results: TopicReader = field(init=False)
     publisher: RawPublisher = field(init=False)
     _started: int = 0
-    _parsed: list[RunEvent] = field(default_factory=list)
     _logs: dict[int, Path] = field(default_factory=dict)
     _also_close: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
 
@@ -361,7 +362,7 @@ class Deployment:
 
     def start_executor(self) -> ServiceProcess:
         """One more instrumented tool-executor process (they share one consumer group)."""
-        executor = self._process(EXECUTOR_MODULE, "executor")
+        executor = self._process(self.executor_module, "executor")
         self.executors.append(executor)
         return executor
 
@@ -404,22 +405,7 @@ class Deployment:
             for path in sorted(self.log_dir.glob("*.log"))
         )
 
-    # -- the client's side --
-
-    async def session(self) -> str:
-        session_id = "s-" + uuid.uuid4().hex[:10]
-        await self.store.create_session(session_id, utc_now_ms())
-        return session_id
-
-    async def publish(self, name: Topic, body: bytes, key: str) -> None:
-        await self.publisher.send(self.prefix + name.value, body, key=key.encode())
-
-    async def turn(self, session_id: str, text: str, agent_id: str = "assistant") -> RunRequested:
-        request = RunRequested(
-            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id=agent_id, text=text
-        )
-        await self.publish(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), session_id)
-        return request
+    # -- the client's side (and `Conversing`) --
 
     async def cancel(self, run_id: str, session_id: str) -> CancelRun:
         cancel = CancelRun(run_id=run_id, session_id=session_id, reason=CancellationReason.USER_REQUESTED)
@@ -427,16 +413,7 @@ class Deployment:
         return cancel
 
     def all_events(self) -> list[RunEvent]:
-        records = self.events.records
-        for record in records[len(self._parsed) :]:
-            self._parsed.append(RunEvent.model_validate_json(record.value or b""))
-        return list(self._parsed)
-
-    def run_events(self, run_id: str) -> list[RunEvent]:
-        return [event for event in self.all_events() if event.run_id == run_id]
-
-    def closed(self, run_id: str) -> bool:
-        return any(event.type is StreamEventType.RUN_STREAM_END for event in self.run_events(run_id))
+        return self.events.parsed(RunEvent)
 
     async def until_event(
         self, run_id: str, wanted: Callable[[RunEvent], bool], within: float = 30.0, what: str = ""
@@ -450,19 +427,8 @@ class Deployment:
             raise AssertionError(f"run {run_id}: no {what or 'such event'}\n{self.logs()}") from None
         return next(event for event in self.run_events(run_id) if wanted(event))
 
-    async def until_closed(self, run_id: str, within: float = 30.0) -> list[RunEvent]:
-        await self.until_event(
-            run_id, lambda e: e.type is StreamEventType.RUN_STREAM_END, within, "run_stream_end"
-        )
-        return self.run_events(run_id)
-
-    def finished_turns(self, run_id: str) -> list[TurnCompleted]:
-        parsed = [TurnCompleted.model_validate_json(r.value or b"") for r in self.turns.records]
-        return [turn for turn in parsed if turn.run_id == run_id]
-
     def tool_results(self, run_id: str) -> list[ToolCallCompleted]:
-        parsed = [ToolCallCompleted.model_validate_json(r.value or b"") for r in self.results.records]
-        return [result for result in parsed if result.run_id == run_id]
+        return [result for result in self.results.parsed(ToolCallCompleted) if result.run_id == run_id]
 
     async def records(self, run_id: str) -> list[Record]:
         return await load_records(self.store, run_id)

@@ -13,13 +13,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from quipu.contracts.events import RunEvent, StreamEventType
-from quipu.contracts.runs import RunRequested, TurnCompleted
+from quipu.contracts.events import StreamEventType
 from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import (
     TRANSCRIPT_MESSAGES_SEEDED,
@@ -28,74 +25,12 @@ from quipu.contracts.transcript import (
     ToolUsePart,
     decode_messages,
 )
-from quipu.contracts.wire import utc_now_ms
-from quipu.deploy.local.services import ServiceProcess
-from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
-from quipu.services.kit.store_client import KafkaStore
 from quipu.services.planner.adapters import load_records
-from tests.owner_support import Owner, RawPublisher, TopicReader, wait_until_serving
-from tests.support.announced import publish_built_in_agents
-from tests.timing import scaled
+from tests.e2e.agent_support import Deployment, phases
 
 pytestmark = pytest.mark.slow
-
-
-@dataclass
-class Deployment:
-    """Three service processes on one prefix, and a client's view of the topics."""
-
-    prefix: str
-    environment: dict[str, str]
-    log_dir: Path
-    owner: Owner
-    planner: ServiceProcess
-    executor: ServiceProcess
-    store: KafkaStore
-    events: TopicReader
-    turns: TopicReader
-    publisher: RawPublisher
-
-    async def session(self) -> str:
-        session_id = "s-" + uuid.uuid4().hex[:10]
-        await self.store.create_session(session_id, utc_now_ms())
-        return session_id
-
-    async def publish(self, name: Topic, body: bytes, key: str) -> None:
-        await self.publisher.send(self.prefix + name.value, body, key=key.encode())
-
-    async def turn(self, session_id: str, text: str) -> RunRequested:
-        request = RunRequested(
-            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id="assistant", text=text
-        )
-        await self.publish(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), session_id)
-        return request
-
-    def run_events(self, run_id: str) -> list[RunEvent]:
-        parsed = [RunEvent.model_validate_json(r.value or b"") for r in self.events.records]
-        return [event for event in parsed if event.run_id == run_id]
-
-    async def until_closed(self, run_id: str, within: float = 30.0) -> list[RunEvent]:
-        await self.events.wait_for(
-            lambda _: any(e.type is StreamEventType.RUN_STREAM_END for e in self.run_events(run_id)), within
-        )
-        return self.run_events(run_id)
-
-    def finished_turns(self, run_id: str) -> list[TurnCompleted]:
-        parsed = [TurnCompleted.model_validate_json(r.value or b"") for r in self.turns.records]
-        return [turn for turn in parsed if turn.run_id == run_id]
-
-    def start_planner(self) -> ServiceProcess:
-        self.planner = ServiceProcess(
-            "quipu.services.planner", self.environment, self.log_dir / "planner.log"
-        ).start()
-        return self.planner
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {path.name}\n{path.read_bytes()[-3000:].decode(errors='replace')}"
-            for path in sorted(self.log_dir.glob("*.log"))
-        )
 
 
 @pytest.fixture(scope="module")
@@ -103,47 +38,13 @@ async def deployment(
     stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Deployment]:
     prefix = f"e2e{uuid.uuid4().hex[:8]}."
-    database = prefix.rstrip(".")
     log_dir = tmp_path_factory.mktemp("agent-loop-logs")
-    await create_topics(stack.bootstrap, prefix)
-    await publish_built_in_agents(stack.kafka_settings(topic_prefix=prefix))  # as `quipu up` does
-    environment = {
-        **stack.environment(),
-        "QUIPU_KAFKA_TOPIC_PREFIX": prefix,
-        "QUIPU_MONGO_DATABASE": database,
-        "QUIPU_MODEL_PROVIDER": "scripted",
-        "QUIPU_JSON_LOGS": "true",
-    }
-    owner = Owner(stack, prefix, database, log_dir / "owner.log").start()
-    planner = ServiceProcess("quipu.services.planner", environment, log_dir / "planner.log").start()
-    executor = ServiceProcess("quipu.services.tool_executor", environment, log_dir / "executor.log").start()
-    store = KafkaStore(stack.kafka_settings(topic_prefix=prefix), reply_timeout_s=scaled(10.0))
-    events = TopicReader(stack.bootstrap, prefix + Topic.RUNS_EVENTS.value)
-    turns = TopicReader(stack.bootstrap, prefix + Topic.HISTORY_TURNS.value)
-    try:
-        await store.start()
-        await wait_until_serving(store, owner)
-        await events.start()
-        await turns.start()
-        async with RawPublisher(stack.bootstrap) as publisher:
-            deployment = Deployment(
-                prefix, environment, log_dir, owner, planner, executor, store, events, turns, publisher
-            )
-            yield deployment
-    finally:
-        await events.stop()
-        await turns.stop()
-        await store.stop()
-        # deployment.planner: a test may have replaced the planner with a restarted one.
-        restarted = deployment.planner if "deployment" in locals() else planner
-        for process in {id(p): p for p in (planner, restarted, executor)}.values():
-            await asyncio.to_thread(process.stop, 15.0)
-        await owner.stop()
-        await delete_topics(stack.bootstrap, prefix)
+    async with Deployment(stack, prefix, prefix.rstrip("."), log_dir, executor_module=EXECUTOR) as deployment:
+        yield deployment
 
 
-def phases(events: list[RunEvent]) -> list[str]:
-    return [event.payload["phase"] for event in events if event.type is StreamEventType.WORKFLOW]
+EXECUTOR = "quipu.services.tool_executor"
+"""The product's own executor entry point (the other e2e files journal their tools)."""
 
 
 async def test_a_conversation_of_three_turns_keeps_its_history(deployment: Deployment) -> None:
@@ -191,14 +92,9 @@ async def test_republished_messages_of_a_finished_run_change_nothing(deployment:
     await deployment.turns.wait_for(lambda _: len(deployment.finished_turns(request.run_id)) == 1)
     records = await load_records(deployment.store, request.run_id)
     replies = [e for e in deployment.run_events(request.run_id) if e.type is StreamEventType.ASSISTANT_REPLY]
-    reader = TopicReader(deployment.environment["QUIPU_KAFKA_BOOTSTRAP"], deployment.prefix + "tools.results")
-    await reader.start()
-    try:
-        tool_results = await reader.wait_for(
-            lambda rs: sum(request.run_id.encode() in (r.value or b"") for r in rs) == 2
-        )
-    finally:
-        await reader.stop()
+    tool_results = await deployment.results.wait_for(
+        lambda rs: sum(request.run_id.encode() in (r.value or b"") for r in rs) == 2
+    )
     replay = [(Topic.RUNS_REQUESTED, request.model_dump_json().encode())]
     replay += [
         (Topic.TOOLS_RESULTS, r.value or b"")
@@ -220,7 +116,7 @@ async def test_republished_messages_of_a_finished_run_change_nothing(deployment:
 async def test_a_request_published_while_the_planner_is_down_is_answered_after_restart(
     deployment: Deployment,
 ) -> None:
-    await asyncio.to_thread(deployment.planner.kill)
+    await deployment.kill_planner()
     session = await deployment.session()
     request = await deployment.turn(session, "calculate 1+1")
     await asyncio.sleep(0.5)

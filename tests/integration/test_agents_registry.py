@@ -91,7 +91,7 @@ class System:
         return request.run_id, session_id
 
     def run_events(self, run_id: str) -> list[RunEvent]:
-        parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+        parsed = self.events.parsed(RunEvent)
         return [event for event in parsed if event.run_id == run_id]
 
     async def until_ended(self, run_id: str, what: str) -> list[RunEvent]:

@@ -103,7 +103,7 @@ class Library:
         return status, await build_messages_from_run_log(self.store, request.run_id)
 
     def run_events(self, run_id: str) -> list[RunEvent]:
-        parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+        parsed = self.events.parsed(RunEvent)
         return [event for event in parsed if event.run_id == run_id]
 
 

@@ -72,7 +72,7 @@ class System:
         await self.publisher.send(topic, request.model_dump_json().encode(), key=session_id.encode())
 
         def closed(_: object) -> bool:
-            parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+            parsed = self.events.parsed(RunEvent)
             return any(
                 e.run_id == request.run_id and e.type is StreamEventType.RUN_STREAM_END for e in parsed
             )

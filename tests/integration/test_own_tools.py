@@ -101,7 +101,7 @@ class Shop:
     publish: Any
 
     def run_events(self, run_id: str) -> list[RunEvent]:
-        parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+        parsed = self.events.parsed(RunEvent)
         return [event for event in parsed if event.run_id == run_id]
 
     async def run(self, text: str) -> str:
@@ -148,7 +148,7 @@ async def system(stack: EmbeddedStack) -> AsyncIterator[Shop]:
 
 
 def _results(system: Shop, run_id: str) -> list[ToolCallCompleted]:
-    parsed = [ToolCallCompleted.model_validate_json(record.value or b"") for record in system.results.records]
+    parsed = system.results.parsed(ToolCallCompleted)
     return [result for result in parsed if result.run_id == run_id]
 
 

@@ -62,7 +62,7 @@ class Calls:
 
     def of(self, reader: TopicReader, run_id: str) -> list[ToolCallRequested]:
         """Every call of one run read so far on one topic, in partition order."""
-        calls = [ToolCallRequested.model_validate_json(record.value or b"") for record in reader.records]
+        calls = reader.parsed(ToolCallRequested)
         return [call for call in calls if call.run_id == run_id]
 
     async def wait(self, reader: TopicReader, run_id: str, count: int) -> list[ToolCallRequested]:

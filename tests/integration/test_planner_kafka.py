@@ -18,19 +18,18 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiokafka import ConsumerRecord
 
 from quipu.contracts.events import RunEvent, StreamEventType
-from quipu.contracts.runs import RunKind, RunRequested, TurnCompleted
+from quipu.contracts.runs import RunKind
 from quipu.contracts.store import Record, RunStatus
 from quipu.contracts.tools import ToolCallCompleted
 from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import ToolResultPart, ToolUsePart
-from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.transcript import build_messages_from_run_log, validate_planner_transcript
@@ -41,6 +40,7 @@ from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.tool_executor.app import create_app as create_executor
 from tests.owner_support import RawPublisher, TopicReader
+from tests.support.conversing import Conversing
 from tests.support.deployment import deployed, unique_prefix
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ Records = list[ConsumerRecord[bytes, bytes]]
 
 
 @dataclass
-class System:
+class System(Conversing):
     """The three services on one prefix, a store client, topic readers and a raw publisher."""
 
     settings: KafkaSettings
@@ -59,43 +59,13 @@ class System:
     turns: TopicReader
     results: TopicReader
     publisher: RawPublisher
+    prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prefix = self.settings.topic_prefix
 
     def topic(self, name: Topic) -> str:
-        return self.settings.topic_prefix + name.value
-
-    async def session(self) -> str:
-        session_id = "s-" + uuid.uuid4().hex[:10]
-        await self.store.create_session(session_id, utc_now_ms())
-        return session_id
-
-    async def publish(self, name: Topic, body: bytes, key: str) -> None:
-        await self.publisher.send(self.topic(name), body, key=key.encode())
-
-    async def request(self, request: RunRequested) -> RunRequested:
-        await self.publish(Topic.RUNS_REQUESTED, request.model_dump_json().encode(), request.partition_key())
-        return request
-
-    async def turn(self, session_id: str, text: str = "", **fields: Any) -> RunRequested:
-        """Request a run of the assistant in `session_id` (`fields` as for `RunRequested`)."""
-        run_id = "r-" + uuid.uuid4().hex
-        return await self.request(
-            RunRequested(run_id=run_id, session_id=session_id, agent_id="assistant", text=text, **fields)
-        )
-
-    def run_events(self, run_id: str) -> list[RunEvent]:
-        parsed = [RunEvent.model_validate_json(r.value or b"") for r in self.events.records]
-        return [event for event in parsed if event.run_id == run_id]
-
-    async def until_closed(self, run_id: str, within: float = 20.0) -> list[RunEvent]:
-        def closed(records: Records) -> bool:
-            return any(event.type is StreamEventType.RUN_STREAM_END for event in self.run_events(run_id))
-
-        await self.events.wait_for(closed, within)
-        return self.run_events(run_id)
-
-    def finished_turns(self, run_id: str) -> list[TurnCompleted]:
-        parsed = [TurnCompleted.model_validate_json(r.value or b"") for r in self.turns.records]
-        return [turn for turn in parsed if turn.run_id == run_id]
+        return self.prefix + name.value
 
 
 @pytest.fixture(scope="module")

@@ -142,7 +142,7 @@ async def test_two_copies_of_a_users_toolset_share_its_calls(
         await registry.wait_for(lambda records: len(records) >= 2, within=10.0)  # each copy announced
         await asyncio.sleep(0.5)  # a duplicate would have arrived by now
 
-    answered = [ToolCallCompleted.model_validate_json(record.value or b"") for record in results.records]
+    answered = results.parsed(ToolCallCompleted)
     assert Counter(result.tool_use_id for result in answered) == Counter(call.tool_use_id for call in calls)
     for result in answered:
         number = int(result.run_id.removeprefix("run-"))
@@ -156,7 +156,7 @@ async def test_two_copies_of_a_users_toolset_share_its_calls(
     assert all(served), f"one copy did all the work: {[len(ids) for ids in served]}"
     assert Counter(served[0] + served[1]) == Counter(call.tool_use_id for call in calls)
 
-    announced = [ToolsetAnnounced.model_validate_json(record.value or b"") for record in registry.records]
+    announced = registry.parsed(ToolsetAnnounced)
     assert {(a.toolset, a.version, a.calls_topic) for a in announced} == {("shop", "3", CALLS_TOPIC)}
     assert len({a.event_id for a in announced}) == 1  # the copies announce the same content
     assert {tool.name for tool in announced[0].tools} == {"price", "stock"}
@@ -199,7 +199,7 @@ async def test_an_app_served_in_process_publishes_its_agents_and_answers_its_too
             topic_prefix + "tools.calls.counter", call.model_dump_json().encode(), key=call.run_id.encode()
         )
         await results.wait_for(lambda records: len(records) >= 1, within=20.0)
-    [answered] = [ToolCallCompleted.model_validate_json(record.value or b"") for record in results.records]
+    [answered] = results.parsed(ToolCallCompleted)
     assert (answered.tool_use_id, answered.content, answered.is_error) == ("toolu_in_process", 8, False)
-    [entry] = [AgentChanged.model_validate_json(record.value or b"") for record in agents.records]
+    [entry] = agents.parsed(AgentChanged)
     assert entry.agent is not None and (entry.agent_id, entry.agent.tools) == ("counting", ["letters"])

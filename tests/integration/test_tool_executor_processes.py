@@ -76,7 +76,7 @@ async def test_two_processes_share_the_calls_and_answer_each_once(
         await results.wait_for(lambda records: len(records) >= len(calls), within=15.0)
         await asyncio.sleep(0.5)  # a duplicate would have arrived by now
 
-    answered = [ToolCallCompleted.model_validate_json(record.value or b"") for record in results.records]
+    answered = results.parsed(ToolCallCompleted)
     assert Counter(result.tool_use_id for result in answered) == Counter(call.tool_use_id for call in calls)
     for result in answered:
         number = int(result.run_id.removeprefix("run-"))

@@ -168,7 +168,7 @@ class System:
         return request.run_id
 
     def run_events(self, run_id: str) -> list[RunEvent]:
-        parsed = [RunEvent.model_validate_json(record.value or b"") for record in self.events.records]
+        parsed = self.events.parsed(RunEvent)
         return [event for event in parsed if event.run_id == run_id]
 
     def closed(self, run_id: str) -> bool:
@@ -187,9 +187,7 @@ class System:
         await eventually(every_toolset, within=20.0, what="every executor's announcement read by the planner")
 
     def results_of(self, run_id: str) -> list[ToolCallCompleted]:
-        parsed = [
-            ToolCallCompleted.model_validate_json(record.value or b"") for record in self.results.records
-        ]
+        parsed = self.results.parsed(ToolCallCompleted)
         return [result for result in parsed if result.run_id == run_id]
 
 
