@@ -186,6 +186,13 @@ class RecordRunTerminal(StoreOperation, result_type=AppendResult):
         description="Ordinary records of the closing step (the final answer), appended before the "
         "run_completed record in the same transaction.",
     )
+    follows: LogBasis | None = Field(
+        default=None,
+        exclude_if=lambda follows: follows is None,  # an unconditional terminal encodes as before the field
+        description="The run's whole log the closing step was decided on: a terminal not yet stored is "
+        "refused with RUN_LOG_MOVED unless the run's log is still exactly that (a run's first answer "
+        "sent before its start was answered).",
+    )
 
 
 class LoadRun(StoreOperation, result_type=RunMeta):

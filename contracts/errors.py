@@ -73,7 +73,8 @@ class ErrorCode(StrEnum):
     RECORD_OWNER_MISMATCH = "RECORD_OWNER_MISMATCH"
     EVENT_CONFLICT = "EVENT_CONFLICT"
     RUN_LOG_MOVED = "RUN_LOG_MOVED"
-    """A step was decided on a log its run no longer has (AppendRunRecords `follows`)."""
+    """A step or a terminal was decided on a log its run no longer has (`follows` of AppendRunRecords
+    and RecordRunTerminal)."""
     INVALID_CURSOR = "INVALID_CURSOR"
     MEMORY_CONFLICT = "MEMORY_CONFLICT"
     FACT_NOT_FOUND = "FACT_NOT_FOUND"

@@ -221,9 +221,10 @@ class Record(_Frozen):
 
 
 class LogBasis(_Frozen):
-    """The run's whole log a step was decided on (AppendRunRecords `follows`): the step is
-    appended only while the run's log is still exactly these records, so a step decided before
-    its run's start was answered never lands on a log it was not decided on."""
+    """The run's whole log a step was decided on (`follows` of AppendRunRecords and
+    RecordRunTerminal): the step, or the terminal closing with it, is written only while the run's
+    log is still exactly these records, so a step decided before its run's start was answered never
+    lands on a log it was not decided on."""
 
     keys: list[str] = Field(
         min_length=1, max_length=100, description="Event keys of the run's records in log order (ids 1 to n)."

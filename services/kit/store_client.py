@@ -503,8 +503,12 @@ class KafkaStore:
         result: AppendResult = await self.call(RecordRunSuspension(checkpoint=checkpoint, record=record))
         return result
 
-    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> AppendResult:
-        result: AppendResult = await self.call(RecordRunTerminal(record=record, records=list(records)))
+    async def record_run_terminal(
+        self, record: Record, records: Sequence[Record] = (), *, follows: LogBasis | None = None
+    ) -> AppendResult:
+        result: AppendResult = await self.call(
+            RecordRunTerminal(record=record, records=list(records), follows=follows)
+        )
         return result
 
     async def load_run(self, run_id: str) -> RunMeta:

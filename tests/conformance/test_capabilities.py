@@ -15,7 +15,7 @@ import pytest
 from quipu.contracts.store import LogBasis, RunStatus
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
-from tests.conformance.builders import all_run_records, one_shot, ordinary, uid
+from tests.conformance.builders import all_run_records, one_shot, ordinary, terminal, uid
 from tests.conformance.memory_builders import scope, turn
 from tests.conformance.memory_implementations import OwnerStores
 
@@ -57,6 +57,26 @@ async def test_a_start_under_way_is_applied_before_the_step_sent_behind_it(store
     assert [record.event_key for record in await all_run_records(store, start.run.run_id)] == [
         "started",
         "step",
+    ]
+
+
+async def test_a_start_under_way_is_applied_before_the_terminal_sent_behind_it(store: Store) -> None:
+    pipeline = store.pipeline
+    if pipeline is None:
+        pytest.skip("a direct store applies each call before it returns")
+    start = one_shot()
+    under_way = await pipeline.sent(store.start_one_shot_run(start.run, start.started))
+    closing = store.record_run_terminal(
+        terminal(start.run), [ordinary(start.run, "answer")], follows=LogBasis.of([start.started])
+    )
+    closed = asyncio.ensure_future(closing)
+    assert (await under_way).run_status is RunStatus.RUNNING
+    assert (await closed).inserted
+    assert (await store.load_run(start.run.run_id)).status is RunStatus.COMPLETED
+    assert [record.event_key for record in await all_run_records(store, start.run.run_id)] == [
+        "started",
+        "answer",
+        "terminal",
     ]
 
 

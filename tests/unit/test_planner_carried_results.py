@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from quipu.contracts.runs import CancelRun, RunRequested
-from quipu.contracts.store import Record, RunStatus
+from quipu.contracts.store import LogBasis, Record, RunStatus
 from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextDelta
@@ -51,11 +51,13 @@ class CrashingOnceStore(InMemoryStore):
 
     crashed = False
 
-    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
+    async def record_run_terminal(
+        self, record: Record, records: Sequence[Record] = (), *, follows: LogBasis | None = None
+    ) -> Any:
         if not self.crashed:
             self.crashed = True
             raise PlannerCrashError
-        return await super().record_run_terminal(record, records)
+        return await super().record_run_terminal(record, records, follows=follows)
 
 
 async def test_a_crash_after_the_model_call_records_nothing_so_the_model_is_asked_again() -> None:

@@ -813,9 +813,11 @@ class RacingStore(InMemoryStore):
         await self._race(records)
         return await super().append_run_records(records, follows=follows)
 
-    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
+    async def record_run_terminal(
+        self, record: Record, records: Sequence[Record] = (), *, follows: LogBasis | None = None
+    ) -> Any:
         await self._race(records)
-        return await super().record_run_terminal(record, records)
+        return await super().record_run_terminal(record, records, follows=follows)
 
 
 async def test_a_step_another_writer_recorded_first_is_reused() -> None:
@@ -1078,9 +1080,11 @@ class WritesSeen(InMemoryStore):
         self.writes.append("append_run_records")
         return await super().append_run_records(records, follows=follows)
 
-    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> Any:
+    async def record_run_terminal(
+        self, record: Record, records: Sequence[Record] = (), *, follows: LogBasis | None = None
+    ) -> Any:
         self.writes.append("record_run_terminal")
-        return await super().record_run_terminal(record, records)
+        return await super().record_run_terminal(record, records, follows=follows)
 
 
 async def test_a_turn_starts_with_its_context_and_input_so_a_one_tool_run_is_three_writes() -> None:

@@ -156,9 +156,12 @@ class Store(Protocol):
         """RecordRunSuspension: store the checkpoint and suspend the run."""
         ...
 
-    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> AppendResult:
+    async def record_run_terminal(
+        self, record: Record, records: Sequence[Record] = (), *, follows: LogBasis | None = None
+    ) -> AppendResult:
         """RecordRunTerminal: close the run as completed, failed or canceled; `records` (ordinary
-        records of the closing step, such as the final answer) are appended before it, atomically."""
+        records of the closing step, such as the final answer) are appended before it, atomically;
+        with `follows`, only while the run's log is still exactly that (else RUN_LOG_MOVED)."""
         ...
 
     async def load_run(self, run_id: str) -> RunMeta:

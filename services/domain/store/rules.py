@@ -461,19 +461,25 @@ class RuleStore:
 
         return await self._transactions.run(apply)
 
-    async def record_run_terminal(self, record: Record, records: Sequence[Record] = ()) -> AppendResult:
+    async def record_run_terminal(
+        self, record: Record, records: Sequence[Record] = (), *, follows: LogBasis | None = None
+    ) -> AppendResult:
         check_envelope(record, LifecycleType.RUN_COMPLETED)
         carried = list(records)
         if carried:
             check_step_records(carried, closing=record)
         payload = decode_run_completed(record.payload)
+        basis = follows.keys if follows is not None else []
 
         async def apply(tx: StoreTransaction) -> AppendResult:
             run, session = await self._record_owner(tx, record, *carried)
-            # One read answers the terminal's key and every carried record's (§6.7, §6.4.1).
-            stored = await tx.load_records(
-                run.run_id, [record.event_key, *(carried_record.event_key for carried_record in carried)]
-            )
+            # One read answers the terminal's key, every carried record's and the log it follows
+            # (§6.7, §6.4.1).
+            sent = [record, *carried]
+            stored = await tx.load_records(run.run_id, [each.event_key for each in sent] + basis)
+            unstored = any(not _stored_as_sent(stored, each) for each in sent)
+            if unstored and follows is not None and not follows.holds(run.record_count, stored):
+                _fail(ErrorCode.RUN_LOG_MOVED, "the run's log is no longer the one the run was closed on")
             if run.status.closed:
                 if run.status is not payload.run_status or run.terminal_key != record.event_key:
                     _fail(ErrorCode.RUN_TERMINAL_CONFLICT, "run already closed otherwise")
@@ -628,6 +634,12 @@ async def _run(tx: StoreTransaction, run_id: str) -> RunState:
     if run is None:
         _fail(ErrorCode.RUN_NOT_FOUND, "run not found")
     return run
+
+
+def _stored_as_sent(stored: dict[str, Record], record: Record) -> bool:
+    """Whether `stored` (records by key, read in this transaction) holds this very record."""
+    existing = stored.get(record.event_key)
+    return existing is not None and existing.same_content(record)
 
 
 def _retried(stored: dict[str, Record], record: Record, session: SessionState | None) -> AppendResult | None:
