@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -860,35 +861,29 @@ class Planner:
             view.stage(record)
             return view
         view = await self._flush(view)
-        return await self._commit(view, record, lambda: operation(record))
+        written = functools.partial(operation, record)
+        return await self._commit(view, record, lambda: self._starting.after(view.run_id, written))
 
     async def _flush(self, view: RunView, calls: Sequence[ToolCallRequested] = ()) -> RunView:
         """Write the staged records as one command (a step commits as one), with the tool `calls`
         it justifies published once it committed; the view itself, or the store's when another
-        writer came first."""
+        writer came first. A run's first step, decided while its start is under way, is sent
+        behind it."""
         if not view.unwritten:
             return view
         step = list(view.unwritten)
-        pending = self._starting.take(view.run_id)
-        if pending is not None:
-            # The turn's first step, decided while its start is under way: sent behind it.
-            basis = pending.basis
-            return await self._commit(
-                view, step[0], lambda: pending.ahead_of(self.steps.append(step, calls, basis))
-            )
-        return await self._commit(view, step[0], lambda: self.steps.append(step, calls))
+        append = functools.partial(self.steps.append, step, calls)
+        return await self._commit(view, step[0], lambda: self._starting.behind(view.run_id, append))
 
     async def _finish(self, view: RunView, record: Record) -> RunView:
-        """Close the run; the terminal carries the records staged before it (one command)."""
-        carried = list(view.unwritten)
-        return await self._commit(view, record, lambda: self.deps.store.record_run_terminal(record, carried))
+        """Close the run; the terminal carries the records staged before it (one command), sent
+        behind the run's start when that is under way (a first answer that closes the run)."""
+        close = functools.partial(self.deps.store.record_run_terminal, record, list(view.unwritten))
+        return await self._commit(view, record, lambda: self._starting.behind(view.run_id, close))
 
     async def _commit(self, view: RunView, record: Record, write: Callable[[], Awaitable[object]]) -> RunView:
         """Apply `write` (the staged records, then `record` unless it is the first of them) and fold
         it into the view; use the store's view instead when another writer came first."""
-        pending = self._starting.take(view.run_id)
-        if pending is not None:
-            await pending.settle()  # a pipelined turn's first write of another kind
         try:
             result = await write()
         except StoreRefusedError as error:

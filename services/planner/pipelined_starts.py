@@ -1,12 +1,13 @@
 """Pipelined starts: a run's start sent and not answered yet while its first step is decided.
 
 A planner may send a run's start, call the model while the start is on its way, and send the
-first step right behind it on the run's key (`Store.pipeline`). The step names the log it was
-decided on (`LogBasis`: the start's records), so the owner refuses it with RUN_LOG_MOVED, and
-publishes none of its calls, unless the start wrote exactly that log. `PipelinedStarts` keeps the
-starts under way: what the first step assumed, the text deltas held until the start is known to
-have simply succeeded, and how the run goes on when it did not (`StartMissedError`). Which runs are
-pipelined is the orchestrator's decision; this module only carries one through.
+first step right behind it on the run's key (`Store.pipeline`), or the terminal when the first
+answer closes the run. The step or terminal names the log it was decided on (`LogBasis`: the
+start's records), so the owner refuses it with RUN_LOG_MOVED, and publishes none of its calls or
+events, unless the start wrote exactly that log. `PipelinedStarts` keeps the starts under way:
+what the first write assumed, the text deltas held until the start is known to have simply
+succeeded, and how the run goes on when it did not (`StartMissedError`). Which runs are pipelined
+is the orchestrator's decision; this module only carries one through.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from quipu.contracts.errors import QuipuError, StoreRefusedError
 from quipu.contracts.store import LogBasis, RunStatus, StartOutcome, StartResult
@@ -25,6 +26,7 @@ from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.view import RunView
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 StartAnswer = StartResult | StoreRefusedError
 """What a start came to: its result, or the owner's refusal."""
@@ -93,9 +95,9 @@ class PendingStart:
         raise StartMissedError(then)
 
     async def ahead_of(self, write: Awaitable[T]) -> T:
-        """`write` (the first step, following `basis`) sent behind the start: its result once the
-        start simply succeeded. Else it is awaited all the same (refused by the owner, as its log is
-        not the run's), so what is read next comes after it."""
+        """`write` (the first step or terminal, following `basis`) sent behind the start: its
+        result once the start simply succeeded. Else it is awaited all the same (refused by the
+        owner, as its log is not the run's), so what is read next comes after it."""
         step = asyncio.ensure_future(write)
         try:
             await self.settle()
@@ -123,12 +125,21 @@ class PendingStart:
         self.held.clear()
 
 
+class Following(Protocol[T_co]):
+    """A write that can name the log it was decided on (a step, a terminal)."""
+
+    def __call__(self, *, follows: LogBasis | None) -> Awaitable[T_co]:
+        """The write, following `follows` (None: no log, the write is unconditional)."""
+        ...
+
+
 class PipelinedStarts:
     """The starts under way in this planner, one per run, while their first step is decided.
 
-    `begin` puts a start under way; the first write of the run takes it (`take`): a step goes
-    `ahead_of` behind it, any other write `settle`s it first. `say` holds a run's text deltas
-    while its start is unanswered; `drop` cancels a start whose handling ended before any write.
+    `begin` puts a start under way; the run's first write takes it: a step or a terminal is sent
+    `behind` it, following the start's records, any other write comes `after` it (settled first).
+    `say` holds a run's text deltas while its start is unanswered; `drop` cancels a start whose
+    handling ended before any write.
     """
 
     def __init__(self, publisher: Publisher) -> None:
@@ -143,9 +154,22 @@ class PipelinedStarts:
         reply = await via.sent(start)
         self._pending[run_id] = PendingStart(reply, basis, then, self._publisher)
 
-    def take(self, run_id: str) -> PendingStart | None:
-        """The run's start under way, if any, now that its first write is made."""
-        return self._pending.pop(run_id, None)
+    async def behind(self, run_id: str, write: Following[T]) -> T:
+        """`write`, sent right behind the run's start when that is under way (the run's first
+        write, following the start's records: refused by the owner unless the start wrote exactly
+        that log), else on its own, following no log."""
+        pending = self._pending.pop(run_id, None)
+        if pending is None:
+            return await write(follows=None)
+        return await pending.ahead_of(write(follows=pending.basis))
+
+    async def after(self, run_id: str, write: Callable[[], Awaitable[T]]) -> T:
+        """`write` (one that names no log: a cancellation, a suspension), once the run's start
+        under way, if any, is known to have simply succeeded (else StartMissedError)."""
+        pending = self._pending.pop(run_id, None)
+        if pending is not None:
+            await pending.settle()
+        return await write()
 
     async def say(self, run_id: str, delta: Output) -> None:
         """Publish a text delta of the run, held while its pipelined start is not known to have

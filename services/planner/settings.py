@@ -128,8 +128,9 @@ class PlannerSettings(ConsumerSettings, StoreClientSettings):
         default=True,
         description=(
             "Call a new turn's model while its start is on its way to the storage owner, and send the "
-            "first step behind it (refused unless the start simply succeeded), when the request cannot "
-            "be a redelivery; off: every start is answered before the model is called."
+            "first step, or the terminal when the first answer closes the run, behind it (refused "
+            "unless the start simply succeeded), when the request cannot be a redelivery; off: every "
+            "start is answered before the model is called."
         ),
     )
     recent_starts: int = Field(

@@ -10,7 +10,9 @@ was answered. What must hold:
 - a duplicate request (the same run asked for again) is never pipelined: the model is not asked
   again;
 - a start that stops (the session had ended) or is refused while its step is on its way leaves
-  nothing of the step: no record, no tool call, no text streamed.
+  nothing of the step: no record, no tool call, no text streamed;
+- a plain turn (its first answer closes the run) sends its terminal behind its start the same
+  way (RecordRunTerminal `follows`), and a stopped start leaves nothing of that answer either.
 
 A child run (an agent called as a tool) is pipelined the same way: its start and first step in one
 round trip; a parent closed or a session ended leaves nothing of the child's step, and the parent
@@ -34,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 
 from quipu.contracts.commands import (
     AppendRunRecords,
+    RecordRunTerminal,
     StartChildRun,
     StartOneShotChildRun,
     StartOneShotRun,
@@ -100,6 +103,14 @@ class NotingStore(KafkaStore):
             sent
             for sent in self.noted
             if isinstance(sent.command, AppendRunRecords) and sent.command.records[0].run_id == run_id
+        ]
+
+    def terminals_of(self, run_id: str) -> list[Sent]:
+        """The terminals (RecordRunTerminal) sent for a run."""
+        return [
+            sent
+            for sent in self.noted
+            if isinstance(sent.command, RecordRunTerminal) and sent.command.record.run_id == run_id
         ]
 
     def starts_of(self, run_id: str) -> list[Sent]:
@@ -304,6 +315,51 @@ async def test_a_new_turn_is_pipelined_and_runs_as_before(system: System) -> Non
     assert_pipelined_and_appended(system, request.run_id)
     assert system.model_calls(request.run_id) == 2
     assert len(system.calls_of(request.run_id)) == 1
+
+
+def assert_closed_behind_its_start(system: System, run_id: str) -> None:
+    """The run's only write after its start was its terminal, sent behind the start, following the
+    start's records, and it landed."""
+    [start] = system.planner_store.starts_of(run_id)
+    assert isinstance(start.command, StartRootRun) and start.refused is None
+    assert system.planner_store.steps_of(run_id) == []
+    [closing] = system.planner_store.terminals_of(run_id)
+    assert isinstance(closing.command, RecordRunTerminal) and closing.refused is None
+    follows = closing.command.follows
+    assert follows is not None, "the terminal was not pipelined"
+    assert follows.keys == [STARTED_KEY, *(record.event_key for record in start.command.records)]
+
+
+async def test_a_plain_turn_is_closed_right_behind_its_start(system: System) -> None:
+    request = await system.request(turn(await system.session(), "hello"))
+    events = await system.until_closed(request.run_id)
+    phases = [event.payload["phase"] for event in events if event.type is StreamEventType.WORKFLOW]
+    assert phases == ["planning", "completed"]
+    assert_closed_behind_its_start(system, request.run_id)
+    assert system.model_calls(request.run_id) == 1
+    assert any(event.type is StreamEventType.ASSISTANT_REPLY for event in events)
+
+
+async def test_a_plain_turn_whose_session_had_ended_leaves_nothing_of_its_answer(system: System) -> None:
+    session_id = await system.session()
+    await system.store.end_session(session_id, utc_now_ms())
+    request = await system.request(turn(session_id, "hello"))
+    events = await system.until_closed(request.run_id)
+    [workflow] = [event for event in events if event.type is StreamEventType.WORKFLOW]
+    assert workflow.payload["cancellation"] == {"reason": "session_ended"}
+
+    async def refused() -> bool:
+        terminals = system.planner_store.terminals_of(request.run_id)
+        return bool(terminals) and terminals[0].refused is not None
+
+    await eventually(refused, within=20.0, what=f"the refusal of {request.run_id}'s terminal")
+    [closing] = system.planner_store.terminals_of(request.run_id)
+    assert isinstance(closing.command, RecordRunTerminal) and closing.command.follows is not None
+    assert closing.refused is ErrorCode.RUN_LOG_MOVED
+    assert system.model_calls(request.run_id) == 1
+    types = [record.type for record in await load_records(system.store, request.run_id)]
+    assert types == [LifecycleType.RUN_STARTED.value, LifecycleType.RUN_COMPLETED.value]
+    await assert_said_and_called_nothing(system, request.run_id, session_id)
 
 
 async def test_turns_of_many_sessions_at_once_keep_each_start_before_its_step(system: System) -> None:
@@ -526,6 +582,7 @@ async def test_a_resume_starts_with_its_answer_and_continues_the_turn(system: Sy
     assert isinstance(start.command, StartRootRun) and start.refused is None
     assert [record.event_key for record in start.command.records][:3] == ["context", "seed", "input"]
     assert system.model_calls(request.run_id) == 1
+    assert_closed_behind_its_start(system, request.run_id)  # its first step is the answer
     await system.turns.wait_for(lambda _: bool(system.finished_turns(request.run_id)))
     [finished] = system.finished_turns(request.run_id)
     assert "yes, book it" in finished.assistant_text
