@@ -26,6 +26,13 @@ Definitions (printed by `python -m bench`):
   executor, tools.results -> planner), less 1 for each of the D steps whose command carries the
   tool calls (the owner publishes them after the commit: the run goes on through the call, and
   that step's reply travels beside the call and the tool, off the path).
+- Answer path: the same count for a plain turn ("hello" in a fresh session: the model answers at
+  once, no tool), measured over its own sequential runs: H = 2S + 1 (no tool hops, no step
+  carrying calls). Its first answer closes the run, so its terminal is its first write after the
+  start, sent behind the start before the start is answered (RecordRunTerminal `follows`): the
+  start and the terminal are one step. `answer_run_kafka_hops_on_path`,
+  `answer_run_store_ops_on_path`, `answer_run_store_writes_on_path`, `answer_run_overhead_p50_ms`
+  and p99 are the one-tool run's figures for that turn.
 - raw hop: aiokafka send_and_wait (the services' acks and idempotence) -> a group-less consumer
   (their fetch_max_wait_ms) on a topic of its own, services up and idle. Every consumer on the
   path has been waiting in a fetch when its message comes (Tansu's fetch does not wake on new
@@ -67,7 +74,7 @@ from dataclasses import dataclass
 
 from bench.kafka_requests.sitecustomize import count_requests
 from bench.run_instruments import STARTED, Span, progress, quantile, to_ms
-from bench.run_system import Run, System, raw_hops, replay, started_system
+from bench.run_system import ANSWER_TEXT, TEXT, Run, System, raw_hops, replay, started_system
 from quipu.contracts.commands import AppendRunRecords
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.kit.logging import configure_logging
@@ -75,6 +82,7 @@ from quipu.services.kit.settings import ServiceSettings
 
 WARMUP_RUNS = 5
 SEQUENTIAL_RUNS = 40
+ANSWER_RUNS = 20
 REPLAYED_RUNS = 20
 SESSIONS = 50
 RUNS_PER_SESSION = 2
@@ -95,6 +103,8 @@ critical path    N = planner commands (runtime + memory, timed in its KafkaStore
                  owner publishes them; its reply is off the path) = 2S + 3 - D hops, plus N store
                  operations, of which W are runtime-store writes (starts, appends, cancellation,
                  suspension, terminal)
+answer path      the same for a plain turn ("hello": answered at once, no tool), own sequential
+                 runs: H = 2S + 1 (its terminal is sent behind its pipelined start: one step)
 raw hop          aiokafka send_and_wait -> group-less consumer, same client settings, own topic,
                  0-20 ms idle before each send (the path's consumers wait in a fetch)
 store op         the runs' own commands (20 runs) replayed one at a time on MongoStore and
@@ -122,11 +132,11 @@ class Sequential:
     """This process's Kafka requests during the runs, by kind."""
 
 
-async def _sequential(system: System, count: int, requests: Counter[str]) -> Sequential:
+async def _sequential(system: System, count: int, requests: Counter[str], text: str = TEXT) -> Sequential:
     sessions = [await system.new_session() for _ in range(count)]
     before, requests_before = system.cpu(), requests.copy()
     started = time.perf_counter()
-    runs = [await system.run(session_id) for session_id in sessions]
+    runs = [await system.run(session_id, text) for session_id in sessions]
     wall = time.perf_counter() - started
     after, requests_after = system.cpu(), requests.copy()
     await asyncio.sleep(0.5)  # the last RecordRunTerminal's reply may land after its event
@@ -225,10 +235,32 @@ def carries_calls(step: Step) -> bool:
     return any(isinstance(span.command, AppendRunRecords) and span.command.calls for span in step.spans)
 
 
-def path_hops(spans: list[Span]) -> int:
-    """The Kafka hops on a run's path (the module docstring's H = 2S + 3 - D)."""
+def path_hops(spans: list[Span], tool_round_trips: int = 1) -> int:
+    """The Kafka hops on a run's path: the module docstring's H = 2S + 3 - D for the one-tool run,
+    2S + 1 for a plain turn (2 hops a tool round trip)."""
     steps = _steps(spans)
-    return 2 * len(steps) + 3 - sum(carries_calls(step) for step in steps[:-1])
+    return 2 * len(steps) + 1 + 2 * tool_round_trips - sum(carries_calls(step) for step in steps[:-1])
+
+
+@dataclass
+class PathFigures:
+    """A sequential set of runs' critical path, counted by its most common shape."""
+
+    shapes: Counter[tuple[str, ...]]
+    shape: tuple[str, ...]
+    hops: int
+    latencies: list[float]
+
+    @classmethod
+    def of(cls, paths: list[tuple[Run, list[Span]]], tool_round_trips: int) -> PathFigures:
+        shapes = Counter(tuple(span.op for span in spans) for _, spans in paths)
+        hops = Counter(path_hops(spans, tool_round_trips) for _, spans in paths).most_common(1)[0][0]
+        latencies = [run.seconds for run, _ in paths]
+        return cls(shapes, shapes.most_common(1)[0][0], hops, latencies)
+
+    @property
+    def writes(self) -> int:
+        return sum(op.startswith(WRITE_OPS) for op in self.shape)
 
 
 def _breakdown(system: System, paths: list[tuple[Run, list[Span]]]) -> dict[str, float]:
@@ -294,6 +326,10 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
             sequential = await _sequential(system, SEQUENTIAL_RUNS, requests)
             paths = _paths(system, sequential.runs)
             progress("sequential runs")
+            answers = PathFigures.of(
+                _paths(system, (await _sequential(system, ANSWER_RUNS, requests, ANSWER_TEXT)).runs), 0
+            )
+            progress("sequential plain turns")
             replayed = await replay(stack.mongo_uri, paths[:REPLAYED_RUNS], system)
             progress("commands replayed")
             concurrent = await _concurrent(system, requests)
@@ -302,17 +338,20 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
             if profile:
                 await _profiled(system)
     op_p50 = {op: statistics.median(values) for op, values in replayed.items()}
-    shapes = Counter(tuple(span.op for span in spans) for _, spans in paths)
-    shape = shapes.most_common(1)[0][0]
+    tool_run = PathFigures.of(paths, 1)
+    shape, hops, latencies = tool_run.shape, tool_run.hops, tool_run.latencies
     path_ops = Counter(shape)
     store_floor = sum(op_p50[op] * count for op, count in path_ops.items())
-    hops = Counter(path_hops(spans) for _, spans in paths).most_common(1)[0][0]
     hop_p50 = statistics.median(hops_idle)
     raw = hops * hop_p50 + store_floor
-    latencies = [run.seconds for run in sequential.runs]
     p50 = statistics.median(latencies)
     breakdown = _breakdown(system, paths)
-    _print_details(system, breakdown, sequential, op_p50, path_ops, shapes, concurrent, idle, hop_p50, hops)
+    _print_details(
+        system, breakdown, sequential, op_p50, path_ops, tool_run.shapes, concurrent, idle, hop_p50, hops
+    )
+    print("plain-turn path shapes seen (runs: commands in order):")
+    for order, seen in answers.shapes.most_common():
+        print(f"  {seen}: {' '.join(order)}")
     runs = len(concurrent.latencies)
     all_cpu_per_run = sum(concurrent.cpu_s.values()) / runs
     return {
@@ -324,8 +363,13 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
         "run_overhead_p50_ms_50_sessions": to_ms(statistics.median(concurrent.latencies)),
         "run_overhead_p99_ms_50_sessions": to_ms(quantile(concurrent.latencies, 0.99)),
         "run_store_ops_on_path": float(len(shape)),
-        "run_store_writes_on_path": float(sum(op.startswith(WRITE_OPS) for op in shape)),
+        "run_store_writes_on_path": float(tool_run.writes),
         "run_kafka_hops_on_path": float(hops),
+        "answer_run_overhead_p50_ms": to_ms(statistics.median(answers.latencies)),
+        "answer_run_overhead_p99_ms": to_ms(quantile(answers.latencies, 0.99)),
+        "answer_run_store_ops_on_path": float(len(answers.shape)),
+        "answer_run_store_writes_on_path": float(answers.writes),
+        "answer_run_kafka_hops_on_path": float(answers.hops),
         "raw_hop_p50_ms": to_ms(hop_p50),
         "raw_hop_p99_ms": to_ms(quantile(hops_idle, 0.99)),
         "raw_hop_back_to_back_p50_ms": to_ms(statistics.median(hops_back_to_back)),

@@ -49,6 +49,8 @@ from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.tool_executor.app import create_app as create_executor
 
 TEXT = "calculate 6*7"
+ANSWER_TEXT = "hello"
+"""A plain turn: ScriptedModel answers it at once (an echo), no tool called."""
 RUN_TIMEOUT_S = 300.0
 
 
@@ -88,10 +90,10 @@ class System:
         self.session_created[session_id] = created
         return session_id
 
-    async def run(self, session_id: str) -> Run:
-        """One run in `session_id`, from publishing its request to reading its terminal event."""
+    async def run(self, session_id: str, text: str = TEXT) -> Run:
+        """One run of `text` in `session_id`, from publishing its request to reading its terminal event."""
         request = RunRequested(
-            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id="assistant", text=TEXT
+            run_id="r-" + uuid.uuid4().hex, session_id=session_id, agent_id="assistant", text=text
         )
         end = self.watcher.expect(request.run_id)
         published = time.perf_counter()
