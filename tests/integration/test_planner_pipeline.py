@@ -214,14 +214,16 @@ class System:
             )
         )
 
-    async def step_refused(self, run_id: str) -> None:
-        """Wait until the run's first step is answered with a refusal."""
+    async def step_refused(self, run_id: str, terminal: bool = False) -> None:
+        """Wait until the run's first step (or its `terminal`) is answered with a refusal."""
+        sent_of = self.planner_store.terminals_of if terminal else self.planner_store.steps_of
 
         async def refused() -> bool:
-            steps = self.planner_store.steps_of(run_id)
-            return bool(steps) and steps[0].refused is not None
+            sent = sent_of(run_id)
+            return bool(sent) and sent[0].refused is not None
 
-        await eventually(refused, within=20.0, what=f"the refusal of {run_id}'s first step")
+        what = "terminal" if terminal else "first step"
+        await eventually(refused, within=20.0, what=f"the refusal of {run_id}'s {what}")
 
     async def read_past(self, reader: TopicReader, key: str) -> None:
         """Wait until `reader` has read a marker published now with `key`: whatever was published
@@ -347,12 +349,7 @@ async def test_a_plain_turn_whose_session_had_ended_leaves_nothing_of_its_answer
     events = await system.until_closed(request.run_id)
     [workflow] = [event for event in events if event.type is StreamEventType.WORKFLOW]
     assert workflow.payload["cancellation"] == {"reason": "session_ended"}
-
-    async def refused() -> bool:
-        terminals = system.planner_store.terminals_of(request.run_id)
-        return bool(terminals) and terminals[0].refused is not None
-
-    await eventually(refused, within=20.0, what=f"the refusal of {request.run_id}'s terminal")
+    await system.step_refused(request.run_id, terminal=True)
     [closing] = system.planner_store.terminals_of(request.run_id)
     assert isinstance(closing.command, RecordRunTerminal) and closing.command.follows is not None
     assert closing.refused is ErrorCode.RUN_LOG_MOVED
