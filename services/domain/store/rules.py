@@ -388,8 +388,7 @@ class RuleStore:
             stored = await tx.load_records(run.run_id, [record.event_key for record in step] + basis)
             retried = [_retried(stored, record, session) for record in step]
             new = [record for record, result in zip(step, retried, strict=True) if result is None]
-            if new and follows is not None and not follows.holds(run.record_count, stored):
-                _fail(ErrorCode.RUN_LOG_MOVED, "the run's log is no longer the one the step was decided on")
+            _check_follows(follows, run, stored, writes_anew=bool(new))
             if new and run.status.closed:
                 _fail(ErrorCode.RUN_NOT_ACTIVE, "run is closed")
             writes = _Writes(tx, session)
@@ -477,9 +476,8 @@ class RuleStore:
             # (§6.7, §6.4.1).
             sent = [record, *carried]
             stored = await tx.load_records(run.run_id, [each.event_key for each in sent] + basis)
-            unstored = any(not _stored_as_sent(stored, each) for each in sent)
-            if unstored and follows is not None and not follows.holds(run.record_count, stored):
-                _fail(ErrorCode.RUN_LOG_MOVED, "the run's log is no longer the one the run was closed on")
+            anew = not all(_stored_as_sent(stored, each) for each in sent)
+            _check_follows(follows, run, stored, writes_anew=anew)
             if run.status.closed:
                 if run.status is not payload.run_status or run.terminal_key != record.event_key:
                     _fail(ErrorCode.RUN_TERMINAL_CONFLICT, "run already closed otherwise")
@@ -634,6 +632,15 @@ async def _run(tx: StoreTransaction, run_id: str) -> RunState:
     if run is None:
         _fail(ErrorCode.RUN_NOT_FOUND, "run not found")
     return run
+
+
+def _check_follows(
+    follows: LogBasis | None, run: RunState, stored: dict[str, Record], *, writes_anew: bool
+) -> None:
+    """RUN_LOG_MOVED when a write that is not an exact retry follows a log that is no longer the
+    run's (§6.4, §6.7); `stored` holds the records read at the basis's keys."""
+    if writes_anew and follows is not None and not follows.holds(run.record_count, stored):
+        _fail(ErrorCode.RUN_LOG_MOVED, "the run's log is no longer the one the write was decided on")
 
 
 def _stored_as_sent(stored: dict[str, Record], record: Record) -> bool:
