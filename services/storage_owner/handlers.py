@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ from quipu.services.kit.lifecycle import Running
 from quipu.services.kit.publishing import broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
-from quipu.services.storage_owner.logic import apply_command, correlation_of, reply_partition
+from quipu.services.storage_owner.logic import Announcement, apply_command, correlation_of, reply_partition
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.settings import OwnerSettings
 from quipu.services.storage_owner.their_person import TheirPerson
@@ -142,9 +142,11 @@ def register(
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
             serving = stores.get()
-            reply, announcements = await apply_command(serving.store, command, serving.memory)
+            announcements: Sequence[Announcement]
             if seals.sealing:
-                reply, announcements = await serving.people.seal(command, reply, announcements)
+                reply, announcements = await serving.people.apply(command)
+            else:
+                reply, announcements = await apply_command(serving.store, command, serving.memory)
             if isinstance(command, ForgetPrincipal) and seals.keys is not None:
                 # This owner just shredded the key: its own cache lets go of it at once.
                 seals.keys.drop(

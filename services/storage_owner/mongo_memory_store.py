@@ -12,6 +12,7 @@ documents. A text whose key is gone reads as absent.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
@@ -21,6 +22,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
+from quipu.services.domain.memory.transaction import MemoryTransactionRunner
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
 from quipu.services.storage_owner.mongo import (
     Document,
@@ -116,18 +118,18 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
             ),
         )
 
+    def over(self, transactions: MemoryTransactionRunner) -> MongoMemoryStore:
+        """This store with its rules applied over `transactions` (which wrap this store's own, to
+        watch what they read): everything else, this store's own operations included, as it is."""
+        view = copy.copy(self)
+        MemoryRules.__init__(view, transactions, self._clock)
+        return view
+
     async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:
         """The principal's data key (the owner's `KeySource`); None when they have none and not `create`."""
         return await self.transactions.run_mongo(
             lambda tx: tx.data_key(whose.tenant_id, whose.principal_id, create=create)
         )
-
-    async def history_owner(self, session_id: str) -> SealedFor | None:
-        """Whose data key seals the session's history (None: no history recorded yet)."""
-        session = await self.transactions.run_mongo(lambda tx: tx.load_session(session_id))
-        if session is None or not session.scope.principal_id:
-            return None
-        return SealedFor(tenant_id=session.scope.tenant_id, principal_id=session.scope.principal_id)
 
     async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
         """Shred the principal's key in its own transaction, then erase their documents."""

@@ -118,6 +118,9 @@ class MongoMemoryTransaction:
         self._c = collections
         self._session = session
         self._keys = PrincipalKeys(collections.keys, session, keyring)
+        self.opened_for: set[tuple[str, str]] = set()
+        """Whose keys (tenant, principal) opened the texts this transaction read: the people whose
+        words its result holds, known without reading anything again."""
 
     async def _seal_text(self, tenant_id: str, principal_id: str, text: str, context: str) -> bytes:
         # Fenced: a write racing forget_principal conflicts with it (see module docs).
@@ -127,7 +130,9 @@ class MongoMemoryTransaction:
         key = await self._keys.reading_key(*_principal_of(document))
         if key is None:
             return None
-        return unwrap(key, bytes(document[field]), context).decode()
+        text = unwrap(key, bytes(document[field]), context).decode()
+        self.opened_for.add(_principal_of(document))
+        return text
 
     # -- history -------------------------------------------------------------------------------
 

@@ -7,13 +7,16 @@ same key, found the same way: never the key a command names (`sealed_for` says w
 works for, not whose words come back) nor a session's recorded owner (a session created without
 one still holds its runs' words). A session's records page is sealed under its records' person;
 a page that would hold two people's words under one key is refused (the planner never puts two
-people's runs in one session; a direct writer could): list such a session per run.
+people's runs in one session; a direct writer could): list such a session per run. A history
+read's person is the one whose key opened the texts its own transaction read (`apply`): the
+owner learns it from that read, with no second transaction that reads the session again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from quipu.contracts.commands import (
     DispatchedCall,
@@ -31,10 +34,14 @@ from quipu.contracts.store import RunStart
 from quipu.contracts.store_operation import Backend
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.memory.protocol import MemoryStore
+from quipu.services.domain.memory.transaction import MemoryTransaction
 from quipu.services.domain.store.protocol import Store
-from quipu.services.storage_owner.logic import Announcement, sealed_as
+from quipu.services.storage_owner.logic import Announcement, apply_command, sealed_as
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
+from quipu.services.storage_owner.mongo_memory_transaction import MongoMemoryTransaction
 from quipu.services.storage_owner.mongo_store import MongoStore
+
+T = TypeVar("T")
 
 _RUN_READS = ListRunRecords | LoadRunSuspension
 _HISTORY_READS = ListHistory | HistoryTail | LoadSummary
@@ -48,22 +55,61 @@ def run_person(run: RunStart) -> SealedFor:
     )
 
 
+class WordsRead:
+    """A MongoDB memory store whose transactions note whose keys opened the texts a read returned
+    (one read: build one per command)."""
+
+    def __init__(self, memory: MongoMemoryStore) -> None:
+        self._transactions = memory.transactions
+        self.memory: MemoryStore = memory.over(self)
+        """The store to apply the read on: the same store, its rules over the noting transactions."""
+        self.people: set[tuple[str, str]] = set()
+        """(tenant, principal) of every key that opened a text of the read's committed attempt."""
+
+    async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
+        """`operation` in one transaction of the store, noting whose keys opened what it read."""
+
+        async def noting(transaction: MongoMemoryTransaction) -> T:
+            result = await operation(transaction)
+            # Replaced, not added to: an attempt retried whole (a conflict) reads everything anew.
+            self.people = set(transaction.opened_for)
+            return result
+
+        return await self._transactions.run_mongo(noting)
+
+
 class TheirPerson:
     """Finds whose words a command's reply and events carry; run owners are kept (they never change)."""
 
     def __init__(self, store: Store, memory: MemoryStore, *, runs: int = 4096) -> None:
+        self._stores = (store, memory)
         self._store = store if isinstance(store, MongoStore) else None
         self._memory = memory if isinstance(memory, MongoMemoryStore) else None
         self._runs = max(1, runs)
         self._owners: OrderedDict[str, SealedFor] = OrderedDict()
 
+    async def apply(self, command: StoreOperation) -> tuple[StoreReply, list[Announcement]]:
+        """`apply_command`, then `seal`; a history read on MongoDB's memory store notes whose words
+        it read in its own transaction, so sealing its reply reads nothing more."""
+        store, memory = self._stores
+        read = None
+        if self._memory is not None and isinstance(command, _HISTORY_READS):
+            read = WordsRead(self._memory)
+            memory = read.memory
+        reply, announcements = await apply_command(store, command, memory)
+        return await self.seal(command, reply, announcements, read)
+
     async def seal(
-        self, command: StoreOperation, reply: StoreReply, announcements: Sequence[Announcement]
+        self,
+        command: StoreOperation,
+        reply: StoreReply,
+        announcements: Sequence[Announcement],
+        read: WordsRead | None = None,
     ) -> tuple[StoreReply, list[Announcement]]:
         """The reply, the stream events and the tool calls sealed for the person whose words they carry.
 
-        A refusal, and whatever this owner cannot place (a store that is not MongoDB's), keep the
-        command's own `sealed_for`.
+        A refusal, and whatever this owner cannot place (a store that is not MongoDB's, a history
+        read applied without `read`), keep the command's own `sealed_for`.
         """
         events = list(announcements)
         words_back = reply.error is None and reply.result is not None and _reads_words(command)
@@ -71,7 +117,7 @@ class TheirPerson:
         if isinstance(command, ForgetPrincipal) or not (words_back or stream):
             return reply, events  # nothing of anyone's words, or a forget (sealing it makes a key anew)
         try:
-            whose = await self._person_of(command, reply)
+            whose = await self._person_of(command, reply, read)
         except StoreRefusedError as error:
             return StoreReply(correlation_id=reply.correlation_id, op=reply.op, error=error.to_body()), []
         if whose is None:
@@ -83,12 +129,14 @@ class TheirPerson:
             for event in events
         ]
 
-    async def _person_of(self, command: StoreOperation, reply: StoreReply) -> SealedFor | None:
+    async def _person_of(
+        self, command: StoreOperation, reply: StoreReply, read: WordsRead | None
+    ) -> SealedFor | None:
         named = command.whose_words()
         if named is not None:
             return named  # a memory command's scope: where the store keeps it
         if isinstance(command, _HISTORY_READS):
-            return await self._memory.history_owner(command.session_id) if self._memory else None
+            return _reader_of(command.session_id, read.people, reply) if read is not None else None
         if isinstance(command, ListSessionRunRecords):
             return await self._page_person(command.session_id, reply)
         run = getattr(command, "run", None)
@@ -135,6 +183,22 @@ class TheirPerson:
         while len(self._owners) > self._runs:
             self._owners.popitem(last=False)
         return whose
+
+
+def _reader_of(session_id: str, people: set[tuple[str, str]], reply: StoreReply) -> SealedFor | None:
+    """The one person whose words a history read returned (None: it returned none of anyone's).
+
+    Words with no person, or with two, are refused: they are never sent under a key that is not
+    surely theirs (the first would be a read past the noting transactions: a defect, closed shut).
+    """
+    if len(people) > 1 or (not people and reply.result):
+        raise StoreRefusedError(
+            ErrorCode.SESSION_PRINCIPAL_MISMATCH,
+            f"a history read of session {session_id} returned words of other than one known principal",
+        )
+    for tenant_id, principal_id in people:
+        return SealedFor(tenant_id=tenant_id, principal_id=principal_id)
+    return None
 
 
 def _written_run(command: StoreOperation) -> str:
