@@ -80,6 +80,9 @@ class ErrorCode(StrEnum):
     FACT_NOT_FOUND = "FACT_NOT_FOUND"
     SESSION_PRINCIPAL_MISMATCH = "SESSION_PRINCIPAL_MISMATCH"
     """The session belongs to another principal (or tenant): a run there would be someone else's turn."""
+    PRINCIPAL_FORGOTTEN = "PRINCIPAL_FORGOTTEN"
+    """The words of a memory write were said before their principal was forgotten (or belong to a
+    turn forget erased): writing them would bring back what forget erased. Final, never retried."""
     UNAVAILABLE = "UNAVAILABLE"
 
     @property

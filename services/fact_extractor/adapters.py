@@ -13,6 +13,9 @@ One recorded turn, in order:
    words, the current facts and the previous profile (best effort: a model failure keeps the old
    profile until the next N-th turn).
 
+A turn whose principal was forgotten while it was being read meets the store's refusal
+(`PRINCIPAL_FORGOTTEN`) and is settled as skipped: nothing of it is kept.
+
 Logs carry identifiers, counts, reasons and categories; never a fact's text or the user's words.
 """
 
@@ -77,7 +80,8 @@ class TurnOutcome:
     """What one recorded turn did to memory (for tests and logs)."""
 
     skipped: str = ""
-    """Why the turn was not looked at (`memory_opt_out`, `no_principal`, `rows_missing`), or ""."""
+    """Why the turn was not looked at (`memory_opt_out`, `no_principal`, `rows_missing`) or kept
+    nothing (`forgotten`: its principal was forgotten while it was read), or ""."""
     changes: list[FactChanged] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     profile: Profile | None = None
@@ -150,10 +154,17 @@ class FactExtractor:
             if rows is None:
                 logger.warning("turn skipped: its history rows are not there", first_seq=event.first_seq)
                 return TurnOutcome(skipped="rows_missing")
-            changes, refusals = await self._extract(event, rows)
-            profile = None
-            if profile_due(event, self._settings.profile_every_turns):
-                profile = await self._rewrite_profile(event)
+            try:
+                changes, refusals = await self._extract(event, rows)
+                profile = None
+                if profile_due(event, self._settings.profile_every_turns):
+                    profile = await self._rewrite_profile(event)
+            except StoreRefusedError as error:
+                if error.code is not ErrorCode.PRINCIPAL_FORGOTTEN:
+                    raise
+                # Forget erased the turn after its rows were read: keeping nothing is the effect.
+                logger.info("turn skipped", reason="forgotten")
+                return TurnOutcome(skipped="forgotten")
             return TurnOutcome(changes=changes, refusals=refusals, profile=profile)
 
     def _skip_reason(self, event: HistoryRecorded) -> str:
@@ -216,6 +227,8 @@ class FactExtractor:
                     event.scope, validated.operations, idempotency_key=event.turn_id
                 )
             except StoreRefusedError as error:
+                if error.code is ErrorCode.PRINCIPAL_FORGOTTEN:
+                    raise
                 if error.code is ErrorCode.FACT_NOT_FOUND and attempt < APPLY_ATTEMPTS:
                     # A fact went (a user deleted it) between reading and applying: validate again.
                     logger.info("a fact changed meanwhile; validating again", attempt=attempt)

@@ -63,6 +63,20 @@ class MessageErasedError(QuipuError):
     """Raised when a message is sealed under a key that is gone: its principal was forgotten."""
 
 
+class Opened(Protocol):
+    """A consumed message opened: its plaintext, and the tag of the key it was sealed under."""
+
+    @property
+    def body(self) -> bytes:
+        """The plaintext JSON."""
+        ...
+
+    @property
+    def key_tag(self) -> bytes | None:
+        """The sealing key's tag (None: the message was plaintext)."""
+        ...
+
+
 class MessageOpener(Protocol):
     """Opens a sealed message body (quipu.services.kit.keys.MessageSeals); a plaintext one comes back as is.
 
@@ -70,8 +84,8 @@ class MessageOpener(Protocol):
     key channel away), else dead-lettered as `unsealable`.
     """
 
-    async def open(self, body: bytes, /) -> bytes:
-        """The plaintext JSON of `body`."""
+    async def opened(self, body: bytes, /) -> Opened:
+        """The plaintext JSON of `body`, and the key it was sealed under."""
         ...
 
 
@@ -279,9 +293,10 @@ class Delivery:
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None,
         log: Any,
     ) -> None:
-        body = await self._opened(message, on_invalid, log)
-        if body is None:
+        opened = await self._opened(message, on_invalid, log)
+        if opened is None:
             return
+        body, key_tag = opened
         try:
             payload = payload_type.validate_json(body)
         except Exception as error:
@@ -292,12 +307,18 @@ class Delivery:
             await self.dead_letter(message, "invalid_payload", detail, attempts=0)
             await message.ack()
             return
-        # What the effect writes about a sealed message is sealed for the same principal.
+        # What the effect writes about a sealed message is sealed for the same principal, and
+        # under the same key.
         whose = getattr(payload, "sealed_for", None)
         first = bool(getattr(message, "first_delivery", False))
         for attempt in range(1, self._policy.attempts + 1):
             try:
-                await _apply(effect, payload, whose, first=first and attempt == 1)
+                await _apply(effect, payload, whose, key_tag, first=first and attempt == 1)
+            except MessageErasedError:
+                # Its principal was forgotten while it was handled: keeping nothing is the effect.
+                log.info("message of a forgotten principal settled")
+                await message.ack()
+                return
             except Exception as error:
                 if not is_retryable(error):
                     await self._give_up(message, error, attempt, log)
@@ -328,18 +349,20 @@ class Delivery:
         message: ConsumedMessage,
         on_invalid: Callable[[bytes, str], Awaitable[None]] | None,
         log: Any,
-    ) -> bytes | None:
-        """The message's plaintext (a sealed one opened), or None once it is settled or nacked.
+    ) -> tuple[bytes, bytes | None] | None:
+        """The message's plaintext (a sealed one opened) and its key's tag, or None once it is
+        settled or nacked.
 
         A message sealed under a forgotten principal's key is settled without a dead letter (there
         is nothing left to replay; `on_invalid` still answers it); one that cannot ever open is
         dead-lettered; a key channel that does not answer is retried like a transient failure.
         """
         if self._opener is None:
-            return message.body
+            return message.body, None
         for attempt in range(1, self._policy.attempts + 1):
             try:
-                return await self._opener.open(message.body)
+                opened = await self._opener.opened(message.body)
+                return opened.body, opened.key_tag
             except MessageErasedError as error:
                 log.info("message of a forgotten principal settled")
                 await self._tell_invalid(on_invalid, message.body, str(error), log)
@@ -439,12 +462,14 @@ _REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidT
 """What the broker (or the producer) would refuse again for the same record."""
 
 
-async def _apply(effect: Callable[[T], Awaitable[None]], payload: T, whose: object, *, first: bool) -> None:
-    """One attempt of `effect`, sealed for `whose` when the message was, knowing whether it is the
-    message's first handling (`first_delivery`)."""
+async def _apply(
+    effect: Callable[[T], Awaitable[None]], payload: T, whose: object, key_tag: bytes | None, *, first: bool
+) -> None:
+    """One attempt of `effect`, sealed for `whose` under the key `key_tag` names when the message
+    was sealed, knowing whether it is the message's first handling (`first_delivery`)."""
     marked = _FIRST_DELIVERY.set(first)
     try:
-        with sealing_as(whose) if isinstance(whose, SealedFor) else contextlib.nullcontext():
+        with sealing_as(whose, key_tag) if isinstance(whose, SealedFor) else contextlib.nullcontext():
             await effect(payload)
     finally:
         _FIRST_DELIVERY.reset(marked)

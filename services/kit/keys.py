@@ -21,7 +21,7 @@ import binascii
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 from pydantic import BaseModel, Field
@@ -165,14 +165,29 @@ class KeyClient:
         self._cached.pop(whose, None)
 
 
+class OpenedMessage(NamedTuple):
+    """A consumed message's plaintext, and the tag of the key it was sealed under (None: plaintext)."""
+
+    body: bytes
+    key_tag: bytes | None
+
+
 class MessageSeals:
     """Seals the messages a service publishes and opens the ones it consumes (quipu.contracts.sealed).
 
     Without a `KeyClient` nothing is sealed, and a sealed message cannot be opened.
+
+    Words keep their key: what a service seals while it handles a message sealed for the same
+    principal (`sealing.sealing_as`) goes under the key that message came under, or nowhere
+    (MessageErasedError, settled). A forget shreds that key, so a service still holding the
+    person's words when its cache lets go of the key cannot bring them back under a key made
+    anew. `keep_source_keys=False` is for the storage owner, whose own writes meet forget's
+    marks instead (and whose replies must go out).
     """
 
-    def __init__(self, keys: KeyClient | None) -> None:
+    def __init__(self, keys: KeyClient | None, *, keep_source_keys: bool = True) -> None:
         self.keys = keys
+        self._keep_source_keys = keep_source_keys
 
     @property
     def sealing(self) -> bool:
@@ -194,12 +209,25 @@ class MessageSeals:
         whose: SealedFor | None = getattr(message, SEALED_FOR_FIELD, None) or current_sealing_for()
         if whose is None or not whose.principal_id:
             return message.model_dump_json().encode()
-        key = await self.keys.key(whose, create=True)
-        assert key is not None  # created when missing
+        key = await self._sealing_key(whose)
         # Each part serialized by pydantic once; only the small clear part is handled as a dict.
         clear = json.loads(message.model_dump_json(exclude=set(fields)))
         clear[SEALED_FOR_FIELD] = whose.model_dump()
         return sealing.seal_message(key, clear, message.model_dump_json(include=set(fields)).encode())
+
+    async def _sealing_key(self, whose: SealedFor) -> bytes:
+        assert self.keys is not None
+        key = await self.keys.key(whose, create=True)
+        assert key is not None  # created when missing
+        source = sealing.source_key_tag(whose) if self._keep_source_keys else None
+        if source is None or sealing.key_tag(key) == source:
+            return key
+        # The cache may hold a key older than the message's: ask once more before refusing.
+        key = await self.keys.key(whose, create=True, fresh=True)
+        assert key is not None
+        if sealing.key_tag(key) != source:
+            raise MessageErasedError("words of a principal forgotten since they were sealed")
+        return key
 
     async def open(self, body: bytes) -> bytes:
         """The plaintext JSON of a consumed message (a plaintext one is returned as it is).
@@ -207,12 +235,16 @@ class MessageSeals:
         MessageErasedError: sealed under a key that is gone. UnsealableMessageError: altered, or
         this service has no key channel. KeyUnavailableError: the channel is away (retry).
         """
+        return (await self.opened(body)).body
+
+    async def opened(self, body: bytes) -> OpenedMessage:
+        """`open`, also naming the key the message was sealed under (`sealing.sealing_as`)."""
         try:
             parts = sealing.sealed_parts(body)
         except sealing.SealError as error:
             raise UnsealableMessageError(str(error)) from error
         if parts is None:
-            return body
+            return OpenedMessage(body, None)
         clear, sealed = parts
         if self.keys is None:
             raise UnsealableMessageError("a sealed message, and no key channel configured (QUIPU_KEYS_URL)")
@@ -222,7 +254,7 @@ class MessageSeals:
             if key is None:
                 raise MessageErasedError("sealed under the key of a forgotten principal")
             try:
-                return sealing.open_message(key, clear, sealed)
+                return OpenedMessage(sealing.open_message(key, clear, sealed), sealing.key_tag(key))
             except sealing.OtherKeyError:
                 if attempt == "fresh":
                     raise MessageErasedError("sealed under a key the principal no longer has") from None

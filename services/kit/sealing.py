@@ -159,6 +159,9 @@ def open_message(key: bytes, clear: dict[str, Any], sealed: bytes) -> bytes:
 
 
 _SEALING_FOR: contextvars.ContextVar[SealedFor | None] = contextvars.ContextVar("sealing_for", default=None)
+_SOURCE_KEY: contextvars.ContextVar[tuple[SealedFor, bytes] | None] = contextvars.ContextVar(
+    "source_key", default=None
+)
 
 
 @contextlib.contextmanager
@@ -175,10 +178,24 @@ def sealing_for(tenant_id: str, principal_id: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def sealing_as(whose: SealedFor | None) -> Iterator[None]:
-    """`sealing_for` with the principal a consumed message was sealed for (None: no one)."""
-    with sealing_for(whose.tenant_id if whose else "", whose.principal_id if whose else ""):
-        yield
+def sealing_as(whose: SealedFor | None, source_key_tag: bytes | None = None) -> Iterator[None]:
+    """`sealing_for` with the principal a consumed message was sealed for (None: no one), and the
+    tag of the key it was sealed under: what the block seals for that principal must go under the
+    same key (`source_key_tag`)."""
+    source = _SOURCE_KEY.set((whose, source_key_tag) if whose and source_key_tag else None)
+    try:
+        with sealing_for(whose.tenant_id if whose else "", whose.principal_id if whose else ""):
+            yield
+    finally:
+        _SOURCE_KEY.reset(source)
+
+
+def source_key_tag(whose: SealedFor) -> bytes | None:
+    """The tag of the key the consumed message being handled was sealed under, when it was sealed
+    for `whose`: words taken from it are sealed under that key or not at all, so that a forget
+    (which shreds it) reaches them too, never a key made anew since."""
+    source = _SOURCE_KEY.get()
+    return source[1] if source is not None and source[0] == whose else None
 
 
 def current_sealing_for() -> SealedFor | None:

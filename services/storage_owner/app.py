@@ -72,7 +72,9 @@ def create_app(
     stores: Running[handlers.OwnerStores] = Running("storage owner")
     # The seals are built before the stores open: they reach the keyring through what is open.
     keyring = handlers.OwnerKeyring(lambda: stores.get().memory)
-    seals = MessageSeals(KeyClient(keyring, ttl_s=keys.cache_ttl_s) if keys.token_value else None)
+    seals = MessageSeals(
+        KeyClient(keyring, ttl_s=keys.cache_ttl_s) if keys.token_value else None, keep_source_keys=False
+    )
 
     async def open_stores(_: KafkaBroker, opened: Opened) -> handlers.OwnerStores:
         runtime = store

@@ -12,8 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import hashlib
-import json
 import os
 import secrets
 from typing import Any
@@ -26,6 +24,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.wire import utc_now_ms
+from quipu.services.domain.memory.tombstone import digest
 
 KEYS = "memory_keys"
 """The collection of wrapped data keys (its name predates run-record sealing)."""
@@ -45,11 +44,6 @@ def parse_master_key(value: str) -> bytes:
         if len(key) == 32:
             return key
     raise ValueError("the master key must be base64 of 32 random bytes (openssl rand -base64 32)")
-
-
-def digest(*parts: str) -> str:
-    """A stable hex id made of `parts` (document ids that must not show the parts themselves)."""
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def key_id(tenant_id: str, principal_id: str) -> str:

@@ -6,8 +6,9 @@
 transient conflict, like the runtime store's.
 
 `forget_principal` shreds first: one transaction deletes the key (from then on every sealed
-text of the principal is unreadable, whatever copy of it survives), a second deletes the
-documents. A text whose key is gone reads as absent.
+text of the principal is unreadable, whatever copy of it survives) and marks the person
+forgotten, a second deletes the documents and marks every erased turn (`tombstone`). A text
+whose key is gone reads as absent; a late write of the person's earlier words is refused.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ INDEXES: Mapping[str, list[IndexModel]] = {
     PROFILES: [IndexModel(_PRINCIPAL, name="principal")],
     INDEX: [IndexModel(_PRINCIPAL, name="principal")],
 }
-"""Secondary indexes by collection; `memory_keys` is only read by `_id`."""
+"""Secondary indexes by collection; `memory_keys` and `memory_forgotten` are only read by `_id`."""
 
 
 # --- the store ----------------------------------------------------------------------------------
@@ -131,11 +132,11 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
             lambda tx: tx.data_key(whose.tenant_id, whose.principal_id, create=create)
         )
 
-    async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
-        """Shred the principal's key in its own transaction, then erase their documents."""
-        if principal_id:
-            await self.transactions.run_mongo(lambda tx: tx.shred_key(tenant_id, principal_id))
-        return await super().forget_principal(tenant_id, principal_id)
+    async def _forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
+        """Shred the principal's key (and mark them forgotten) in its own transaction, then erase
+        their documents."""
+        await self.transactions.run_mongo(lambda tx: tx.shred_key(tenant_id, principal_id, at))
+        return await super()._forget(tenant_id, principal_id, at)
 
     async def drop_collections(self) -> None:
         """Delete every memory collection (tests that share a database with the runtime store)."""

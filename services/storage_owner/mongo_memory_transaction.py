@@ -20,15 +20,18 @@ Layout (collections prefixed `memory_`; every query path is indexed, see INDEXES
 - `memory_fact_changes`: `_id` = hash of (tenant, principal, idempotency key).
 - `memory_profiles`: `_id` = hash of the scope.
 - `memory_index`: `_id` = fact id.
+- `memory_forgotten`: forget's marks (`tombstone`), `_id` = a digest only: the person's, with the
+  time of their last forget, and one for every turn a forget erased. No words, no id in clear.
 
-All but `memory_keys` carry `(tenant_id, principal_id)`, indexed, for the principal's reads and
-for forgetting.
+All but `memory_keys` and `memory_forgotten` carry `(tenant_id, principal_id)`, indexed, for the
+principal's reads and for forgetting.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TypeVar
 
 from pydantic import TypeAdapter
@@ -49,8 +52,9 @@ from quipu.contracts.memory import (
     Provenance,
     SessionSummary,
 )
+from quipu.services.domain.memory.tombstone import Forgetting, digest, person_mark, turn_mark
 from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
-from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, digest, unwrap, wrap
+from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, unwrap, wrap
 from quipu.services.storage_owner.mongo import Document, TransactionLoop, TransactionPolicy, WriteRaceError
 
 T = TypeVar("T")
@@ -64,7 +68,8 @@ AUDIT = "memory_audit"
 FACT_CHANGES = "memory_fact_changes"
 PROFILES = "memory_profiles"
 INDEX = "memory_index"
-COLLECTIONS = (KEYS, SESSIONS, HISTORY, SUMMARIES, FACTS, AUDIT, FACT_CHANGES, PROFILES, INDEX)
+FORGOTTEN = "memory_forgotten"
+COLLECTIONS = (KEYS, SESSIONS, HISTORY, SUMMARIES, FACTS, AUDIT, FACT_CHANGES, PROFILES, INDEX, FORGOTTEN)
 
 _CHANGES = TypeAdapter(list[FactChanged])
 
@@ -83,6 +88,7 @@ class _Collections:
         self.fact_changes: AsyncCollection[Document] = database[FACT_CHANGES]
         self.profiles: AsyncCollection[Document] = database[PROFILES]
         self.index: AsyncCollection[Document] = database[INDEX]
+        self.forgotten: AsyncCollection[Document] = database[FORGOTTEN]
 
 
 def _principal_of(document: Document) -> tuple[str, str]:
@@ -455,13 +461,38 @@ class MongoMemoryTransaction:
             return await self._keys.writing_key(tenant_id, principal_id, fence=False)
         return await self._keys.reading_key(tenant_id, principal_id)
 
-    async def shred_key(self, tenant_id: str, principal_id: str) -> None:
-        """Delete the principal's data key: every sealed text of theirs becomes unreadable."""
+    async def shred_key(self, tenant_id: str, principal_id: str, at: datetime) -> None:
+        """Delete the principal's data key (every sealed text of theirs becomes unreadable) and mark
+        them forgotten at `at`, in one transaction: from its commit on, their late words are refused."""
         await self._keys.shred(tenant_id, principal_id)
+        await self._mark(person_mark(tenant_id, principal_id), {"at": at})
 
-    async def forget(self, tenant_id: str, principal_id: str) -> int:
+    async def _mark(self, mark: str, fields: Document) -> None:
+        await self._c.forgotten.replace_one(
+            {"_id": mark}, {"_id": mark, **fields}, upsert=True, session=self._session
+        )
+
+    async def forgetting(self, tenant_id: str, principal_id: str, turn_marks: Sequence[str]) -> Forgetting:
+        person = person_mark(tenant_id, principal_id)
+        marks = [person, *turn_marks]
+        # One `_id` lookup per mark: a write names one turn or a few.
+        found = [await self._c.forgotten.find_one({"_id": mark}, session=self._session) for mark in marks]
+        return Forgetting(
+            forgotten_at=found[0]["at"] if found[0] is not None else None,
+            erased_turn=any(document is not None for document in found[1:]),
+        )
+
+    async def forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
         who = _who(tenant_id, principal_id)
-        await self.shred_key(tenant_id, principal_id)
+        await self.shred_key(tenant_id, principal_id, at)
+        turns = {
+            (document["session_id"], document["turn_id"])
+            async for document in self._c.history.find(
+                who, {"session_id": True, "turn_id": True}, session=self._session
+            )
+        }
+        for session_id, turn_id in sorted(turns):
+            await self._mark(turn_mark(tenant_id, principal_id, session_id, turn_id), {})
         erased = 0
         for collection in (
             self._c.history,

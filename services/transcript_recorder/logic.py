@@ -6,7 +6,9 @@
    and what the agent answered, word for word. No tool calls, raw tool payloads or reasoning
    ever reach it (a `TurnCompleted` carries none). The turn id is the run id, so a redelivered
    `TurnCompleted` writes nothing new. Agents that opt out of memory are recorded too: the
-   session history is continuity, not cross-session memory.
+   session history is continuity, not cross-session memory. A turn whose principal was
+   forgotten after it was said is refused by the store (`PRINCIPAL_FORGOTTEN`) and settled:
+   nothing is kept, nothing is dead-lettered.
 2. Folds what fell out of the literal window into the session summary, exactly once: the rows
    after the summary's cursor and before the window (whole turns), in batches; each batch is
    `summarize(summary so far + batch)` through the model port, capped, and saved with the
@@ -77,7 +79,8 @@ def fold_key(session_id: str, first_seq: int, last_seq: int) -> str:
 class Recorded:
     """What recording one turn did."""
 
-    appended: HistoryAppendResult
+    appended: HistoryAppendResult | None
+    """The turn's rows; None when the turn's principal was forgotten meanwhile (nothing written)."""
     summaries: tuple[SessionSummary, ...] = ()
     """Summaries this call saved, in order (none when nothing left the window, or another copy folded)."""
     fold_error: str = ""
@@ -111,6 +114,10 @@ class TranscriptRecorder:
         try:
             appended = await self.memory.append_history_turn(history_turn(turn))
         except StoreRefusedError as error:
+            if error.code is ErrorCode.PRINCIPAL_FORGOTTEN:
+                # Forget erased this turn, or came after it was said: keeping nothing is the effect.
+                logger.info("turn not recorded: its principal was forgotten", run_id=turn.run_id)
+                return Recorded(appended=None)
             raise PermanentError(f"turn {turn.run_id!r}: {error.code.value}: {error.message}") from error
         summaries, fold_error = await self.fold(turn.session_id, to_millisecond(turn.occurred_at))
         logger.info(

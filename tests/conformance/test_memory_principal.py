@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from quipu.contracts.errors import ErrorCode
-from quipu.contracts.memory import Profile
+from quipu.contracts.memory import HistoryAppendResult, Profile, Provenance
+from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.memory.ranking import build_index_entry
 from tests.conformance.memory_builders import (
     ms,
+    new,
     other_agent,
     record_turns,
     refused,
@@ -72,5 +76,59 @@ async def test_forget_erases_every_trace_and_nothing_else(memory_store: MemorySt
     assert [f.fact_id for f in await memory_store.list_facts(bystander)] == [kept.fact_id]
 
     # The person may come back: a new history starts from seq 1.
-    again = await memory_store.append_history_turn(turn(session_id, who, 0))
-    assert (again.first_seq, again.inserted) == (1, True)
+    said_after = utc_now_ms() + timedelta(seconds=1)
+    again = turn(session_id, who, 0, uid("turn")).model_copy(update={"created_at": said_after})
+    assert await memory_store.append_history_turn(again) == HistoryAppendResult(
+        first_seq=1, last_seq=2, inserted=True
+    )
+
+
+async def test_a_late_copy_of_forgotten_words_is_refused(memory_store: MemoryStore) -> None:
+    """A turn told again after forget (redelivered, or handled late), or anything derived from the
+    person's earlier words, would come back under a key made anew: every such write is refused."""
+    who = scope()
+    session_id = uid("session")
+    await record_turns(memory_store, session_id, who, 2)
+    recorded = turn(session_id, who, 1)
+    await memory_store.forget_principal(who.tenant_id, who.principal_id)
+    after = utc_now_ms() + timedelta(seconds=1)
+
+    # The erased turn, even dated after the forget; a turn said before it that was never recorded.
+    late = recorded.model_copy(update={"created_at": after})
+    await refused(memory_store.append_history_turn(late), ErrorCode.PRINCIPAL_FORGOTTEN)
+    unrecorded = turn(session_id, who, 5, uid("turn"))
+    await refused(memory_store.append_history_turn(unrecorded), ErrorCode.PRINCIPAL_FORGOTTEN)
+    # Facts derived from an erased turn, a summary and a profile dated before the forget.
+    from_erased = new(uid("fact"), "Has two kids.").model_copy(
+        update={"provenance": Provenance(session_id=session_id, turn_id=recorded.turn_id, message_seq=3)}
+    )
+    await refused(
+        memory_store.apply_fact_operations(who, [from_erased], uid("key")), ErrorCode.PRINCIPAL_FORGOTTEN
+    )
+    profile = Profile(scope=who, text="Parent.", source_turns=2, updated_at=ms())
+    await refused(memory_store.save_profile(profile), ErrorCode.PRINCIPAL_FORGOTTEN)
+    assert await memory_store.list_facts(other_agent(who, "")) == []
+    assert await memory_store.load_profile(who) is None
+
+    # What the person says after the forget is theirs to keep, summary and profile included.
+    back = turn(session_id, who, 0, uid("turn")).model_copy(update={"created_at": after})
+    assert (await memory_store.append_history_turn(back)).first_seq == 1
+    await refused(memory_store.save_summary(summary(session_id, 2, 1)), ErrorCode.PRINCIPAL_FORGOTTEN)
+    saved = await memory_store.save_summary(
+        summary(session_id, 2, 1).model_copy(update={"updated_at": after})
+    )
+    assert (saved.cursor, saved.version) == (2, 1)
+    assert await memory_store.save_profile(profile.model_copy(update={"updated_at": after})) is not None
+    [fact] = await remember(memory_store, who, "Moved to Lima.")
+    assert [f.fact_id for f in await memory_store.list_facts(who)] == [fact.fact_id]
+
+
+async def test_forgetting_one_person_refuses_nothing_of_another(memory_store: MemoryStore) -> None:
+    forgotten, bystander = scope(), scope()
+    session_id, theirs = uid("session"), uid("session")
+    await record_turns(memory_store, session_id, forgotten, 1)
+    await memory_store.forget_principal(forgotten.tenant_id, forgotten.principal_id)
+    # The same ids in another tenant or for another person, dated long before the forget.
+    same_ids = turn(session_id, forgotten, 0).model_copy(update={"session_id": theirs, "scope": bystander})
+    assert (await memory_store.append_history_turn(same_ids)).inserted
+    assert await memory_store.save_summary(summary(theirs, 2, 1)) is not None

@@ -42,10 +42,10 @@ class CountingSeals(MessageSeals):
 
     def __init__(self) -> None:
         super().__init__(None)
-        self.opened: list[bytes] = []
+        self.asked: list[bytes] = []
 
     async def open(self, body: bytes) -> bytes:
-        self.opened.append(body)
+        self.asked.append(body)
         return await super().open(body)
 
 
@@ -82,7 +82,7 @@ async def test_replies_for_other_clients_are_not_opened(kafka_settings: KafkaSet
             await producer.stop()
 
     assert refused.value.code is ErrorCode.SESSION_NOT_FOUND
-    assert [StoreReply.model_validate_json(body).correlation_id for body in seals.opened] == ["mine"]
+    assert [StoreReply.model_validate_json(body).correlation_id for body in seals.asked] == ["mine"]
 
 
 async def test_each_client_reads_a_partition_of_its_own_and_no_other_clients_replies(

@@ -41,6 +41,7 @@ from quipu.services.kit.delivery import (
     RetryableError,
     RetryPolicy,
 )
+from quipu.services.kit.keys import OpenedMessage
 from quipu.services.kit.publishing import PublishError, TopicPublisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import ToolError
@@ -357,7 +358,7 @@ class Opener:
         self.error = error
         self.tries = 0
 
-    async def open(self, body: bytes, /) -> bytes:
+    async def opened(self, body: bytes, /) -> OpenedMessage:
         self.tries += 1
         raise self.error
 

@@ -595,3 +595,22 @@ async def test_a_failing_profile_call_does_not_undo_the_facts() -> None:
     assert texts(await f.store.list_facts(ALICE)) == ["Lives in Lisbon"]
     assert outcome.profile is None
     assert await f.store.load_profile(ALICE) is None
+
+
+class ForgottenWhileTheModelThinks(InMemoryMemoryStore):
+    """A store whose principal is forgotten right after the extractor has read their facts."""
+
+    async def list_facts(self, scope: MemoryScope) -> list[Fact]:
+        facts = await super().list_facts(scope)
+        await self.forget_principal(scope.tenant_id, scope.principal_id)
+        return facts
+
+
+async def test_a_turn_forgotten_while_it_is_read_is_skipped_and_keeps_nothing() -> None:
+    f = Fixture()
+    f.store = ForgottenWhileTheModelThinks()
+    f.extractor = FactExtractor(f.store, f.model, f.settings)
+    _, outcome = await f.say("I have two kids.", new("Has two kids"))
+
+    assert outcome == TurnOutcome(skipped="forgotten")
+    assert await InMemoryMemoryStore.list_facts(f.store, ALICE) == []

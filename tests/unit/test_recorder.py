@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from quipu.contracts.errors import ErrorCode, StoreError
-from quipu.contracts.memory import HistoryRole, HistoryTurn, MemoryScope, SessionSummary
+from quipu.contracts.memory import HistoryAppendResult, HistoryRole, HistoryTurn, MemoryScope, SessionSummary
 from quipu.contracts.runs import TurnCompleted
 from quipu.contracts.transcript import TextPart
+from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.summary import Summarizer, read_summarizer_request
 from quipu.services.domain.models.estimate import estimate_text_tokens
@@ -122,11 +123,7 @@ async def test_a_turn_is_two_rows_of_exactly_what_was_said() -> None:
         (1, HistoryRole.USER, said(1), f"{SESSION}-run-1"),
         (2, HistoryRole.ASSISTANT, answered(1), f"{SESSION}-run-1"),
     ]
-    assert (recorded.appended.first_seq, recorded.appended.last_seq, recorded.appended.inserted) == (
-        1,
-        2,
-        True,
-    )
+    assert recorded.appended == HistoryAppendResult(first_seq=1, last_seq=2, inserted=True)
     # Stored at the message's time, truncated to the millisecond the store keeps.
     assert rows[0].created_at == datetime(2026, 1, 1, 12, 0, 1, 123000, tzinfo=UTC)
 
@@ -145,8 +142,8 @@ async def test_a_redelivered_turn_writes_nothing_new() -> None:
     assert await all_rows(memory) == rows_before
     assert await memory.load_summary(SESSION) == summary_before
     assert len(model.requests) == asked  # nothing new left the window: no summarizer call
-    assert (again.appended.inserted, again.appended.first_seq) == (False, 15)
-    assert (older.appended.inserted, older.appended.first_seq) == (False, 5)
+    assert again.appended == HistoryAppendResult(first_seq=15, last_seq=16, inserted=False)
+    assert older.appended == HistoryAppendResult(first_seq=5, last_seq=6, inserted=False)
     assert again.summaries == older.summaries == ()
 
 
@@ -167,6 +164,26 @@ async def test_a_turn_without_a_session_or_of_another_principal_is_refused_for_g
     await recorder.record(turn_completed(1))
     with pytest.raises(PermanentError, match="SESSION_PRINCIPAL_MISMATCH"):
         await recorder.record(turn_completed(2, principal_id="someone-else"))
+
+
+async def test_a_turn_told_after_its_principal_was_forgotten_keeps_nothing() -> None:
+    recorder, memory, model = make_recorder(window_messages=2)
+    for number in range(1, 4):
+        await recorder.record(turn_completed(number))
+    await memory.forget_principal("", "ana")
+    asked = len(model.requests)
+
+    # A redelivered turn, and one said before the forget that had not been recorded yet: settled
+    # (nothing dead-lettered), nothing written, no summary folded from them.
+    assert (await recorder.record(turn_completed(2))).appended is None
+    assert (await recorder.record(turn_completed(7))).appended is None
+    assert await all_rows(memory) == []
+    assert await memory.load_summary(SESSION) is None
+    assert len(model.requests) == asked
+
+    # The person comes back: what they say from now on is kept.
+    back = await recorder.record(turn_completed(9, occurred_at=utc_now_ms() + timedelta(seconds=1)))
+    assert back.appended == HistoryAppendResult(first_seq=1, last_seq=2, inserted=True)
 
 
 # --- the window and the fold --------------------------------------------------------------------
@@ -270,7 +287,7 @@ async def test_a_failed_fold_never_blocks_recording_and_the_next_turn_catches_up
 
     recorded = await recorder.record(turn_completed(7))
 
-    assert recorded.appended.inserted
+    assert recorded.appended is not None and recorded.appended.inserted
     assert recorded.summaries == ()
     assert "overloaded" in recorded.fold_error
     assert await memory.load_summary(SESSION) is None

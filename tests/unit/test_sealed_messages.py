@@ -222,6 +222,46 @@ async def test_delivery_settles_a_forgotten_principals_message_without_a_dead_le
     assert told and "forgotten" in told[0]
 
 
+async def test_words_handled_across_a_forget_are_never_sealed_again_under_a_key_made_anew() -> None:
+    """A service opened a message, its principal is forgotten (and comes back, with a new key)
+    while the service works on it, and its cache lets go of the old key: what it would seal from
+    those words is refused and the message settled, not published under the new key."""
+    keys = Keys()
+    now = [0.0]
+    service = MessageSeals(KeyClient(keys, ttl_s=30.0, clock=lambda: now[0]))
+    broker = Broker()
+    sealed_again: list[bytes] = []
+    message = Message(await MessageSeals(KeyClient(keys)).encode(event()))
+
+    async def forget_then_pass_on(payload: RunEvent) -> None:
+        keys.forget(ALICE)
+        await MessageSeals(KeyClient(keys)).encode(event())  # the person is back: a new key
+        now[0] = 31.0  # the service's cache lets go of the old key
+        sealed_again.append(await service.encode(payload.model_copy(update={"sealed_for": None})))
+
+    await Delivery(broker, RetryPolicy(attempts=2), opener=service).handle(
+        message, EVENT, forget_then_pass_on
+    )
+    assert (message.acked, message.nacked, broker.sent, sealed_again) == (1, 0, [], [])
+
+
+async def test_words_handled_without_a_forget_are_sealed_under_their_own_key_as_before() -> None:
+    keys = Keys()
+    now = [0.0]
+    service = MessageSeals(KeyClient(keys, ttl_s=30.0, clock=lambda: now[0]))
+    passed_on: list[bytes] = []
+
+    async def pass_on(payload: RunEvent) -> None:
+        now[0] += 31.0  # a cache that expired meanwhile fetches the same key again
+        passed_on.append(await service.encode(payload.model_copy(update={"sealed_for": None})))
+
+    message = Message(await MessageSeals(KeyClient(keys)).encode(event()))
+    await Delivery(Broker(), RetryPolicy(attempts=2), opener=service).handle(message, EVENT, pass_on)
+    [body] = passed_on
+    assert RunEvent.model_validate_json(await service.open(body)).payload == event().payload
+    assert message.acked == 1
+
+
 async def test_delivery_dead_letters_a_message_that_never_opens_and_retries_an_absent_key_channel() -> None:
     seals = MessageSeals(KeyClient(Keys()))
     wire = json.loads(await seals.encode(event()))

@@ -7,7 +7,7 @@ store, which the conformance suite checks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -23,6 +23,7 @@ from quipu.contracts.memory import (
 )
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
+from quipu.services.domain.memory.tombstone import Forgetting, person_mark, turn_mark
 from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
 
 T = TypeVar("T")
@@ -44,6 +45,8 @@ class _Tables:
     audit: list[Fact] = field(default_factory=list)
     profiles: dict[MemoryScope, Profile] = field(default_factory=dict)
     index: dict[str, IndexEntry] = field(default_factory=dict)
+    forgotten: dict[str, datetime | None] = field(default_factory=dict)
+    """Forget's marks: a person's when they were last forgotten, an erased turn's None."""
 
 
 class _MemoryTransaction:
@@ -136,15 +139,26 @@ class _MemoryTransaction:
             if _principal(entry.scope) == (tenant_id, principal_id)
         ]
 
-    async def forget(self, tenant_id: str, principal_id: str) -> int:
+    async def forgetting(self, tenant_id: str, principal_id: str, turn_marks: Sequence[str]) -> Forgetting:
+        marks = self._tables.forgotten
+        return Forgetting(
+            forgotten_at=marks.get(person_mark(tenant_id, principal_id)),
+            erased_turn=any(mark in marks for mark in turn_marks),
+        )
+
+    async def forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
         tables = self._tables
         who = (tenant_id, principal_id)
+        tables.forgotten[person_mark(tenant_id, principal_id)] = at
         erased = 0
         for session_id in [
             sid for sid, session in tables.sessions.items() if _principal(session.scope) == who
         ]:
             del tables.sessions[session_id]
-            erased += len(tables.history.pop(session_id, []))
+            rows = tables.history.pop(session_id, [])
+            for row in rows:
+                tables.forgotten[turn_mark(tenant_id, principal_id, session_id, row.turn_id)] = None
+            erased += len(rows)
             erased += 1 if tables.summaries.pop(session_id, None) is not None else 0
         for fact_id in [fact_id for fact_id, fact in tables.facts.items() if _principal(fact.scope) == who]:
             del tables.facts[fact_id]

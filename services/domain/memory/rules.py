@@ -8,7 +8,7 @@ command writes nothing; searches rank the same way everywhere (`ranking`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import NoReturn
 
@@ -40,6 +40,7 @@ from quipu.services.domain.memory.ranking import (
     rehydrated_ranking,
     scope_covers,
 )
+from quipu.services.domain.memory.tombstone import turn_mark
 from quipu.services.domain.memory.transaction import (
     MemorySession,
     MemoryTransaction,
@@ -61,6 +62,21 @@ def _fail(code: ErrorCode, message: str) -> NoReturn:
     raise StoreError(code, message)
 
 
+async def _refuse_forgotten(
+    tx: MemoryTransaction,
+    tenant_id: str,
+    principal_id: str,
+    said_at: datetime | None,
+    turns: Sequence[tuple[str, str]] = (),
+) -> None:
+    """PRINCIPAL_FORGOTTEN when the words were said at or before the principal's last forget, or
+    come from a turn forget erased (`turns`: session and turn ids): writing them would bring back
+    what forget erased, under a key made anew."""
+    marks = [turn_mark(tenant_id, principal_id, session_id, turn_id) for session_id, turn_id in turns]
+    if (await tx.forgetting(tenant_id, principal_id, marks)).refuses(said_at):
+        _fail(ErrorCode.PRINCIPAL_FORGOTTEN, "these words were erased when their principal was forgotten")
+
+
 def _changed_event(kind: FactChangeKind, fact: Fact, version: int, text: str, key: str) -> FactChanged:
     return FactChanged(
         event_id=derive_id(f"{fact.scope.tenant_id}/{fact.scope.principal_id}/{key}", fact.fact_id),
@@ -74,7 +90,7 @@ def _changed_event(kind: FactChangeKind, fact: Fact, version: int, text: str, ke
 
 
 class MemoryRules:
-    """The `MemoryStore` over a transaction runner; `clock` stamps fact changes."""
+    """The `MemoryStore` over a transaction runner; `clock` stamps fact changes and forgets."""
 
     def __init__(
         self, transactions: MemoryTransactionRunner, clock: Callable[[], datetime] = utc_now_ms
@@ -104,6 +120,9 @@ class MemoryRules:
             if existing:
                 seqs = [row.seq for row in existing]
                 return HistoryAppendResult(first_seq=min(seqs), last_seq=max(seqs), inserted=False)
+            who = turn.scope
+            turns = [(turn.session_id, turn.turn_id)]
+            await _refuse_forgotten(tx, who.tenant_id, who.principal_id, turn.created_at, turns)
             session = session or MemorySession(session_id=turn.session_id, scope=turn.scope)
             first = session.last_seq + 1
             rows = [
@@ -183,6 +202,8 @@ class MemoryRules:
                 raise invalid(f"session {summary.session_id} has no history to summarise")
             if summary.cursor > session.last_seq:
                 raise invalid(f"cursor {summary.cursor} is past the last row {session.last_seq}")
+            owner = session.scope
+            await _refuse_forgotten(tx, owner.tenant_id, owner.principal_id, summary.updated_at)
             stored = await tx.load_summary(summary.session_id)
             expected_version = 1 if stored is None else stored.version + 1
             if summary.version != expected_version:
@@ -216,6 +237,10 @@ class MemoryRules:
             recorded = await tx.load_fact_changes(scope, idempotency_key)
             if recorded is not None:
                 return recorded
+            sources = {(op.provenance.session_id, op.provenance.turn_id) for op in operations}
+            turns = sorted(source for source in sources if source[1])
+            if turns:
+                await _refuse_forgotten(tx, scope.tenant_id, scope.principal_id, None, turns)
             changes, writes = [], []
             for op in operations:
                 change, write = await self._plan(tx, scope, op, now, idempotency_key)
@@ -312,6 +337,8 @@ class MemoryRules:
             raise invalid("source_turns must not be negative")
 
         async def operation(tx: MemoryTransaction) -> Profile:
+            who = profile.scope
+            await _refuse_forgotten(tx, who.tenant_id, who.principal_id, profile.updated_at)
             await tx.save_profile(profile)
             return profile
 
@@ -387,6 +414,14 @@ class MemoryRules:
         return PrincipalExport(scope=scope, facts=facts, audit=audit, profile=profile)
 
     async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
-        """Erase everything of the principal (every agent); returns the documents erased."""
+        """Erase everything of the principal (every agent); returns the documents erased.
+
+        Forget leaves its marks (`tombstone`): from then on, words the person said before it and
+        turns it erased are refused PRINCIPAL_FORGOTTEN, wherever a late copy comes from.
+        """
         require_id("principal_id", principal_id)
-        return await self._transactions.run(lambda tx: tx.forget(tenant_id, principal_id))
+        return await self._forget(tenant_id, principal_id, self._clock())
+
+    async def _forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
+        """Erase and mark in one transaction (a backend with keys shreds them first)."""
+        return await self._transactions.run(lambda tx: tx.forget(tenant_id, principal_id, at))

@@ -3,7 +3,8 @@ runner that applies an operation atomically (`MemoryTransactionRunner`). No rule
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +19,7 @@ from quipu.contracts.memory import (
     Profile,
     SessionSummary,
 )
+from quipu.services.domain.memory.tombstone import Forgetting
 
 T = TypeVar("T")
 
@@ -138,8 +140,13 @@ class MemoryTransaction(Protocol):
         """Every derived entry of the principal."""
         ...
 
-    async def forget(self, tenant_id: str, principal_id: str) -> int:
-        """Erase everything of the principal; count rows, summaries, facts, audit, profiles and entries."""
+    async def forgetting(self, tenant_id: str, principal_id: str, turn_marks: Sequence[str]) -> Forgetting:
+        """What forget marks say of the principal and of these turns (`tombstone.turn_mark` ids)."""
+        ...
+
+    async def forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
+        """Erase everything of the principal, leaving forget's marks (the person's, dated `at`, and
+        one per erased turn); count rows, summaries, facts, audit, profiles and entries."""
         ...
 
 
