@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
@@ -23,6 +23,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
+from quipu.services.domain.memory.tombstone import DEFAULT_TURN_MARKS_KEEP
 from quipu.services.domain.memory.transaction import MemoryTransactionRunner
 from quipu.services.storage_owner.keys import MASTER_KEY_ID, Keyring
 from quipu.services.storage_owner.mongo import (
@@ -37,6 +38,7 @@ from quipu.services.storage_owner.mongo_memory_transaction import (
     COLLECTIONS,
     FACT_CHANGES,
     FACTS,
+    FORGOTTEN,
     HISTORY,
     INDEX,
     PROFILES,
@@ -59,8 +61,9 @@ INDEXES: Mapping[str, list[IndexModel]] = {
     FACT_CHANGES: [IndexModel(_PRINCIPAL, name="principal")],
     PROFILES: [IndexModel(_PRINCIPAL, name="principal")],
     INDEX: [IndexModel(_PRINCIPAL, name="principal")],
+    FORGOTTEN: [IndexModel([("turn", ASCENDING), ("at", ASCENDING)], name="turn_at")],
 }
-"""Secondary indexes by collection; `memory_keys` and `memory_forgotten` are only read by `_id`."""
+"""Secondary indexes by collection; `memory_keys` is only read by `_id`."""
 
 
 # --- the store ----------------------------------------------------------------------------------
@@ -78,9 +81,10 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
         policy: TransactionPolicy | None = None,
         owns_client: bool = False,
         clock: Callable[[], datetime] = utc_now_ms,
+        turn_marks_keep: timedelta = DEFAULT_TURN_MARKS_KEEP,
     ) -> None:
         self.transactions = MongoMemoryTransactions(client, database, Keyring(master_key), policy)
-        MemoryRules.__init__(self, self.transactions, clock)
+        MemoryRules.__init__(self, self.transactions, clock, turn_marks_keep)
         MongoBacked.__init__(self, client, database, owns_client=owns_client)
 
     @classmethod
@@ -93,11 +97,20 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
         policy: TransactionPolicy | None = None,
         owns_client: bool = False,
         clock: Callable[[], datetime] = utc_now_ms,
+        turn_marks_keep: timedelta = DEFAULT_TURN_MARKS_KEEP,
     ) -> MongoMemoryStore:
         """A store on `database` through an existing (tz-aware) client; creates indexes and the key."""
         policy = policy or TransactionPolicy()
         db, found = await prepare_database(client, database, policy, INDEXES, {MASTER_KEY_ID: master_key})
-        return cls(client, db, found[MASTER_KEY_ID], policy=policy, owns_client=owns_client, clock=clock)
+        return cls(
+            client,
+            db,
+            found[MASTER_KEY_ID],
+            policy=policy,
+            owns_client=owns_client,
+            clock=clock,
+            turn_marks_keep=turn_marks_keep,
+        )
 
     @classmethod
     async def connect(
@@ -109,13 +122,20 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
         policy: TransactionPolicy | None = None,
         server_selection_timeout_ms: int = 5_000,
         clock: Callable[[], datetime] = utc_now_ms,
+        turn_marks_keep: timedelta = DEFAULT_TURN_MARKS_KEEP,
     ) -> MongoMemoryStore:
         """A store with its own client on `uri` (`retryWrites=false` unless the URI says otherwise)."""
         return await with_own_client(
             uri,
             server_selection_timeout_ms,
             lambda client: cls.open(
-                client, database, master_key=master_key, policy=policy, owns_client=True, clock=clock
+                client,
+                database,
+                master_key=master_key,
+                policy=policy,
+                owns_client=True,
+                clock=clock,
+                turn_marks_keep=turn_marks_keep,
             ),
         )
 
@@ -123,7 +143,7 @@ class MongoMemoryStore(MemoryRules, MongoBacked):
         """This store with its rules applied over `transactions` (which wrap this store's own, to
         watch what they read): everything else, this store's own operations included, as it is."""
         view = copy.copy(self)
-        MemoryRules.__init__(view, transactions, self._clock)
+        MemoryRules.__init__(view, transactions, self._clock, self._turn_marks_keep)
         return view
 
     async def data_key(self, whose: SealedFor, *, create: bool) -> bytes | None:

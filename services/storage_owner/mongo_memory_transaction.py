@@ -21,7 +21,8 @@ Layout (collections prefixed `memory_`; every query path is indexed, see INDEXES
 - `memory_profiles`: `_id` = hash of the scope.
 - `memory_index`: `_id` = fact id.
 - `memory_forgotten`: forget's marks (`tombstone`), `_id` = a digest only: the person's, with the
-  time of their last forget, and one for every turn a forget erased. No words, no id in clear.
+  time of their last forget, and one for every turn a forget erased, with the forget's time
+  (`turn`, index `(turn, at)`: expired turn marks are dropped). No words, no id in clear.
 
 All but `memory_keys` and `memory_forgotten` carry `(tenant_id, principal_id)`, indexed, for the
 principal's reads and for forgetting.
@@ -465,7 +466,7 @@ class MongoMemoryTransaction:
         """Delete the principal's data key (every sealed text of theirs becomes unreadable) and mark
         them forgotten at `at`, in one transaction: from its commit on, their late words are refused."""
         await self._keys.shred(tenant_id, principal_id)
-        await self._mark(person_mark(tenant_id, principal_id), {"at": at})
+        await self._mark(person_mark(tenant_id, principal_id), {"at": at, "turn": False})
 
     async def _mark(self, mark: str, fields: Document) -> None:
         await self._c.forgotten.replace_one(
@@ -482,6 +483,9 @@ class MongoMemoryTransaction:
             erased_turn=any(document is not None for document in found[1:]),
         )
 
+    async def drop_turn_marks(self, before: datetime) -> None:
+        await self._c.forgotten.delete_many({"turn": True, "at": {"$lt": before}}, session=self._session)
+
     async def forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
         who = _who(tenant_id, principal_id)
         await self.shred_key(tenant_id, principal_id, at)
@@ -492,7 +496,9 @@ class MongoMemoryTransaction:
             )
         }
         for session_id, turn_id in sorted(turns):
-            await self._mark(turn_mark(tenant_id, principal_id, session_id, turn_id), {})
+            await self._mark(
+                turn_mark(tenant_id, principal_id, session_id, turn_id), {"at": at, "turn": True}
+            )
         erased = 0
         for collection in (
             self._c.history,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from quipu.services.domain.memory.tombstone import DEFAULT_TURN_MARKS_KEEP
 from quipu.services.kit.settings import ConsumerGroup, ConsumerSettings, RetryAttempts
 
 
@@ -62,6 +63,15 @@ class OwnerSettings(ConsumerSettings):
             "transaction (one commit), at most; a group that meets a conflict applies each alone. "
             "Suits a database that serialises writes (the embedded SecantusDB); on a MongoDB "
             "replica set, where concurrent transactions scale, 1 (each alone) may serve better."
+        ),
+    )
+    forget_turn_marks_keep_s: float = Field(
+        default=DEFAULT_TURN_MARKS_KEEP.total_seconds(),
+        gt=0,
+        description=(
+            "How long the mark of a turn a forget erased is kept (digests only): while it is, a late "
+            "copy of that turn, or facts taken from it, are refused. Keep it above the retention of "
+            "every topic (a late copy is at most that old); the default is 30 days."
         ),
     )
     retry_attempts: RetryAttempts = Field(

@@ -106,3 +106,42 @@ async def refused(call: Awaitable[T], code: ErrorCode) -> StoreError:
         await call
     assert caught.value.code is code, caught.value
     return caught.value
+
+
+class SteppedClock:
+    """A store clock that stands still until moved (`advance`)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, by: timedelta) -> None:
+        self.now += by
+
+
+async def turn_marks_expire_after_their_keep(
+    store: MemoryStore, clock: SteppedClock, keep: timedelta
+) -> None:
+    """The scenario of a store built with `clock` and `turn_marks_keep=keep`: an erased turn's
+    mark refuses facts taken from it until a forget made past its keep drops it; the person's
+    mark stays, and still refuses their earlier words."""
+    who, bystander = scope(), scope()
+    session_id = uid("session")
+    await record_turns(store, session_id, who, 1)
+    await store.forget_principal(who.tenant_id, who.principal_id)
+    erased_turn = turn(session_id, who, 0)
+    from_erased = new(uid("fact"), "Has two kids.").model_copy(
+        update={"provenance": Provenance(session_id=session_id, turn_id=erased_turn.turn_id, message_seq=1)}
+    )
+    await refused(store.apply_fact_operations(who, [from_erased], uid("key")), ErrorCode.PRINCIPAL_FORGOTTEN)
+
+    clock.advance(keep / 2)
+    await store.forget_principal(bystander.tenant_id, bystander.principal_id)  # too early to drop
+    await refused(store.apply_fact_operations(who, [from_erased], uid("key")), ErrorCode.PRINCIPAL_FORGOTTEN)
+
+    clock.advance(keep)
+    await store.forget_principal(bystander.tenant_id, bystander.principal_id)
+    assert len(await store.apply_fact_operations(who, [from_erased], uid("key"))) == 1
+    await refused(store.append_history_turn(erased_turn), ErrorCode.PRINCIPAL_FORGOTTEN)

@@ -17,6 +17,7 @@ import base64
 import secrets
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,8 +31,10 @@ from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.storage_owner.keys import KEYS, parse_master_key
 from quipu.services.storage_owner.mongo_memory_store import INDEXES, MongoMemoryStore
-from quipu.services.storage_owner.mongo_memory_transaction import HISTORY
+from quipu.services.storage_owner.mongo_memory_transaction import FORGOTTEN, HISTORY
 from tests.conformance.memory_builders import (
+    BASE,
+    SteppedClock,
     ms,
     new,
     other_agent,
@@ -41,6 +44,7 @@ from tests.conformance.memory_builders import (
     scope,
     summary,
     turn,
+    turn_marks_expire_after_their_keep,
     uid,
     update,
 )
@@ -195,6 +199,19 @@ async def test_a_write_racing_forget_never_survives_without_its_key(store: Mongo
         ), outcome
     assert await store.database[KEYS].count_documents({}) == 0
     assert await store.database[HISTORY].count_documents({"principal_id": who.principal_id}) == 0
+
+
+async def test_turn_marks_expire_after_their_keep_and_the_persons_mark_stays(
+    stack: EmbeddedStack, database: str
+) -> None:
+    clock, keep = SteppedClock(BASE + timedelta(days=1)), timedelta(days=30)
+    store = await MongoMemoryStore.connect(stack.mongo_uri, database, clock=clock, turn_marks_keep=keep)
+    try:
+        await turn_marks_expire_after_their_keep(store, clock, keep)
+        assert await store.database[FORGOTTEN].count_documents({"turn": True}) == 0
+        assert await store.database[FORGOTTEN].count_documents({"turn": False}) == 2
+    finally:
+        await store.close()
 
 
 # --- indexes ------------------------------------------------------------------------------------

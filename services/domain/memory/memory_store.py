@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from quipu.contracts.memory import (
@@ -23,7 +23,12 @@ from quipu.contracts.memory import (
 )
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.rules import MemoryRules
-from quipu.services.domain.memory.tombstone import Forgetting, person_mark, turn_mark
+from quipu.services.domain.memory.tombstone import (
+    DEFAULT_TURN_MARKS_KEEP,
+    Forgetting,
+    person_mark,
+    turn_mark,
+)
 from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
 
 T = TypeVar("T")
@@ -45,8 +50,10 @@ class _Tables:
     audit: list[Fact] = field(default_factory=list)
     profiles: dict[MemoryScope, Profile] = field(default_factory=dict)
     index: dict[str, IndexEntry] = field(default_factory=dict)
-    forgotten: dict[str, datetime | None] = field(default_factory=dict)
-    """Forget's marks: a person's when they were last forgotten, an erased turn's None."""
+    forgotten_people: dict[str, datetime] = field(default_factory=dict)
+    """Forget's person marks: when each was last forgotten."""
+    erased_turns: dict[str, datetime] = field(default_factory=dict)
+    """Forget's turn marks: when each turn was erased."""
 
 
 class _MemoryTransaction:
@@ -140,16 +147,21 @@ class _MemoryTransaction:
         ]
 
     async def forgetting(self, tenant_id: str, principal_id: str, turn_marks: Sequence[str]) -> Forgetting:
-        marks = self._tables.forgotten
+        tables = self._tables
         return Forgetting(
-            forgotten_at=marks.get(person_mark(tenant_id, principal_id)),
-            erased_turn=any(mark in marks for mark in turn_marks),
+            forgotten_at=tables.forgotten_people.get(person_mark(tenant_id, principal_id)),
+            erased_turn=any(mark in tables.erased_turns for mark in turn_marks),
         )
+
+    async def drop_turn_marks(self, before: datetime) -> None:
+        turns = self._tables.erased_turns
+        for mark in [mark for mark, at in turns.items() if at < before]:
+            del turns[mark]
 
     async def forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
         tables = self._tables
         who = (tenant_id, principal_id)
-        tables.forgotten[person_mark(tenant_id, principal_id)] = at
+        tables.forgotten_people[person_mark(tenant_id, principal_id)] = at
         erased = 0
         for session_id in [
             sid for sid, session in tables.sessions.items() if _principal(session.scope) == who
@@ -157,7 +169,7 @@ class _MemoryTransaction:
             del tables.sessions[session_id]
             rows = tables.history.pop(session_id, [])
             for row in rows:
-                tables.forgotten[turn_mark(tenant_id, principal_id, session_id, row.turn_id)] = None
+                tables.erased_turns[turn_mark(tenant_id, principal_id, session_id, row.turn_id)] = at
             erased += len(rows)
             erased += 1 if tables.summaries.pop(session_id, None) is not None else 0
         for fact_id in [fact_id for fact_id, fact in tables.facts.items() if _principal(fact.scope) == who]:
@@ -192,5 +204,7 @@ class _MemoryTransactions:
 class InMemoryMemoryStore(MemoryRules):
     """The `MemoryStore` for unit tests and single-process use; state lives as long as the object."""
 
-    def __init__(self, clock: Callable[[], datetime] = utc_now_ms) -> None:
-        super().__init__(_MemoryTransactions(), clock)
+    def __init__(
+        self, clock: Callable[[], datetime] = utc_now_ms, turn_marks_keep: timedelta = DEFAULT_TURN_MARKS_KEEP
+    ) -> None:
+        super().__init__(_MemoryTransactions(), clock, turn_marks_keep)

@@ -9,7 +9,7 @@ command writes nothing; searches rank the same way everywhere (`ranking`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NoReturn
 
 from quipu.contracts.envelope import derive_id
@@ -40,7 +40,7 @@ from quipu.services.domain.memory.ranking import (
     rehydrated_ranking,
     scope_covers,
 )
-from quipu.services.domain.memory.tombstone import turn_mark
+from quipu.services.domain.memory.tombstone import DEFAULT_TURN_MARKS_KEEP, turn_mark
 from quipu.services.domain.memory.transaction import (
     MemorySession,
     MemoryTransaction,
@@ -93,10 +93,14 @@ class MemoryRules:
     """The `MemoryStore` over a transaction runner; `clock` stamps fact changes and forgets."""
 
     def __init__(
-        self, transactions: MemoryTransactionRunner, clock: Callable[[], datetime] = utc_now_ms
+        self,
+        transactions: MemoryTransactionRunner,
+        clock: Callable[[], datetime] = utc_now_ms,
+        turn_marks_keep: timedelta = DEFAULT_TURN_MARKS_KEEP,
     ) -> None:
         self._transactions = transactions
         self._clock = clock
+        self._turn_marks_keep = turn_marks_keep
 
     @property
     def turn_claims(self) -> None:
@@ -423,5 +427,12 @@ class MemoryRules:
         return await self._forget(tenant_id, principal_id, self._clock())
 
     async def _forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
-        """Erase and mark in one transaction (a backend with keys shreds them first)."""
-        return await self._transactions.run(lambda tx: tx.forget(tenant_id, principal_id, at))
+        """Erase and mark in one transaction, dropping expired turn marks (a backend with keys
+        shreds them first)."""
+
+        async def operation(tx: MemoryTransaction) -> int:
+            erased = await tx.forget(tenant_id, principal_id, at)
+            await tx.drop_turn_marks(at - self._turn_marks_keep)
+            return erased
+
+        return await self._transactions.run(operation)

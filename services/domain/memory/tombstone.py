@@ -4,15 +4,23 @@ A forget records when it happened for the person, and one mark for every turn it
 marks are digests of identifiers (no words, no identifier in clear) and the forget's time, so
 they can outlive the person's data: a write that would bring back a forgotten turn, or words
 said before the forget, meets its mark and is refused (`PRINCIPAL_FORGOTTEN`).
+
+A turn's mark is needed only while a late copy of that turn can still arrive: a redelivery or a
+consumer behind, at most as old as the topics' retention. Each forget drops the turn marks of
+forgets older than `DEFAULT_TURN_MARKS_KEEP` (a setting of the owner), so the marks stay bounded;
+a person's mark (one per person) is kept.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_TURN_MARKS_KEEP = timedelta(days=30)
+"""How long a turn's mark outlives its forget: keep it above every topic's retention."""
 
 
 def digest(*parts: str) -> str:

@@ -146,7 +146,11 @@ class MemoryTransaction(Protocol):
 
     async def forget(self, tenant_id: str, principal_id: str, at: datetime) -> int:
         """Erase everything of the principal, leaving forget's marks (the person's, dated `at`, and
-        one per erased turn); count rows, summaries, facts, audit, profiles and entries."""
+        one per erased turn, dated `at` too); count rows, summaries, facts, audit, profiles and entries."""
+        ...
+
+    async def drop_turn_marks(self, before: datetime) -> None:
+        """Delete the turn marks of every forget made before `before` (people's marks stay)."""
         ...
 
 
