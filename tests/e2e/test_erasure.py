@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ from tests.owner_support import (
     readable_anywhere,
     resting_bytes,
 )
+from tests.timing import scaled
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -210,3 +212,94 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
         # No service logged the words (logs never carry input values).
         logs = await asyncio.to_thread(_service_logs, tmp_path)
         assert logs and not any(phrase.encode() in logs for phrase in (said, asked, kept))
+
+
+def _tool_done(deployment: Deployment, run_id: str) -> bool:
+    """Whether the run's tool call has ended, by itself or at its deadline."""
+    return any(execution.event in ("end", "canceled") for execution in deployment.executions(run_id))
+
+
+async def _caught_up(deployment: Deployment, groups: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether every consumer group (prefixed) has committed past every record of its topics
+    (prefixed names, or name prefixes ending in "."), read outside the groups: their commits are
+    read first and the topics' ends after, so nothing can have been published in between unseen."""
+    reader = AIOKafkaConsumer(bootstrap_servers=deployment.stack.bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        existing = await reader.topics()
+        committed: dict[tuple[str, TopicPartition], int] = {}
+        for group, names in groups.items():
+            topics = [
+                topic
+                for topic in sorted(existing)
+                for name in names
+                if topic == deployment.prefix + name
+                or (name.endswith(".") and topic.startswith(deployment.prefix + name) and ".dlq" not in topic)
+            ]
+            looking = AIOKafkaConsumer(
+                bootstrap_servers=deployment.stack.bootstrap,
+                group_id=deployment.prefix + group,
+                enable_auto_commit=False,
+            )
+            await looking.start()
+            try:
+                for topic in topics:
+                    for number in sorted(reader.partitions_for_topic(topic) or ()):
+                        partition = TopicPartition(topic, number)
+                        committed[(group, partition)] = await looking.committed(partition) or 0
+            finally:
+                await looking.stop()
+        ends = await reader.end_offsets(list({partition for _, partition in committed}))
+        return all(position >= ends[partition] for (_, partition), position in committed.items())
+    finally:
+        await reader.stop()
+
+
+async def test_a_run_in_flight_across_the_forget_publishes_none_of_its_words_again(
+    stack: EmbeddedStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """erin's run is calling a slow tool (past its 2 s deadline) when she is forgotten, and comes
+    back (a new key) before it answers. Every service's key cache lets go of her old key meanwhile
+    (a short TTL). What the run would still seal (the tool's answer, the run's end, the finished
+    turn with her question) would be readable under the new key: none of it is published or written."""
+    name = f"erase{uuid.uuid4().hex[:8]}"
+    said, back = f"plum{uuid.uuid4().hex[:8]}", f"fig{uuid.uuid4().hex[:8]}"
+    slow = scaled(4.0)
+    deployment = Deployment(stack, f"{name}.", name, tmp_path, sealed=True, tool_delays={"calculator": slow})
+    deployment.environment["QUIPU_KEYS_CACHE_TTL_S"] = "0.5"
+    deployment.owner.environment["QUIPU_KEYS_CACHE_TTL_S"] = "0.5"
+    async with deployment:
+        deployment.start_recorder()
+        monkeypatch.setenv("QUIPU_KEYS_URL", deployment.keys.url)
+        assert deployment.keys.token is not None
+        monkeypatch.setenv("QUIPU_KEYS_TOKEN", deployment.keys.token.get_secret_value())
+        publisher = KafkaRunPublisher(stack.kafka_settings(topic_prefix=deployment.prefix))
+        await publisher.start()
+        deployment.on_close(publisher.stop)
+        session_id = await deployment.session()
+        asked = await _turn(publisher, session_id, "erin", f"my locker code is {said}, calculate 6*7")
+        await eventually(lambda: deployment.executions(asked.run_id), 60, "the slow tool called")
+
+        memory = KafkaMemoryStore(deployment.store)
+        await memory.forget_principal(TENANT, "erin")
+        # She comes back through a client that holds no key of hers (the first one's cache would
+        # still seal under the shredded key for its TTL: her new words would read as erased).
+        returning = KafkaRunPublisher(stack.kafka_settings(topic_prefix=deployment.prefix))
+        await returning.start()
+        deployment.on_close(returning.stop)
+        again = await _turn(returning, await deployment.session(), "erin", f"hello, I am back: {back}")
+        await _until_status(deployment, again.run_id, RunStatus.COMPLETED)
+        await eventually(lambda: _tool_done(deployment, asked.run_id), 60, "the slow tool done")
+        groups = {
+            "tool-executor": ("tools.calls.",),
+            "planner-results": (Topic.TOOLS_RESULTS.value,),
+            "storage-owner": (Topic.STORAGE_COMMANDS.value,),
+            "transcript-recorder": (Topic.HISTORY_TURNS.value,),
+        }
+        await eventually(lambda: _caught_up(deployment, groups), 60, "every service done with it")
+
+        dump = await _database_dump(stack, name)
+        assert said.encode() not in dump
+        found = await _readable_on_topics(deployment, (said, back))
+        assert found[said] == [], found
+        assert found[back]  # what she said after the forget is hers to keep, and readable
