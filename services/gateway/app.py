@@ -89,10 +89,11 @@ async def kafka_deps(
 ) -> AsyncIterator[tuple[GatewayDeps, KafkaStore]]:
     """The gateway's clients over Kafka (and its store client, for the memory routes), started in
     order and stopped in reverse."""
-    # One key cache for the store client and every event stream: a fetch per person per TTL.
+    # One key cache for the store client, the run publisher and every event stream: a fetch per
+    # person per TTL, and a forget through the memory routes lets go of the person's key for all.
     seals = message_seals(settings.keys)
     store = KafkaStore.for_service(kafka_settings, settings, tenant_id=settings.tenant_id, seals=seals)
-    publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE, keys=settings.keys)
+    publisher = KafkaRunPublisher(kafka_settings, client_id=SERVICE, seals=seals)
     streams = EventStreams(kafka_settings, keepalive_s=settings.keepalive_s, seals=seals)
     accepted = AcceptedRuns()
     requested = RequestedRuns(kafka_settings, accepted, client_id=SERVICE)

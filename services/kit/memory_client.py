@@ -45,6 +45,7 @@ from quipu.contracts.memory_commands import (
     SearchIndex,
     UpsertIndexEntry,
 )
+from quipu.contracts.sealed import SealedFor
 from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 from quipu.services.kit.store_client import KafkaStore
 
@@ -189,4 +190,6 @@ class KafkaMemoryStore:
     async def forget_principal(self, tenant_id: str, principal_id: str) -> int:
         scope = MemoryScope(tenant_id=tenant_id, principal_id=principal_id)
         result: int = await self._call(ForgetPrincipal(scope=scope, tenant_id=tenant_id))
+        # Else this process would seal the person's next words under the key just shredded.
+        self._transport.drop_key(SealedFor(tenant_id=tenant_id, principal_id=principal_id))
         return result

@@ -51,6 +51,7 @@ from quipu.contracts.commands import (
     decode_result,
 )
 from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store import (
     AppendResult,
     Checkpoint,
@@ -279,6 +280,12 @@ class KafkaStore:
             await self._consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
         raise StoreError(ErrorCode.UNAVAILABLE, f"topic {self._replies_topic} does not exist")
+
+    def drop_key(self, whose: SealedFor) -> None:
+        """Let go of this process's cached key of `whose`: a forget went through this client, so
+        what the person says next must be sealed under the key made after it, not the shredded one."""
+        if self._seals.keys is not None:
+            self._seals.keys.drop(whose)
 
     async def stop(self) -> None:
         """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""

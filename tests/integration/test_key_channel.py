@@ -153,6 +153,19 @@ async def test_memory_words_travel_sealed_both_ways_and_are_erased_on_every_topi
         assert len(opened) == 1 and BYSTANDER.encode() in opened[0]
 
 
+async def test_after_a_forget_through_a_client_what_the_person_says_next_is_sealed_under_the_new_key(
+    stack: EmbeddedStack,
+) -> None:
+    async with sealed_deployment(stack) as deployment:
+        memory = deployment.memory
+        await memory.apply_fact_operations(ANA, [fact("f-1", WORDS)], "k-1")  # this client caches her key
+        await memory.forget_principal(ANA.tenant_id, ANA.principal_id)
+        # Sealed under the shredded key, her next words would read as erased at the owner.
+        [again] = await memory.apply_fact_operations(ANA, [fact("f-3", BYSTANDER)], "k-3")
+        assert again.text == BYSTANDER
+        assert [found.text for found in await memory.list_facts(ANA)] == [BYSTANDER]
+
+
 async def test_a_read_that_names_no_one_is_answered_sealed_for_the_person_whose_words_it_reads(
     stack: EmbeddedStack,
 ) -> None:
