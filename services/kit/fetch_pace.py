@@ -7,27 +7,38 @@ consumer's partitions (their high watermarks, known from its own fetches: no req
 `KafkaSettings.idle_after_s` without a new record, lets it fetch with
 `KafkaSettings.idle_fetch_max_wait_ms`; the first new record, or `wake()` (a caller that expects
 a message soon), brings the short wait back. The price: the first message after a quiet spell
-waits up to the idle wait. Only the first: a new record for any consumer of a process wakes every
-consumer of that process (a conversation is under way, and the next hops are likely its own: the
-planner's tool results after its run request; in `quipu up`'s one process, every service on a
-run's path).
+waits up to the idle wait. Only the first: a record from elsewhere for any consumer of a process
+wakes every consumer of that process (a conversation is under way, and the next hops are likely
+its own: the planner's tool results after its run request), and so does the first record of any
+kind after a quiet spell.
 
-Once every paced consumer of the process is idle and has handed out all it fetched, none of them
-fetches at all: their partitions are paused, and one look-out (a group-less consumer of the
-process's own) fetches all of them with the idle wait, from where each consumer stands, until a
-record comes; then they all fetch again, with the short wait, and the look-out stops. Idle, the
-planner's four consumers sent 16 fetches a second; the look-out sends 4. A new record is seen as
-soon as before (the look-out fetches with the same wait), and the hops after it sooner: no
-consumer has a long fetch in flight when it wakes. A consumer that still holds records it has not
-handed out (its handlers busy) is not paused: they would wait for the next record.
+A consumer that is quiet (nothing from elsewhere and no wake for `idle_after_s`) and has handed
+out all it fetched does not fetch at all: its partitions are paused, and one look-out (a
+group-less consumer of the process's own) fetches the partitions of every parked consumer, from
+where each stands, until a record comes; then it wakes the consumers holding those partitions. A
+fetch costs about the same whatever its partition count (1 / 8 / 40 partitions: 0.8 / 0.8 / 1.3
+ms), so one look-out's fetch for every parked consumer is the saving. The look-out fetches with
+the short wait while the process is busy (a record seen within `idle_after_s`) and with the idle
+wait once it is quiet, so a record for a parked consumer is seen as soon as its own fetch would
+have seen it. A consumer that still holds records it has not handed out (its handlers busy) is
+not paused: they would wait for the next record.
+
+A record a service of the process publishes (kit.publishing calls `published`) wakes the
+consumers of the process holding its partition, and only them: each fetches it at once (it is on
+the broker already), and parks again on its own once it has handed it out. Which records are the
+process's own is known exactly (partition and offset, from the broker's acknowledgement); a
+record a consumer sees that the process did not publish within `KafkaSettings.own_record_within_s`
+of seeing it counts as from elsewhere. On a run's path inside one process (`quipu up`, the run
+bench) every hop is then one fetch of the consumer it is for, instead of every consumer of the
+process fetching every 10 ms for as long as runs go on.
 
 A consumer on call (`on_call`: the planner's tool results) gets its records when its service
 expects them, and says so (`expect(consumer)`, once it sent what they answer). It fetches while
 it expects them, up to `idle_after_s`, and only while they keep coming; then, read to the end, it
-parks on its own, even while the rest of the process is busy, and the look-out watches its
-partitions with the idle wait. Other consumers' records do not wake it (every run of a process
-would, and it would fetch every 10 ms as long as the process is busy): a record for it wakes it
-alone, a record for any other consumer wakes every consumer of the process but those on call.
+parks on its own, and the look-out watches its partitions. Other consumers' records do not wake
+it (every run of a process would, and it would fetch every 10 ms as long as the process is busy):
+a record for it wakes it alone, a record for any other consumer wakes every consumer of the
+process but those on call.
 
 On Kafka a fetch wakes on new data, so the idle wait there is the usual one and nothing changes.
 
@@ -62,7 +73,7 @@ logger = get_logger(__name__)
 
 class FetchPace:
     """The fetch wait of one started consumer: its own while records come, the idle one after a
-    quiet `idle_after_s`, and no fetch at all while every paced consumer of the process is idle."""
+    quiet `idle_after_s`, and no fetch at all while it is quiet and has handed out what it fetched."""
 
     def __init__(self, consumer: AIOKafkaConsumer, settings: KafkaSettings, *, on_call: bool = False) -> None:
         self._fetcher: Any = consumer._fetcher
@@ -72,10 +83,16 @@ class FetchPace:
         self.idle_ms: int = max(self.busy_ms, settings.idle_fetch_max_wait_ms)
         self.bootstrap = settings.bootstrap
         self._paced = settings.flavour == "tansu"
-        self._idle_after_s = settings.idle_after_s
+        # At least the idle wait: a look-out's fetch sent with it before the wake that started this
+        # spell has come back before this consumer parks again (the look-out then fetches anew).
+        self.idle_after_s: float = max(settings.idle_after_s, self.idle_ms / 1000)
+        self.own_record_within_s = settings.own_record_within_s
         self.on_call = on_call
         self._last_news = time.monotonic()
+        self._woken = self._last_news
         self._awaited = 0
+        self._due: dict[TopicPartition, int] = {}
+        self._looking: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._lookout: _Lookout | None = None
         self._parked: dict[TopicPartition, int] | None = None
@@ -83,7 +100,7 @@ class FetchPace:
     @property
     def needed(self) -> bool:
         """Whether idling changes anything: on Tansu only, whose fetch does not wake on new data. A
-        consumer already slow (a background one) keeps its wait when idle, and parks with the others."""
+        consumer already slow (a background one) keeps its wait when idle, and parks as the others do."""
         return self._paced
 
     @property
@@ -104,20 +121,24 @@ class FetchPace:
 
     @property
     def quiet(self) -> bool:
-        """No new record for `idle_after_s`."""
-        return time.monotonic() - self._last_news >= self._idle_after_s
+        """Neither a record from elsewhere nor a wake for `idle_after_s` (records of its own
+        process's wake it only until it has handed them out)."""
+        return time.monotonic() - self._woken >= self.idle_after_s
 
     @property
     def done_waiting(self) -> bool:
         """On call: the records expected came and no other followed them within a look, or none
         came for `idle_after_s` while some were expected."""
         waited = time.monotonic() - self._last_news
-        return waited >= (self._idle_after_s if self._awaited else self._look_s)
+        return waited >= (self.idle_after_s if self._awaited else self._look_s)
 
     @property
     def _look_s(self) -> float:
         # On call and fetching, it looks after every fetch: it parks one fetch after its records stop.
-        return self.busy_ms / 1000 if self.on_call else TICK_S
+        # So does a consumer awake for its own process's records: it parks once it handed them out.
+        if self.on_call or self._due:
+            return self.busy_ms / 1000
+        return TICK_S
 
     def expect(self, records: int) -> None:
         """`records` more will come soon (on call: it fetches until they did, up to `idle_after_s`)."""
@@ -125,8 +146,20 @@ class FetchPace:
         self.wake()
 
     def wake(self) -> None:
-        """Fetch with the short wait again (a message is expected soon)."""
+        """Fetch with the short wait again (a message is expected soon), for `idle_after_s`."""
+        self._woken = self._last_news = time.monotonic()
+        self._resume()
+
+    def own_record(self, partition: TopicPartition, offset: int) -> None:
+        """Its process published the record at `offset` of `partition` (one of its own): fetch it
+        now, and park again once it has handed it out (not woken for `idle_after_s`)."""
+        self._due[partition] = max(offset + 1, self._due.get(partition, 0))
         self._last_news = time.monotonic()
+        self._resume()
+        if self._looking is not None:
+            _done(self._looking)  # look at its partitions at the short pace from now
+
+    def _resume(self) -> None:
         self._fetcher._fetch_max_wait_ms = self.busy_ms
         if self._parked is not None:
             self._fetcher._fetcher_timeout = self._fetcher_timeout_s
@@ -145,7 +178,7 @@ class FetchPace:
         """Start watching (when it changes anything)."""
         if self.needed and self._task is None:
             self._lookout = _lookout()
-            self._lookout.paces.add(self)
+            self._lookout.add(self)
             self._task = asyncio.create_task(self._watch(self._lookout), name="fetch-pace")
 
     async def stop(self) -> None:
@@ -153,7 +186,7 @@ class FetchPace:
         self.wake()
         lookout, self._lookout = self._lookout, None
         if lookout is not None:
-            lookout.paces.discard(self)
+            lookout.discard(self)
             if lookout.paces:
                 lookout.watch()  # the others' partitions only
             else:
@@ -164,20 +197,38 @@ class FetchPace:
                 await self._task
             self._task = None
 
-    def read_to_the_end(self) -> dict[TopicPartition, int] | None:
-        """Each assigned partition's high watermark, when the consumer has handed out every record
-        up to it (else records wait in it, or are still to be fetched: it must not park)."""
+    def _position(self, partition: TopicPartition) -> int | None:
         subscription = self.consumer._subscription.subscription
         if subscription is None or subscription.assignment is None:
             return None
+        state = subscription.assignment.state_value(partition)
+        if state is None or not state.has_valid_position:
+            return None
+        position: int = state.position
+        return position
+
+    def read_to_the_end(self) -> dict[TopicPartition, int] | None:
+        """Each assigned partition's high watermark, when the consumer has handed out every record
+        up to it, its own process's included (else records wait in it, or are still to be fetched:
+        it must not park)."""
         marks: dict[TopicPartition, int] = {}
         for partition in self.consumer.assignment():
-            state = subscription.assignment.state_value(partition)
+            position = self._position(partition)
             highwater = self.consumer.highwater(partition)
-            if highwater is None or not state.has_valid_position or state.position != highwater:
+            if highwater is None or position is None or position != highwater:
                 return None
             marks[partition] = highwater
-        return marks
+        # Its process's records may be on the broker past the watermarks of its last fetch.
+        self._settle_due()
+        return None if self._due else marks
+
+    def _settle_due(self) -> None:
+        """Forget the records of its own process's that it has handed out (or no longer holds)."""
+        assigned = self.consumer.assignment()
+        for partition, end in list(self._due.items()):
+            position = self._position(partition) if partition in assigned else end
+            if position is not None and position >= end:
+                del self._due[partition]
 
     def park(self, marks: dict[TopicPartition, int]) -> None:
         """Pause its partitions (each read up to its mark) until `wake()` (the look-out's
@@ -194,11 +245,39 @@ class FetchPace:
         """Where each of its parked partitions was read to (none when it is not parked)."""
         return self._parked or {}
 
+    def _from_elsewhere(
+        self,
+        lookout: _Lookout,
+        seen: dict[TopicPartition, int | None],
+        marks: dict[TopicPartition, int | None],
+    ) -> bool:
+        """Whether any record that came between `seen` and `marks` is not one its process
+        published lately (a partition not seen before counts as from elsewhere)."""
+        for partition, mark in marks.items():
+            before = seen.get(partition)
+            if mark is None or mark == before:
+                continue
+            if before is None or not lookout.own(partition, range(before, mark)):
+                return True
+        return False
+
+    async def _between_looks(self) -> None:
+        # Parked, only a rebalance is looked for (the look-out wakes it): no hurry. A record of its
+        # own process's cuts the wait short. A future and a timer, as `asyncio.sleep` is: an idle
+        # process's consumers look 20 times a second, and `wait_for` costs a task each time.
+        loop = asyncio.get_running_loop()
+        self._looking = loop.create_future()
+        timer = loop.call_later(self._look_s if self._parked is None else PARKED_LOOK_S, _done, self._looking)
+        try:
+            await self._looking
+        finally:
+            timer.cancel()
+            self._looking = None
+
     async def _watch(self, lookout: _Lookout) -> None:
         seen: dict[TopicPartition, int | None] = {}
         while True:
-            # Parked, only a rebalance is looked for (the look-out wakes it): no hurry.
-            await asyncio.sleep(self._look_s if self._parked is None else PARKED_LOOK_S)
+            await self._between_looks()
             if self._parked is not None:
                 held = self.consumer.assignment()
                 if held != self._parked.keys() or self.consumer.paused() != held:
@@ -207,24 +286,33 @@ class FetchPace:
             marks = {
                 partition: self.consumer.highwater(partition) for partition in self.consumer.assignment()
             }
+            self._settle_due()
             if marks != seen:
+                elsewhere = self._from_elsewhere(lookout, seen, marks)
                 self._news(seen, marks)
                 seen = marks
-                if not self.on_call:
+                if self.on_call:
+                    continue
+                if elsewhere:
                     lookout.wake_all()
-            elif self.on_call:
+                    continue
+                lookout.news()
+                # Its own process's records: it parks as soon as it has handed them out.
+            if self.on_call:
                 if self.done_waiting:
-                    lookout.park_alone(self)
+                    lookout.park(self)
             elif self.quiet:
-                self._fetcher._fetch_max_wait_ms = self.idle_ms
-                lookout.consider()
+                if not lookout.busy:
+                    self._fetcher._fetch_max_wait_ms = self.idle_ms
+                lookout.park(self)
 
 
 class _Lookout:
-    """The paces of one event loop (a process's services). Those not on call wake together, and
-    once all are quiet and read to the end (and more than one) they park; one on call parks on its
-    own. While any is parked this fetches their partitions from their marks (a group-less consumer
-    of its own, started at the first parking and stopped with the last pace) until a record comes."""
+    """The paces of one event loop (a process's services). A record from elsewhere for one not on
+    call wakes all those not on call, and so does any record after a quiet spell; one of the
+    process's own wakes only those holding its partition; each parks on its own. While any is
+    parked this fetches their partitions from their marks (a group-less consumer of its own,
+    started at the first parking and stopped with the last pace) until a record comes."""
 
     def __init__(self) -> None:
         self.paces: weakref.WeakSet[FetchPace] = weakref.WeakSet()
@@ -232,32 +320,95 @@ class _Lookout:
         self._bootstrap: str | None = None
         self._marks: dict[TopicPartition, int] = {}
         self._owners: dict[TopicPartition, list[FetchPace]] = {}
-        self._wait_ms = 0
         self._watching = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._last_news = time.monotonic()
+        self._idle_after_s = 0.0
+        self._own_within_s = 0.0
+        """The longest of its paces' settings (set as they come and go)."""
+        self._own: dict[TopicPartition, dict[int, float]] = {}
+        """The records the process published lately, by partition: offset -> when (monotonic)."""
+
+    def add(self, pace: FetchPace) -> None:
+        """Watch `pace` too."""
+        self.paces.add(pace)
+        self._settings_changed()
+
+    def discard(self, pace: FetchPace) -> None:
+        """Stop watching `pace`."""
+        self.paces.discard(pace)
+        self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        paces = list(self.paces)
+        self._idle_after_s = max((pace.idle_after_s for pace in paces), default=0.0)
+        self._own_within_s = max((pace.own_record_within_s for pace in paces), default=0.0)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a consumer not on call saw a record, or was woken, within `idle_after_s`."""
+        return time.monotonic() - self._last_news < self._idle_after_s
+
+    @property
+    def wait_ms(self) -> int:
+        """The wait the look-out fetches with: the short one of the parked consumers not on call
+        while the process is busy (theirs had they not parked), else the idle one."""
+        parked = [pace for pace in self.paces if pace.parked]
+        waits = [pace.busy_ms for pace in parked if not pace.on_call] if self.busy else []
+        return min(waits or [pace.idle_ms for pace in parked] or [0])
+
+    def news(self) -> None:
+        """A record of the process's own came for a consumer not on call: the process is busy.
+        After a quiet spell every consumer wakes, as for a record from elsewhere: the look-out may
+        be in a fetch with the idle wait."""
+        if not self.busy:
+            self.wake_all()
+        self._last_news = time.monotonic()
 
     def wake_all(self) -> None:
-        """Every pace not on call back to the short wait, none of them parked."""
+        """Every pace not on call back to the short wait for `idle_after_s`, none of them parked."""
+        self._last_news = time.monotonic()
         for pace in list(self.paces):
             if not pace.on_call:
                 pace.wake()
 
-    def consider(self) -> None:
-        """Park every pace not on call when they are all quiet and read to the end."""
-        paces = list(self.paces)
-        # One consumer alone would only trade its fetches for the look-out's.
-        waking = [pace for pace in paces if not pace.on_call and not pace.parked]
-        if len(paces) < 2 or not waking or not all(pace.quiet for pace in waking):
+    def published(self, partition: TopicPartition, offset: int) -> None:
+        """The process published the record at `offset` of `partition`: the paces holding that
+        partition fetch it, and no other wakes for it."""
+        holders = [pace for pace in list(self.paces) if partition in pace.consumer.assignment()]
+        if not holders:
             return
-        reads = [(pace, pace.read_to_the_end()) for pace in waking]
-        if not self._one_broker(waking) or any(read is None for _, read in reads):
-            return
-        for pace, read in reads:
-            assert read is not None
-            pace.park(read)
-        self.watch()
+        now = time.monotonic()
+        offsets = self._own.setdefault(partition, {})
+        offsets[offset] = now
+        while offsets:  # in the order published: the oldest first
+            first = next(iter(offsets))
+            if now - offsets[first] <= self._own_within_s:
+                break
+            del offsets[first]
+        if any(not pace.on_call for pace in holders):
+            self.news()
+        for pace in holders:
+            pace.own_record(partition, offset)
 
-    def park_alone(self, pace: FetchPace) -> None:
-        """Park a pace on call that is read to the end, whatever the others do."""
+    def own(self, partition: TopicPartition, offsets: range) -> bool:
+        """Whether the process published every record at `offsets` of `partition` within
+        `own_record_within_s` of now."""
+        published = self._own.get(partition, {})
+        if len(offsets) > len(published):
+            return False
+        now = time.monotonic()
+        for offset in offsets:
+            at = published.get(offset)
+            if at is None or now - at > self._own_within_s:
+                return False
+        return True
+
+    def park(self, pace: FetchPace) -> None:
+        """Park `pace` if it is read to the end (and not the only pace: one consumer alone would
+        only trade its fetches for the look-out's, unless it is on call)."""
+        if not pace.on_call and len(self.paces) < 2:
+            return
         read = pace.read_to_the_end()
         if read is not None and self._one_broker([pace]):
             pace.park(read)
@@ -279,21 +430,38 @@ class _Lookout:
             for partition, mark in pace.marks.items():
                 self._marks[partition] = min(mark, self._marks.get(partition, mark))
                 self._owners.setdefault(partition, []).append(pace)
+        self._changed.set()
         if not parked:
             self._watching.clear()
             return
-        self._wait_ms = min(pace.idle_ms for pace in parked)
         if self._task is None and self._bootstrap is not None:
             self._task = asyncio.create_task(self._look(self._bootstrap), name="fetch-lookout")
         self._watching.set()
 
-    def _wake_for(self, partitions: set[TopicPartition]) -> None:
-        """A record for a pace on call wakes it; one for any other wakes every pace not on call."""
-        owners = {pace for partition in partitions for pace in self._owners.get(partition, [])}
-        if any(not pace.on_call for pace in owners):
+    def _wake_for(self, found: dict[TopicPartition, list[int]]) -> None:
+        """Wake the parked paces holding a partition a record came on. For records of the
+        process's own, those alone; for one from elsewhere, every pace not on call too (unless
+        only paces on call hold its partition)."""
+        elsewhere = False
+        own: list[tuple[FetchPace, TopicPartition, int]] = []
+        for partition, offsets in found.items():
+            mark = self._marks.get(partition)
+            fresh = [offset for offset in offsets if mark is not None and offset >= mark]
+            owners = [pace for pace in self._owners.get(partition, []) if pace.parked]
+            if not fresh or not owners:
+                continue  # its owners woke meanwhile, and fetch it themselves
+            if self.own(partition, range(min(fresh), max(fresh) + 1)):
+                own.extend((pace, partition, max(fresh)) for pace in owners)
+                continue
+            elsewhere = elsewhere or any(not pace.on_call for pace in owners)
+            for pace in owners:
+                pace.wake()
+        if elsewhere:
             self.wake_all()
-        for pace in owners:
-            pace.wake()
+        elif any(not pace.on_call for pace, _, _ in own):
+            self.news()
+        for pace, partition, offset in own:
+            pace.own_record(partition, offset)
 
     async def _look(self, bootstrap: str) -> None:
         consumer = AIOKafkaConsumer(
@@ -301,13 +469,16 @@ class _Lookout:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=self._wait_ms,
+            fetch_max_wait_ms=self.wait_ms,
         )
+        follow = _Following(consumer)
         try:
             await consumer.start()
             while True:
                 await self._watching.wait()
-                self._wake_for(await self._news(consumer, self._marks))
+                found = await self._news(consumer, follow)
+                if found:
+                    self._wake_for(found)
         except Exception as error:
             # Whatever it was, no consumer may stay paused for it: they fetch again, and park anew.
             logger.info("fetching again: the look-out failed", error=type(error).__name__)
@@ -317,28 +488,31 @@ class _Lookout:
         finally:
             await consumer.stop()
 
-    async def _news(
-        self, consumer: AIOKafkaConsumer, marks: dict[TopicPartition, int]
-    ) -> set[TopicPartition]:
-        """Fetch every parked partition from its mark until a record comes (those partitions), or
-        the paces parked change (none)."""
-        consumer._fetcher._fetch_max_wait_ms = self._wait_ms
-        if marks:
-            consumer.assign(list(marks))
-            for partition, mark in marks.items():
-                consumer.seek(partition, mark)
+    async def _news(self, consumer: AIOKafkaConsumer, follow: _Following) -> dict[TopicPartition, list[int]]:
+        """One fetch of every parked partition from its mark: the offsets of the records that came
+        by partition, none when the paces parked changed meanwhile (the next look has them)."""
+        self._changed.clear()
+        follow.to(self._marks)
+        wait = self.wait_ms
+        consumer._fetcher._fetch_max_wait_ms = wait
+        getting = asyncio.ensure_future(consumer.getmany(timeout_ms=wait))
+        changed = asyncio.ensure_future(self._changed.wait())
         try:
-            while self._watching.is_set() and self._marks is marks:
-                if not marks:
-                    await asyncio.sleep(self._wait_ms / 1000)
-                    continue
-                batches = await consumer.getmany(timeout_ms=self._wait_ms)
-                found = {partition for partition, records in batches.items() if records}
-                if found and self._marks is marks:
-                    return found
-            return set()
+            await asyncio.wait({getting, changed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            consumer.pause(*consumer.assignment())
+            # Not awaited: a cancel of this task must not be taken for the fetch's. A getmany
+            # cancelled while it waits has taken no record (they stay with the consumer).
+            changed.cancel()
+            if not getting.done():
+                getting.cancel()
+        if not getting.done() or getting.cancelled():
+            return {}
+        batches = getting.result()
+        return {
+            partition: [record.offset for record in records]
+            for partition, records in batches.items()
+            if records
+        }
 
     async def stop(self) -> None:
         """Wake every pace and stop fetching."""
@@ -349,6 +523,45 @@ class _Lookout:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class _Following:
+    """The look-out consumer's partitions: every partition ever parked stays assigned (a topic new
+    to the consumer costs a metadata request), fetched from its mark while parked, paused else."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+        self._assigned: set[TopicPartition] = set()
+        self._from: dict[TopicPartition, int] = {}
+        """Where each partition was last sought to (a paused one keeps a position: no offset reset)."""
+        self._applied: dict[TopicPartition, int] = {}
+        """The partitions fetched now (resumed), each with the mark it was sought to."""
+
+    def to(self, marks: dict[TopicPartition, int]) -> None:
+        """Fetch exactly the partitions of `marks`, each from its mark (sought once: its position
+        then moves on as records are read). Only the partitions that changed are touched."""
+        consumer = self._consumer
+        if not marks.keys() <= self._assigned:
+            self._assigned |= marks.keys()
+            self._from.update(marks)
+            consumer.assign(list(self._assigned))
+            for partition in self._assigned:
+                consumer.seek(partition, self._from[partition])
+            consumer.pause(*self._assigned)
+            self._applied = {}
+        for partition in self._applied.keys() - marks.keys():
+            consumer.pause(partition)
+            del self._applied[partition]
+        for partition, mark in marks.items():
+            if self._applied.get(partition) != mark:
+                consumer.seek(partition, mark)
+                consumer.resume(partition)
+                self._applied[partition] = self._from[partition] = mark
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 _LOOKOUTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lookout] = weakref.WeakKeyDictionary()
@@ -373,3 +586,12 @@ def expect(consumer: AIOKafkaConsumer | None, records: int = 1) -> None:
     for pace in list(lookout.paces):
         if pace.consumer is consumer:
             pace.expect(records)
+
+
+def published(topic: str, partition: int, offset: int) -> None:
+    """A service of this process published the record at `offset` of `topic`'s `partition` (the
+    broker holds it): the consumers of the process holding that partition fetch it now, and it
+    wakes no other (kit.publishing calls this for every record it sends)."""
+    lookout = _LOOKOUTS.get(asyncio.get_running_loop())
+    if lookout is not None:
+        lookout.published(TopicPartition(topic, partition), offset)

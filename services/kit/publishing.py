@@ -10,6 +10,10 @@ chooses where it goes: the only routes a caller adds are ones its own configurat
 (the owner's reply partition, a store client's reply-partition header). A contract test checks
 that nothing else in the services sends to Kafka.
 
+Every record sent is told to kit.fetch_pace (`published`, with the partition and offset the
+broker acknowledged): a consumer of this process holding that partition fetches it at once, and
+no other consumer of the process wakes for it.
+
 This is where aiokafka's errors meet Quipu's: the broker's refusal is a `PublishError`, retryable
 unless resending the same record must be refused the same way (too large, an invalid topic
 name; `broker_may_take_again`).
@@ -22,11 +26,13 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.structs import RecordMetadata
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
 from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import UnroutablePayloadError, spec_for
+from quipu.services.kit import fetch_pace
 from quipu.services.kit.delivery import broker_may_take_again
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
@@ -45,7 +51,8 @@ class PublishError(QuipuError):
 
 
 class Send(Protocol):
-    """Sends one record and returns once the broker has taken it."""
+    """Sends one record and returns once the broker has taken it (with the broker's
+    `RecordMetadata`, where it put the record)."""
 
     def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
@@ -85,7 +92,7 @@ class TopicPublisher:
         topic = self._prefix + _family_member(spec.topic.value, within)
         body = await self._seals.encode(message)  # KeyUnavailableError: the key channel is away
         try:
-            await self._send(
+            sent = await self._send(
                 topic,
                 body,
                 key=spec.key_for(message),
@@ -94,6 +101,8 @@ class TopicPublisher:
             )
         except KafkaError as error:
             raise PublishError(topic, error) from error
+        if isinstance(sent, RecordMetadata):
+            fetch_pace.published(sent.topic, sent.partition, sent.offset)
 
 
 def _family_member(topic: str, within: str | None) -> str:
@@ -111,8 +120,10 @@ def broker_publisher(
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> None:
-        await broker.publish(body, topic=topic, key=key, partition=partition, headers=dict(headers) or None)
+    ) -> RecordMetadata:
+        return await broker.publish(
+            body, topic=topic, key=key, partition=partition, headers=dict(headers) or None
+        )
 
     return TopicPublisher(settings, send, seals)
 
@@ -124,8 +135,10 @@ def producer_publisher(
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> None:
+    ) -> RecordMetadata:
         encoded = [(name, value.encode()) for name, value in headers.items()]
-        await producer.send_and_wait(topic, body, key=key, partition=partition, headers=encoded or None)
+        return await producer.send_and_wait(
+            topic, body, key=key, partition=partition, headers=encoded or None
+        )
 
     return TopicPublisher(settings, send, seals)

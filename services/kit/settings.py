@@ -211,6 +211,16 @@ class KafkaSettings(QuipuSettings):
         gt=0,
         description="How long a consumer sees no new record before it fetches with the idle wait.",
     )
+    own_record_within_s: float = Field(
+        default=0.05,
+        gt=0,
+        description=(
+            "A record this process published, seen by a consumer of the process within this long, "
+            "is the process's own: it wakes only the consumers holding its partition, which park "
+            "again once they have handed it out (kit.fetch_pace). Any other record is from "
+            "elsewhere and wakes every consumer of the process. Only used on Tansu."
+        ),
+    )
     session_timeout_ms: int = Field(
         default=10_000,
         gt=0,

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import FastStream
 
+from quipu.contracts.runs import CancelRun
 from quipu.contracts.topics import Topic
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.kit import fetch_pace
 from quipu.services.kit.fetch_pace import FetchPace
+from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
@@ -286,7 +288,8 @@ async def test_a_consumer_holding_records_it_has_not_handed_out_is_not_parked(
             holds(lambda: paced.paces[0].wait_ms == paced.paces[0].idle_ms), within=10, what="idle"
         )
         assert (holding.highwater(partition) or 0) >= 1
-        assert not any(pace.parked for pace in paced.paces)  # decided in the tick that set the idle wait
+        # Decided in the tick that set the idle wait; the other, read to the end, parks on its own.
+        assert not paced.paces[0].parked
         read: list[bytes | None] = []
 
         async def read_all() -> bool:
@@ -395,6 +398,64 @@ async def test_a_parked_consumers_fetch_routine_does_not_look_at_its_paused_part
             )
             paced.paces[0].wake()
             assert looks_every_s(paced.paces[0]) == fetching[0]
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_a_record_the_process_publishes_wakes_only_the_consumer_holding_its_partition(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # A fetch costs about the same whatever its partition count, so the lever is how many are sent:
+    # a record one of the process's services sends wakes the one consumer it is for, which parks
+    # again once it has handed it out, while the others stay parked behind the look-out.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    received: list[bytes] = []
+
+    async def read(consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            received.extend(record.value or b"" for records in batches.values() for record in records)
+
+    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
+        holder, other = paced.paces
+        publisher = producer_publisher(paced.producer, settings)
+        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        try:
+            for pace in paced.paces:
+                pace.start()
+            cancels = 0
+
+            async def both_parked_while_the_process_is_busy() -> bool:
+                # The process's own records keep it busy (a quiet spell's first record wakes all).
+                nonlocal cancels
+                if other.parked and holder.parked:
+                    return True
+                cancels += 1
+                await publisher.publish(CancelRun(run_id=f"r-{cancels}", session_id="s-1"), partition=0)
+                return False
+
+            await eventually(both_parked_while_the_process_is_busy, within=10, what="both parked, busy")
+            # While the process is busy the look-out fetches the parked partitions with the short
+            # wait, as their consumers would have: a record from elsewhere is not seen later.
+            lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+            assert lookout.busy and lookout.wait_ms == settings.fetch_max_wait_ms
+            other_news = other.last_news
+            await publisher.publish(CancelRun(run_id="r-last", session_id="s-1"), partition=0)
+            assert not holder.parked and holder.wait_ms == settings.fetch_max_wait_ms
+            assert other.parked
+            await eventually(
+                holds(lambda: b"r-last" in b"".join(received)), within=10, what="the record read"
+            )
+            await eventually(holds(lambda: holder.parked), within=10, what="the holder parked again")
+            assert other.parked and other.last_news == other_news
+
+            # A record from elsewhere wakes every consumer of the process, as before.
+            await paced.producer.send_and_wait(paced.partitions[1].topic, b"result", partition=0)
+            await eventually(
+                holds(lambda: not holder.parked and not other.parked), within=10, what="both woken"
+            )
         finally:
             for reader in readers:
                 reader.cancel()

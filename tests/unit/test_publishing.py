@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
 from quipu.contracts.commands import REPLY_PARTITION_HEADER, CreateSession, StoreReply
@@ -16,6 +17,7 @@ from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.topics import UnroutablePayloadError
 from quipu.contracts.wire import utc_now_ms
+from quipu.services.kit import fetch_pace
 from quipu.services.kit.publishing import TopicPublisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 
@@ -111,3 +113,22 @@ async def test_on_a_producer_headers_travel_as_bytes_and_none_when_there_are_non
             "headers": [(REPLY_PARTITION_HEADER, b"2")],
         },
     ]
+
+
+async def test_every_record_sent_is_told_to_the_fetch_pace_with_where_the_broker_put_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The consumer of this process holding that partition fetches it at once, and no other wakes
+    # for it (kit.fetch_pace): the partition and offset are the broker's, not a guess from the key.
+    told: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(
+        fetch_pace, "published", lambda topic, partition, offset: told.append((topic, partition, offset))
+    )
+
+    async def send(
+        topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> RecordMetadata:
+        return RecordMetadata(topic, 5, TopicPartition(topic, 5), 41, -1, -1, -1)
+
+    await TopicPublisher(SETTINGS, send).publish(CancelRun(run_id="r-1", session_id="s-1"))
+    assert told == [("t1-runs.control", 5, 41)]
