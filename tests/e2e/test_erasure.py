@@ -50,6 +50,18 @@ pytestmark = pytest.mark.timeout(300)
 TENANT = "t-erase"
 
 
+async def _sealed_publisher(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> KafkaRunPublisher:
+    """A run publisher as the gateway and `quipu run` are: sealing with the deployment's keys, with a
+    key cache of its own (closed with the deployment)."""
+    monkeypatch.setenv("QUIPU_KEYS_URL", deployment.keys.url)
+    assert deployment.keys.token is not None
+    monkeypatch.setenv("QUIPU_KEYS_TOKEN", deployment.keys.token.get_secret_value())
+    publisher = KafkaRunPublisher(deployment.stack.kafka_settings(topic_prefix=deployment.prefix))
+    await publisher.start()
+    deployment.on_close(publisher.stop)
+    return publisher
+
+
 async def _turn(publisher: KafkaRunPublisher, session_id: str, principal_id: str, text: str) -> RunRequested:
     request = RunRequested(
         run_id="r-" + uuid.uuid4().hex,
@@ -148,13 +160,7 @@ async def test_after_forget_nothing_of_the_principal_is_readable_in_any_collecti
     said, asked, kept = (f"{word}{uuid.uuid4().hex[:8]}" for word in ("tangerine", "quince", "lemon"))
     async with Deployment(stack, f"{name}.", name, tmp_path, sealed=True) as deployment:
         deployment.start_recorder()
-        # The turns are published as the gateway and `quipu run` do: sealed with the deployment's keys.
-        monkeypatch.setenv("QUIPU_KEYS_URL", deployment.keys.url)
-        assert deployment.keys.token is not None
-        monkeypatch.setenv("QUIPU_KEYS_TOKEN", deployment.keys.token.get_secret_value())
-        publisher = KafkaRunPublisher(stack.kafka_settings(topic_prefix=deployment.prefix))
-        await publisher.start()
-        deployment.on_close(publisher.stop)
+        publisher = await _sealed_publisher(deployment, monkeypatch)
         session_id, other_session = await deployment.session(), await deployment.session()
         first = await _turn(publisher, session_id, "erin", f"my locker code is {said}")
         await _until_status(deployment, first.run_id, RunStatus.COMPLETED)
@@ -270,12 +276,7 @@ async def test_a_run_in_flight_across_the_forget_publishes_none_of_its_words_aga
     deployment.owner.environment["QUIPU_KEYS_CACHE_TTL_S"] = "0.5"
     async with deployment:
         deployment.start_recorder()
-        monkeypatch.setenv("QUIPU_KEYS_URL", deployment.keys.url)
-        assert deployment.keys.token is not None
-        monkeypatch.setenv("QUIPU_KEYS_TOKEN", deployment.keys.token.get_secret_value())
-        publisher = KafkaRunPublisher(stack.kafka_settings(topic_prefix=deployment.prefix))
-        await publisher.start()
-        deployment.on_close(publisher.stop)
+        publisher = await _sealed_publisher(deployment, monkeypatch)
         session_id = await deployment.session()
         asked = await _turn(publisher, session_id, "erin", f"my locker code is {said}, calculate 6*7")
         await eventually(lambda: deployment.executions(asked.run_id), 60, "the slow tool called")
@@ -284,9 +285,7 @@ async def test_a_run_in_flight_across_the_forget_publishes_none_of_its_words_aga
         await memory.forget_principal(TENANT, "erin")
         # She comes back through a client that holds no key of hers (the first one's cache would
         # still seal under the shredded key for its TTL: her new words would read as erased).
-        returning = KafkaRunPublisher(stack.kafka_settings(topic_prefix=deployment.prefix))
-        await returning.start()
-        deployment.on_close(returning.stop)
+        returning = await _sealed_publisher(deployment, monkeypatch)
         again = await _turn(returning, await deployment.session(), "erin", f"hello, I am back: {back}")
         await _until_status(deployment, again.run_id, RunStatus.COMPLETED)
         await eventually(lambda: _tool_done(deployment, asked.run_id), 60, "the slow tool done")
