@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
@@ -48,7 +46,7 @@ async def _open_mongo_memory(
 ) -> MongoMemoryStore:
     """The memory store on the runtime store's client when it has one, else on a client of its own."""
     master_key, policy = _master_key(owner), _policy(owner)
-    keep = timedelta(seconds=owner.forget_turn_marks_keep_s)
+    keep = owner.forget_turn_marks_keep
     if isinstance(store, MongoStore):
         return await MongoMemoryStore.open(
             store.client, mongo.database, master_key=master_key, policy=policy, turn_marks_keep=keep
@@ -95,8 +93,8 @@ def create_app(
         if memory is not None:
             serving = handlers.OwnerStores(runtime, memory)
         elif mongo is None:
-            keep = timedelta(seconds=owner.forget_turn_marks_keep_s)
-            serving = handlers.OwnerStores(runtime, InMemoryMemoryStore(turn_marks_keep=keep))
+            in_memory = InMemoryMemoryStore(turn_marks_keep=owner.forget_turn_marks_keep)
+            serving = handlers.OwnerStores(runtime, in_memory)
         else:
             # Opened after the runtime store, so closed before the client it may share.
             mongo_memory = await _open_mongo_memory(mongo, owner, runtime)

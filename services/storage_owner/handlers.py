@@ -64,6 +64,15 @@ class OwnerStores:
     def __post_init__(self) -> None:
         self.people = TheirPerson(self.store, self.memory)
 
+    async def apply(
+        self, command: StoreOperation, *, sealing: bool
+    ) -> tuple[StoreReply, Sequence[Announcement]]:
+        """Apply `command`; when the owner seals, its answers are sealed for the person whose words
+        they carry (`TheirPerson`)."""
+        if sealing:
+            return await self.people.apply(command)
+        return await apply_command(self.store, command, self.memory)
+
 
 class OwnerKeyring:
     """The owner's own key source (no channel in between): the keyring of its memory store."""
@@ -141,12 +150,7 @@ def register(
                 # The refusal itself goes to the replies topic, on whichever partition.
                 await publish_reply(refusal(command.correlation_id, error, op=command.op), None)
                 raise PermanentError(error.message) from error
-            serving = stores.get()
-            announcements: Sequence[Announcement]
-            if seals.sealing:
-                reply, announcements = await serving.people.apply(command)
-            else:
-                reply, announcements = await apply_command(serving.store, command, serving.memory)
+            reply, announcements = await stores.get().apply(command, sealing=seals.sealing)
             if isinstance(command, ForgetPrincipal) and seals.keys is not None:
                 # This owner just shredded the key: its own cache lets go of it at once.
                 seals.keys.drop(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
@@ -77,6 +79,11 @@ class OwnerSettings(ConsumerSettings):
     retry_attempts: RetryAttempts = Field(
         default=5, description="Tries of one command on a transient database failure."
     )
+
+    @property
+    def forget_turn_marks_keep(self) -> timedelta:
+        """`forget_turn_marks_keep_s` as a duration."""
+        return timedelta(seconds=self.forget_turn_marks_keep_s)
 
     @property
     def previous_keys_token(self) -> str:

@@ -95,6 +95,14 @@ def _waits(app: FastStream, kafka: KafkaSettings) -> dict[str, int]:
     return waits
 
 
+async def _read(consumer: AIOKafkaConsumer, received: list[bytes] | None = None) -> None:
+    """Read as a service's subscriber does, until cancelled, keeping the values in `received`."""
+    while True:
+        batches = await consumer.getmany(timeout_ms=1000)
+        if received is not None:
+            received.extend(record.value or b"" for records in batches.values() for record in records)
+
+
 async def test_only_the_consumers_on_a_runs_path_fetch_with_the_short_wait(
     kafka_settings: KafkaSettings,
 ) -> None:
@@ -201,12 +209,8 @@ async def test_a_record_for_one_consumer_wakes_every_idle_consumer_of_the_proces
     # record after a quiet spell brings every consumer of the process back to the short wait.
     settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
 
-    async def read(consumer: AIOKafkaConsumer) -> None:
-        while True:
-            await consumer.getmany(timeout_ms=1000)
-
     async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
-        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        readers = [asyncio.create_task(_read(consumer)) for consumer in paced.consumers]
         try:
             for pace in paced.paces:
                 pace.start()
@@ -310,15 +314,11 @@ async def test_a_consumer_on_call_parks_alone_and_no_other_consumers_record_wake
     # while the others keep fetching, and only its service's `expect()` (or its own record) wakes it.
     settings = kafka_settings.model_copy(update={"idle_after_s": 3600.0})  # only the one on call parks
 
-    async def read(consumer: AIOKafkaConsumer) -> None:
-        while True:
-            await consumer.getmany(timeout_ms=1000)
-
     async with _paced(
         settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}
     ) as paced:
         busy, on_call = paced.paces
-        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        readers = [asyncio.create_task(_read(consumer)) for consumer in paced.consumers]
         try:
             for pace in paced.paces:
                 pace.start()
@@ -342,16 +342,11 @@ async def test_a_record_for_a_parked_consumer_on_call_wakes_it_alone(kafka_setti
     settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
     received: list[bytes] = []
 
-    async def read(consumer: AIOKafkaConsumer) -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            received.extend(record.value or b"" for records in batches.values() for record in records)
-
     async with _paced(
         settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}
     ) as paced:
         other, on_call = paced.paces
-        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
         try:
             for pace in paced.paces:
                 pace.start()
@@ -374,16 +369,12 @@ async def test_a_parked_consumers_fetch_routine_does_not_look_at_its_paused_part
     # of the fleet. Parked, it waits longer (a resume or a rebalance wakes it at once).
     settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
 
-    async def read(consumer: AIOKafkaConsumer) -> None:
-        while True:
-            await consumer.getmany(timeout_ms=1000)
-
     def looks_every_s(pace: FetchPace) -> float:
         timeout: float = pace.consumer._fetcher._fetcher_timeout
         return timeout
 
     async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
-        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        readers = [asyncio.create_task(_read(consumer)) for consumer in paced.consumers]
         try:
             fetching = [looks_every_s(pace) for pace in paced.paces]
             for pace in paced.paces:
@@ -413,15 +404,10 @@ async def test_a_record_the_process_publishes_wakes_only_the_consumer_holding_it
     settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
     received: list[bytes] = []
 
-    async def read(consumer: AIOKafkaConsumer) -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            received.extend(record.value or b"" for records in batches.values() for record in records)
-
     async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
         holder, other = paced.paces
         publisher = producer_publisher(paced.producer, settings)
-        readers = [asyncio.create_task(read(consumer)) for consumer in paced.consumers]
+        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
         try:
             for pace in paced.paces:
                 pace.start()
