@@ -4,7 +4,7 @@ Every key of `bench/results/latest.json` comes from this run: the store path, th
 this process (bench.run_bench), memory, retrieval and sealing, then the services in processes of
 their own (bench.fleet_bench: idle CPU, 200 sessions, scaling, toolset isolation). A figure that
 could not be measured is printed as such, with the reason, and removed from the file. One part
-alone: `python -m bench.run_bench`, `python -m bench.fleet_bench [idle load scaling executor
+alone: `python -m bench.run_bench`, `python -m bench.fleet_bench [idle load scaling planner executor
 isolation]` (`make bench-fleet`).
 
 Everything stays in `make bench`, so that one run writes every key: about 13 minutes on a shared

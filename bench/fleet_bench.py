@@ -2,7 +2,7 @@
 
 Every figure comes from child processes on a fresh topic prefix of the embedded stack
 (bench.fleet), loaded from this process; `python -m bench.fleet_bench [SCENARIO...]` runs some
-of them (idle, load, scaling, executor, isolation) and merges their keys into
+of them (idle, load, scaling, planner, executor, isolation) and merges their keys into
 bench/results/latest.json, `make bench` runs them all. The box is shared: each scenario reports
 the 1-minute load average it ran under (`*_load_avg_1m`).
 
@@ -25,6 +25,12 @@ the 1-minute load average it ran under (`*_load_avg_1m`).
   each, then with a second planner (`planner_scaling_2v1` = runs/s 2 planners / 1), then with a
   second owner as well (`owner_scaling_2v1` = runs/s 2 owners / 1, both with 2 planners). Each
   step waits until the consumer groups are stable with the new copy in them.
+- planner: the same three processes, but the planner's model takes `MODEL_CALL_S` to answer (the
+  scripted model's `QUIPU_MODEL_SCRIPTED_LATENCY_S`, as a remote model would) and each planner copy
+  handles `MODEL_IN_FLIGHT` messages a topic at once, so a copy's model calls, not the box's CPU,
+  bound its runs/s: `planner_scaling_2v1_model_bound` = runs/s 2 planners / 1. With the instant
+  model of `scaling`, the whole deployment is CPU-bound on a small box and no second copy of
+  anything can add runs/s; this is the limit a planner copy has in use.
 - executor: the bench's I/O-bound toolset (`wait_io`, `IO_CALL_MS` of awaiting) on dedicated
   executors, each copy taking `IO_IN_FLIGHT` calls at once, so one copy answers at most
   IO_IN_FLIGHT / IO_CALL_MS calls a second: `IO_CALLS` calls published at once, answered first
@@ -69,6 +75,11 @@ SCALING_SESSIONS = 16
 SCALING_RUNS_PER_SESSION = 2
 SCALING_DEADLINE_S = 60.0
 WARMUP_RUNS = 3
+
+MODEL_CALL_S = 0.5
+MODEL_IN_FLIGHT = 2
+MODEL_BOUND_RUNS_PER_SESSION = 6
+"""More turns than `scaling`'s: at a few runs/s a copy, the first and last runs' ramp would weigh."""
 
 IO_CALL_MS = 200
 IO_IN_FLIGHT = 4
@@ -191,8 +202,8 @@ async def measure_load(stack: EmbeddedStack) -> Figures:
     return figures
 
 
-async def _runs_per_s(runs: Runs) -> tuple[float, float]:
-    sessions = await runs.sessions(SCALING_SESSIONS * SCALING_RUNS_PER_SESSION)
+async def _runs_per_s(runs: Runs, turns: int = SCALING_RUNS_PER_SESSION) -> tuple[float, float]:
+    sessions = await runs.sessions(SCALING_SESSIONS * turns)
     clients = [sessions[i::SCALING_SESSIONS] for i in range(SCALING_SESSIONS)]
     load = _load()
     result = await runs.at_once(clients, SCALING_DEADLINE_S)
@@ -237,6 +248,43 @@ async def measure_scaling(stack: EmbeddedStack) -> Figures:
         "scaling_runs_per_s_2_planners_1_owner": two_planners,
         "scaling_runs_per_s_2_planners_2_owners": two_owners,
         "scaling_load_avg_1m": max(load_one, load_two, load_three),
+    }
+
+
+async def measure_planner(stack: EmbeddedStack) -> Figures:
+    """Runs/s with one planner copy whose model calls bound it, then with two."""
+    slow_model = {
+        "QUIPU_MODEL_PROVIDER": "scripted",
+        "QUIPU_MODEL_SCRIPTED_LATENCY_S": str(MODEL_CALL_S),
+        "QUIPU_PLANNER_MAX_IN_FLIGHT": str(MODEL_IN_FLIGHT),
+    }
+    async with fleet(stack) as running:
+        for name in ("storage_owner", "tool_executor"):
+            running.service(name)
+        running.service("planner", **slow_model)
+        copies = {"storage_owner": 1, "planner": 1, "tool_executor": 1}
+        await running.settled(_settled_groups(copies))
+        async with Runs(running.settings) as runs:
+            await _warm(runs)
+            one, load_one = await _runs_per_s(runs, MODEL_BOUND_RUNS_PER_SESSION)
+            progress("planner: one copy")
+            running.service("planner", **slow_model)
+            await running.settled(_settled_groups(copies | {"planner": 2}))
+            await _warm(runs)
+            two, load_two = await _runs_per_s(runs, MODEL_BOUND_RUNS_PER_SESSION)
+            progress("planner: two copies")
+        running.check_alive()
+    ceiling = 2 * MODEL_IN_FLIGHT / MODEL_CALL_S / 2  # two topics' slots, two model calls a run
+    print(
+        f"\nmodel-bound planner ({MODEL_CALL_S:g} s a call, {MODEL_IN_FLIGHT} in flight a topic: at most "
+        f"{ceiling:g} runs/s a copy): one copy {one:.2f} runs/s (load {load_one:.1f}), two {two:.2f} "
+        f"(load {load_two:.1f})"
+    )
+    return {
+        "planner_scaling_2v1_model_bound": two / one,
+        "planner_model_bound_runs_per_s_1_copy": one,
+        "planner_model_bound_runs_per_s_2_copies": two,
+        "planner_model_bound_load_avg_1m": max(load_one, load_two),
     }
 
 
@@ -347,6 +395,7 @@ SCENARIOS: dict[str, Callable[[EmbeddedStack], Awaitable[Figures]]] = {
     "idle": measure_idle,
     "load": measure_load,
     "scaling": measure_scaling,
+    "planner": measure_planner,
     "executor": measure_executor,
     "isolation": measure_isolation,
 }

@@ -579,3 +579,19 @@ def test_an_answer_is_cut_at_max_tokens_and_says_so() -> None:
     assert response.usage.output_tokens <= 50 and texts(response)[0].startswith("You said")
     calls = answer("calculate 6*7", max_tokens=2)
     assert calls.stop_reason is StopReason.MAX_TOKENS and uses(calls) == []
+
+
+@pytest.mark.parametrize(("latency_s", "waits"), [(0.0, []), (0.25, [0.25])])
+async def test_the_scripted_latency_setting_is_awaited_before_each_answer(
+    latency_s: float, waits: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    awaited: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        awaited.append(seconds)
+
+    monkeypatch.setattr("quipu.services.domain.models.scripted.asyncio.sleep", sleep)
+    model = make_model(ModelSettings(provider="scripted", scripted_latency_s=latency_s))
+    response = await model.complete(request(said("calculate 3*3")))
+    assert awaited == waits
+    assert uses(response) == [("calculator", {"expression": "3*3"})]

@@ -83,6 +83,15 @@ class ModelSettings(BaseSettings):
         default="enabled",
         description="`enabled` sends budget_tokens; `adaptive` lets the model decide (Opus 4.7+).",
     )
+    scripted_latency_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description=(
+            "Seconds the offline scripted model takes before each answer (0: at once). It stands "
+            "in for a real model's latency, so a bench can load the planner the way a real model does."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSettings:
@@ -113,7 +122,7 @@ def make_model(settings: ModelSettings, *, max_poll_interval_ms: int | None = No
     ValueError: the call could outlive the consumer's membership of its group.
     """
     if not settings.uses_anthropic:
-        return ScriptedModel()
+        return ScriptedModel(latency_s=settings.scripted_latency_s)
     if max_poll_interval_ms is not None and settings.deadline_s * 1000 >= max_poll_interval_ms:
         raise ValueError(
             f"model deadline_s={settings.deadline_s:g} must stay below the consumer's "

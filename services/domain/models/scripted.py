@@ -72,6 +72,7 @@ in one place is how a test author knows what the offline model will do.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -148,12 +149,15 @@ class ScriptedModel:
         *,
         structured_output: StructuredOutputHook | None = None,
         name: str = SCRIPTED_MODEL_NAME,
+        latency_s: float = 0.0,
     ) -> None:
         """Answer by `script` first, then by the built-in rules.
 
-        `structured_output` answers requests with an `output_schema` before the schema example.
+        `structured_output` answers requests with an `output_schema` before the schema example;
+        `latency_s` is awaited before each answer of `complete`, as a remote model's would be.
         """
         self.name = name
+        self._latency_s = latency_s
         self._exact = {key: entry for key, entry in (script or {}).items() if isinstance(key, str)}
         self._patterns = [
             (key, entry) for key, entry in (script or {}).items() if isinstance(key, re.Pattern)
@@ -165,6 +169,8 @@ class ScriptedModel:
     async def complete(self, request: ModelRequest, on_text: TextDelta | None = None) -> ModelResponse:
         """Answer `request` and stream its text parts through `on_text`."""
         self.requests.append(request)
+        if self._latency_s:
+            await asyncio.sleep(self._latency_s)
         response = self.respond(request)
         await stream_text(response, on_text)
         return response
