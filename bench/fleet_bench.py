@@ -54,7 +54,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from bench.fleet import Runs, ToolCalls, fleet, rss_mb
+from bench.fleet import Fleet, Runs, ToolCalls, fleet, rss_mb
 from bench.report import Figures
 from bench.run_instruments import progress, to_ms
 from bench.toolsets import fast, io_bound, slow
@@ -202,7 +202,10 @@ async def measure_load(stack: EmbeddedStack) -> Figures:
     return figures
 
 
-async def _runs_per_s(runs: Runs, turns: int = SCALING_RUNS_PER_SESSION) -> tuple[float, float]:
+async def _measured(runs: Runs, turns: int) -> tuple[float, float]:
+    """Runs/s of `SCALING_SESSIONS` clients running `turns` turns each, after a warm-up, and the
+    load average it ran under."""
+    await _warm(runs)
     sessions = await runs.sessions(SCALING_SESSIONS * turns)
     clients = [sessions[i::SCALING_SESSIONS] for i in range(SCALING_SESSIONS)]
     load = _load()
@@ -214,6 +217,14 @@ async def _runs_per_s(runs: Runs, turns: int = SCALING_RUNS_PER_SESSION) -> tupl
     return result.runs_per_s, max(load, _load())
 
 
+async def _another(running: Fleet, copies: dict[str, int], name: str, **environment: str) -> dict[str, int]:
+    """Start one more copy of service `name`; return the copies once every group is stable with it."""
+    running.service(name, **environment)
+    copies = copies | {name: copies[name] + 1}
+    await running.settled(_settled_groups(copies))
+    return copies
+
+
 async def measure_scaling(stack: EmbeddedStack) -> Figures:
     """Runs/s with one copy of each service, then a second planner, then a second owner."""
     async with fleet(stack) as running:
@@ -222,18 +233,13 @@ async def measure_scaling(stack: EmbeddedStack) -> Figures:
         copies = {"storage_owner": 1, "planner": 1, "tool_executor": 1}
         await running.settled(_settled_groups(copies))
         async with Runs(running.settings) as runs:
-            await _warm(runs)
-            one, load_one = await _runs_per_s(runs)
+            one, load_one = await _measured(runs, SCALING_RUNS_PER_SESSION)
             progress("scaling: one copy each")
-            running.service("planner")
-            await running.settled(_settled_groups(copies | {"planner": 2}))
-            await _warm(runs)
-            two_planners, load_two = await _runs_per_s(runs)
+            copies = await _another(running, copies, "planner")
+            two_planners, load_two = await _measured(runs, SCALING_RUNS_PER_SESSION)
             progress("scaling: two planners")
-            running.service("storage_owner")
-            await running.settled(_settled_groups(copies | {"planner": 2, "storage_owner": 2}))
-            await _warm(runs)
-            two_owners, load_three = await _runs_per_s(runs)
+            await _another(running, copies, "storage_owner")
+            two_owners, load_three = await _measured(runs, SCALING_RUNS_PER_SESSION)
             progress("scaling: two owners")
         running.check_alive()
     print(
@@ -265,13 +271,10 @@ async def measure_planner(stack: EmbeddedStack) -> Figures:
         copies = {"storage_owner": 1, "planner": 1, "tool_executor": 1}
         await running.settled(_settled_groups(copies))
         async with Runs(running.settings) as runs:
-            await _warm(runs)
-            one, load_one = await _runs_per_s(runs, MODEL_BOUND_RUNS_PER_SESSION)
+            one, load_one = await _measured(runs, MODEL_BOUND_RUNS_PER_SESSION)
             progress("planner: one copy")
-            running.service("planner", **slow_model)
-            await running.settled(_settled_groups(copies | {"planner": 2}))
-            await _warm(runs)
-            two, load_two = await _runs_per_s(runs, MODEL_BOUND_RUNS_PER_SESSION)
+            await _another(running, copies, "planner", **slow_model)
+            two, load_two = await _measured(runs, MODEL_BOUND_RUNS_PER_SESSION)
             progress("planner: two copies")
         running.check_alive()
     ceiling = 2 * MODEL_IN_FLIGHT / MODEL_CALL_S / 2  # two topics' slots, two model calls a run
