@@ -60,6 +60,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.logging import get_logger
 from quipu.services.kit.settings import KafkaSettings
 
@@ -486,7 +487,7 @@ class _Lookout:
             for pace in list(self.paces):
                 pace.wake()
         finally:
-            await consumer.stop()
+            await stop_consumer(consumer)  # it re-assigns as paces park: a plain stop may hang
 
     async def _news(self, consumer: AIOKafkaConsumer, follow: _Following) -> dict[TopicPartition, list[int]]:
         """One fetch of every parked partition from its mark: the offsets of the records that came

@@ -66,6 +66,7 @@ from quipu.contracts.store import (
     StartResult,
 )
 from quipu.contracts.topics import Topic
+from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
 from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
@@ -301,7 +302,7 @@ class KafkaStore:
             if not future.done():
                 future.set_exception(StoreError(ErrorCode.UNAVAILABLE, "store client stopped"))
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)  # it re-assigns as calls name partitions
         if self._producer is not None:
             await self._producer.stop()
         if self._owns_seals:
