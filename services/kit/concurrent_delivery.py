@@ -19,6 +19,9 @@ never skips one.
   `Delivery.handle` settles everything) is tried again `handle_attempts` times, then the message is
   logged with its coordinates and skipped (`skipped` counts them); an order key that cannot be
   read from the message falls back to its Kafka key.
+- A consumer has one commit in flight at a time, of every partition that moved since the last:
+  a message's slot does not wait for its commit, and the messages that finish while a commit is in
+  flight share the next. A revoke and a drain wait for the commits of what was settled.
 - When partitions move to another copy, their messages in flight get `revoke_grace_s` to finish
   and commit; on shutdown `drain` gives them a grace, then cancels the rest (delivered again).
 - A message is marked `first_delivery` (`kit.delivery.first_delivery`) when no earlier handling of
@@ -39,7 +42,6 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
@@ -231,7 +233,10 @@ class ConcurrentConsumer:
         self._ledger = OffsetLedger()
         self._keys: KeyedLocks[bytes | None] = KeyedLocks()
         self._tasks: dict[asyncio.Task[None], Ticket] = {}
-        self._commit_lock = asyncio.Lock()
+        self._due: dict[tuple[str, int], Ticket] = {}
+        """The partitions settled since the last commit began, each with its latest ticket."""
+        self._committing_with: Any = None
+        self._committer: asyncio.Task[None] | None = None
         self._revoking: set[tuple[str, int]] = set()
         self._closing = False
         self.listener = _RebalanceListener(self)
@@ -317,32 +322,49 @@ class ConcurrentConsumer:
             error=describe_error(error),
             skipped_total=self.skipped,
         )
-        try:
-            await tracked.ack()
-        except Exception as commit_error:
-            # The ledger has settled it; the next commit of the partition carries it.
-            logger.warning("commit after a skip failed", error=describe_error(commit_error))
+        await tracked.ack()
 
     async def settle(self, ticket: Ticket, kafka_consumer: Any) -> None:
-        """A message is done: commit its partition up to the oldest message still in flight."""
+        """A message is done: its partition is committed up to the oldest message still in flight,
+        by the next commit of this consumer (not awaited: the message's slot is free at once)."""
         self._ledger.settle(ticket)
-        async with self._commit_lock:
-            # Commits queue here; whoever gets the lock commits the furthest position so far.
-            position = self._ledger.uncommitted(ticket)
-            if position is None:
-                return
+        self._due[(ticket.topic, ticket.partition)] = ticket
+        self._committing_with = kafka_consumer
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_due(), name=f"{self._name} commits")
+
+    async def _commit_due(self) -> None:
+        # One commit at a time, each of every partition that moved since the last: under load the
+        # messages that finish while a commit is in flight share the next one.
+        while self._due:
+            due, self._due = self._due, {}
+            positions = {
+                ticket: position
+                for ticket in due.values()
+                if (position := self._ledger.uncommitted(ticket)) is not None
+            }
+            if not positions:
+                continue
+            offsets = {TopicPartition(ticket.topic, ticket.partition): at for ticket, at in positions.items()}
             try:
-                await kafka_consumer.commit({TopicPartition(ticket.topic, ticket.partition): position})
-            except KafkaError as error:
-                # The partition moved to another copy; it will deliver what was not committed.
+                await self._committing_with.commit(offsets)
+            except Exception as error:
+                # The partition moved to another copy (it delivers what was not committed), or the
+                # broker is away: the partition's next message carries the position.
                 logger.info(
                     "commit refused",
                     consumer=self._name,
-                    partition=ticket.partition,
-                    error=type(error).__name__,
+                    partitions=sorted(ticket.partition for ticket in positions),
+                    error=describe_error(error),
                 )
-                return
-            self._ledger.committed(ticket, position)
+                continue
+            for ticket, position in positions.items():
+                self._ledger.committed(ticket, position)
+
+    async def flush(self) -> None:
+        """Wait until every message settled so far is committed (or its commit was refused)."""
+        while self._committer is not None and not self._committer.done():
+            await asyncio.wait({self._committer})
 
     async def release(self, partitions: set[tuple[str, int]]) -> None:
         """Partitions are being revoked: let their messages finish and commit (bounded), then forget them."""
@@ -355,6 +377,7 @@ class ConcurrentConsumer:
             ]
             if running:
                 await asyncio.wait(running, timeout=self._revoke_grace_s)
+            await self.flush()  # while this copy still owns them
             self._ledger.forget(partitions)
         finally:
             self._revoking -= partitions
@@ -396,18 +419,18 @@ class ConcurrentConsumer:
         for read in list(self._watermark_reads):
             read.cancel()
         running = list(self._tasks)
-        if not running:
-            return
-        _, unfinished = await asyncio.wait(running, timeout=grace_s)
-        for task in unfinished:
-            task.cancel()
-        await asyncio.gather(*unfinished, return_exceptions=True)
-        logger.info(
-            "consumer drained",
-            consumer=self._name,
-            finished=len(running) - len(unfinished),
-            left=len(unfinished),
-        )
+        if running:
+            _, unfinished = await asyncio.wait(running, timeout=grace_s)
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+            logger.info(
+                "consumer drained",
+                consumer=self._name,
+                finished=len(running) - len(unfinished),
+                left=len(unfinished),
+            )
+        await self.flush()
 
 
 def _highwater(message: KafkaMessage, topic: str, partition: int) -> int | None:
