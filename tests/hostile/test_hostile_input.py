@@ -55,6 +55,13 @@ async def fleet(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) 
         yield started
 
 
+@pytest.fixture(scope="module")
+def drawn_bodies() -> list[Hostile]:
+    """The Hypothesis bodies, drawn while no event loop runs: they take seconds of CPU, and a draw
+    while the services' loop runs sees its `random` calls (Hypothesis warns of them)."""
+    return drawn(DRAWN_PER_TOPIC)
+
+
 async def _normal_run(fleet: Fleet, name: str, within: float) -> None:
     """A session with a principal: a tool call, then a fact; wait until every service did its part."""
     session_id, principal_id = f"{name}-session", f"{name}-principal"
@@ -87,10 +94,10 @@ async def _normal_run(fleet: Fleet, name: str, within: float) -> None:
         raise AssertionError(fleet.log_tails()) from None
 
 
-async def _publish_hostile(fleet: Fleet) -> dict[Topic, list[tuple[Hostile, tuple[int, int]]]]:
+async def _publish_hostile(
+    fleet: Fleet, extra: list[Hostile]
+) -> dict[Topic, list[tuple[Hostile, tuple[int, int]]]]:
     sent: dict[Topic, list[tuple[Hostile, tuple[int, int]]]] = {}
-    # Drawing and checking 5 MB bodies take seconds of CPU: off the event loop.
-    extra = await asyncio.to_thread(drawn, DRAWN_PER_TOPIC)
     for number, name in enumerate(GROUPS):
         sent[name] = []
         for index, message in enumerate([*hand_made(name), *extra]):
@@ -125,9 +132,11 @@ def _own_headers(letter: ConsumerRecord[bytes, bytes]) -> dict[str, str]:
     }
 
 
-async def test_hostile_messages_are_dead_lettered_and_every_service_keeps_serving(fleet: Fleet) -> None:
+async def test_hostile_messages_are_dead_lettered_and_every_service_keeps_serving(
+    drawn_bodies: list[Hostile], fleet: Fleet
+) -> None:
     await _normal_run(fleet, "warmup", within=START_BUDGET_S)
-    sent = await _publish_hostile(fleet)
+    sent = await _publish_hostile(fleet, drawn_bodies)
 
     invalid = await asyncio.to_thread(_never_valid_positions, sent)
     assert all(invalid.values()), "every topic got messages that can never decode"
