@@ -21,7 +21,9 @@ name; `broker_may_take_again`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
@@ -51,12 +53,24 @@ class PublishError(QuipuError):
 
 
 class Send(Protocol):
-    """Sends one record and returns once the broker has taken it (with the broker's
-    `RecordMetadata`, where it put the record)."""
+    """Hands one record to the producer and returns once it is queued, with what resolves to the
+    broker's `RecordMetadata` (where it put the record) once the broker has taken it. Records of
+    one partition are sent in the order they were queued."""
 
     def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> Awaitable[object]: ...
+    ) -> Awaitable[Awaitable[object]]: ...
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message of a `TopicPublisher.publish_together`, with its routes (from the caller's
+    configuration, as `publish`'s)."""
+
+    message: BaseModel
+    partition: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    within: str | None = None
 
 
 class TopicPublisher:
@@ -88,21 +102,49 @@ class TopicPublisher:
         itself (`tools.calls.<toolset>` for a `tools.calls` payload, from the toolset registry);
         a name outside that family is an UnroutablePayloadError.
         """
-        spec = spec_for(message)
-        topic = self._prefix + _family_member(spec.topic.value, within)
-        body = await self._seals.encode(message)  # KeyUnavailableError: the key channel is away
-        try:
-            sent = await self._send(
-                topic,
-                body,
-                key=spec.key_for(message),
-                partition=partition,
-                headers=headers or {},
-            )
-        except KafkaError as error:
-            raise PublishError(topic, error) from error
-        if isinstance(sent, RecordMetadata):
-            fetch_pace.published(sent.topic, sent.partition, sent.offset)
+        await self.publish_together([Outgoing(message, partition, headers or {}, within)])
+
+    async def publish_together(self, messages: Sequence[Outgoing]) -> None:
+        """Send every one of `messages` and wait for all the broker's acknowledgements (PublishError:
+        the first one it did not take; the others may have gone).
+
+        All are sealed before any is sent, and queued in their order before any acknowledgement
+        is awaited: those of one partition keep that order, and one produce request can carry them
+        all (a command's reply and what its commit justifies wait for one round trip, not one each).
+        """
+        routed = [
+            (self._prefix + _family_member(spec_for(each.message).topic.value, each.within), each)
+            for each in messages
+        ]
+        bodies = [await self._seals.encode(each.message) for _, each in routed]  # KeyUnavailableError
+        queued: list[Awaitable[object]] = []
+        refused: PublishError | None = None
+        for (topic, each), body in zip(routed, bodies, strict=True):
+            try:
+                queued.append(
+                    await self._send(
+                        topic,
+                        body,
+                        key=spec_for(each.message).key_for(each.message),
+                        partition=each.partition,
+                        headers=each.headers,
+                    )
+                )
+            except KafkaError as error:
+                refused = PublishError(topic, error)
+                refused.__cause__ = error
+                break
+        results = await asyncio.gather(*queued, return_exceptions=True)
+        for (topic, _), sent in zip(routed, results, strict=False):
+            if isinstance(sent, RecordMetadata):
+                fetch_pace.published(sent.topic, sent.partition, sent.offset)
+            elif isinstance(sent, KafkaError) and refused is None:
+                refused = PublishError(topic, sent)
+                refused.__cause__ = sent
+            elif isinstance(sent, BaseException):
+                raise sent
+        if refused is not None:
+            raise refused
 
 
 def _family_member(topic: str, within: str | None) -> str:
@@ -120,9 +162,9 @@ def broker_publisher(
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> RecordMetadata:
+    ) -> Awaitable[RecordMetadata]:
         return await broker.publish(
-            body, topic=topic, key=key, partition=partition, headers=dict(headers) or None
+            body, topic=topic, key=key, partition=partition, headers=dict(headers) or None, no_confirm=True
         )
 
     return TopicPublisher(settings, send, seals)
@@ -135,10 +177,11 @@ def producer_publisher(
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> RecordMetadata:
+    ) -> Awaitable[RecordMetadata]:
         encoded = [(name, value.encode()) for name, value in headers.items()]
-        return await producer.send_and_wait(
+        acknowledged: Awaitable[RecordMetadata] = await producer.send(
             topic, body, key=key, partition=partition, headers=encoded or None
         )
+        return acknowledged
 
     return TopicPublisher(settings, send, seals)

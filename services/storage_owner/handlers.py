@@ -42,7 +42,7 @@ from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_c
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, PermanentError
 from quipu.services.kit.keys import KeyUnavailableError, MessageSeals
 from quipu.services.kit.lifecycle import Running
-from quipu.services.kit.publishing import broker_publisher
+from quipu.services.kit.publishing import Outgoing, broker_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import partition_count
 from quipu.services.storage_owner.logic import Announcement, apply_command, correlation_of, reply_partition
@@ -156,15 +156,16 @@ def register(
                 seals.keys.drop(
                     SealedFor(tenant_id=command.scope.tenant_id, principal_id=command.scope.principal_id)
                 )
-            calls = [each for each in announcements if isinstance(each, DispatchedCall)]
-            for carried in calls:
-                # The topic is the deployment's name for the toolset (validated by the command's
-                # schema), within the tools.calls family: never a topic the command names.
-                await publisher.publish(carried.call, within=toolset_calls_topic(carried.toolset))
-            await publish_reply(reply, partition)
-            for announcement in announcements:
-                if not isinstance(announcement, DispatchedCall):
-                    await publisher.publish(announcement)
+            # One round trip for the reply and all its commit justifies. A call's topic is the
+            # deployment's name for its toolset (validated by the command's schema), within the
+            # tools.calls family: never a topic the command names.
+            calls = [
+                Outgoing(each.call, within=toolset_calls_topic(each.toolset))
+                for each in announcements
+                if isinstance(each, DispatchedCall)
+            ]
+            others = [Outgoing(each) for each in announcements if not isinstance(each, DispatchedCall)]
+            await publisher.publish_together([*calls, Outgoing(reply, partition), *others])
 
         async def refuse(body: bytes, reason: str) -> None:
             correlation_id = correlation_of(body)

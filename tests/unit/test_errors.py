@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import pkgutil
@@ -282,11 +283,14 @@ class FailingSend:
 
     async def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> None:
+    ) -> asyncio.Future[None]:
         if self.failures > 0:
             self.failures -= 1
             raise self.error
         self.taken.append(topic)
+        taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        taken.set_result(None)
+        return taken
 
 
 def _publisher(send: FailingSend) -> TopicPublisher:

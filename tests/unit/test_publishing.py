@@ -3,12 +3,14 @@ key, and with only the routes its caller gives."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
@@ -18,10 +20,11 @@ from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.topics import UnroutablePayloadError
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.kit import fetch_pace
-from quipu.services.kit.publishing import TopicPublisher, producer_publisher
+from quipu.services.kit.publishing import Outgoing, PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 
 SETTINGS = KafkaSettings(bootstrap="127.0.0.1:9", topic_prefix="t1-")
+T = TypeVar("T")
 
 
 @dataclass
@@ -32,8 +35,16 @@ class Sent:
 
     async def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> None:
+    ) -> asyncio.Future[None]:
         self.records.append((topic, body, key, partition, dict(headers)))
+        return acknowledged(None)
+
+
+def acknowledged(metadata: T) -> asyncio.Future[T]:
+    """The broker's acknowledgement, come already."""
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    future.set_result(metadata)
+    return future
 
 
 async def _published(
@@ -91,12 +102,13 @@ async def test_a_payload_no_topic_carries_is_never_sent() -> None:
 
 @dataclass
 class Producer:
-    """Stands in for AIOKafkaProducer.send_and_wait."""
+    """Stands in for AIOKafkaProducer.send."""
 
     calls: list[dict[str, Any]] = field(default_factory=list)
 
-    async def send_and_wait(self, topic: str, value: bytes, **options: Any) -> None:
+    async def send(self, topic: str, value: bytes, **options: Any) -> asyncio.Future[None]:
         self.calls.append({"topic": topic, **options})
+        return acknowledged(None)
 
 
 async def test_on_a_producer_headers_travel_as_bytes_and_none_when_there_are_none() -> None:
@@ -127,8 +139,61 @@ async def test_every_record_sent_is_told_to_the_fetch_pace_with_where_the_broker
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> RecordMetadata:
-        return RecordMetadata(topic, 5, TopicPartition(topic, 5), 41, -1, -1, -1)
+    ) -> asyncio.Future[RecordMetadata]:
+        return acknowledged(RecordMetadata(topic, 5, TopicPartition(topic, 5), 41, -1, -1, -1))
 
     await TopicPublisher(SETTINGS, send).publish(CancelRun(run_id="r-1", session_id="s-1"))
     assert told == [("t1-runs.control", 5, 41)]
+
+
+@dataclass
+class Pending:
+    """A producer whose acknowledgements come only when the test says: what was queued, in order."""
+
+    queued: list[tuple[str, asyncio.Future[RecordMetadata]]] = field(default_factory=list)
+
+    async def __call__(
+        self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+    ) -> asyncio.Future[RecordMetadata]:
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        self.queued.append((topic, future))
+        return future
+
+
+async def _queued(pending: Pending, count: int) -> None:
+    for _ in range(100):
+        if len(pending.queued) == count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(pending.queued)} of {count} queued")
+
+
+async def test_messages_published_together_are_queued_in_order_before_any_acknowledgement() -> None:
+    # A command's reply and what its commit justifies: one round trip for all, not one each.
+    pending = Pending()
+    messages = [
+        Outgoing(ToolCallRequested(run_id="r", agent_id="a", tool_use_id="u", tool_name="t")),
+        Outgoing(StoreReply(correlation_id="c"), partition=2),
+        Outgoing(CancelRun(run_id="r")),
+    ]
+    publishing = asyncio.create_task(TopicPublisher(SETTINGS, pending).publish_together(messages))
+    await _queued(pending, 3)
+    topics = [topic for topic, _ in pending.queued]
+    assert topics == ["t1-tools.calls", "t1-storage.replies", "t1-runs.control"]
+    for topic, future in reversed(pending.queued):
+        assert not publishing.done()
+        future.set_result(RecordMetadata(topic, 0, TopicPartition(topic, 0), 1, -1, -1, -1))
+    await publishing
+
+
+async def test_a_message_among_others_the_broker_did_not_take_is_a_publish_error() -> None:
+    pending = Pending()
+    messages = [Outgoing(StoreReply(correlation_id="c")), Outgoing(CancelRun(run_id="r"))]
+    publishing = asyncio.create_task(TopicPublisher(SETTINGS, pending).publish_together(messages))
+    await _queued(pending, 2)
+    (reply_topic, reply), (_, cancel) = pending.queued
+    reply.set_result(RecordMetadata(reply_topic, 0, TopicPartition(reply_topic, 0), 1, -1, -1, -1))
+    cancel.set_exception(KafkaConnectionError())
+    with pytest.raises(PublishError, match=r"t1-runs\.control") as refused:
+        await publishing
+    assert refused.value.retryable
