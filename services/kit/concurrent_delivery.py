@@ -361,10 +361,15 @@ class ConcurrentConsumer:
             for ticket, position in positions.items():
                 self._ledger.committed(ticket, position)
 
-    async def flush(self) -> None:
-        """Wait until every message settled so far is committed (or its commit was refused)."""
+    async def flush(self, within_s: float | None = None) -> None:
+        """Wait until every message settled so far is committed (or its commit was refused), for
+        at most `within_s` (a commit waits for the broker as long as it is away)."""
+        deadline = None if within_s is None else time.monotonic() + within_s
         while self._committer is not None and not self._committer.done():
-            await asyncio.wait({self._committer})
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            await asyncio.wait({self._committer}, timeout=left)
 
     async def release(self, partitions: set[tuple[str, int]]) -> None:
         """Partitions are being revoked: let their messages finish and commit (bounded), then forget them."""
@@ -377,7 +382,7 @@ class ConcurrentConsumer:
             ]
             if running:
                 await asyncio.wait(running, timeout=self._revoke_grace_s)
-            await self.flush()  # while this copy still owns them
+            await self.flush(self._revoke_grace_s)  # while this copy still owns them
             self._ledger.forget(partitions)
         finally:
             self._revoking -= partitions
@@ -430,7 +435,7 @@ class ConcurrentConsumer:
                 finished=len(running) - len(unfinished),
                 left=len(unfinished),
             )
-        await self.flush()
+        await self.flush(grace_s)
 
 
 def _highwater(message: KafkaMessage, topic: str, partition: int) -> int | None:

@@ -58,14 +58,19 @@ def _message(commits: Commits, offset: int, key: str, body: str, partition: int 
 
 
 def _consumer(
-    effect: Any, *, ordered: bool = True, max_in_flight: int = 16, letters: Letters | None = None
+    effect: Any,
+    *,
+    ordered: bool = True,
+    max_in_flight: int = 16,
+    letters: Letters | None = None,
+    revoke_grace_s: float = 1.0,
 ) -> ConcurrentConsumer:
     delivery = Delivery(letters or Letters(), RetryPolicy(attempts=1))
     return ConcurrentConsumer(
         lambda message: delivery.handle(message, TEXT, effect),
         name="test",
         max_in_flight=max_in_flight,
-        revoke_grace_s=1.0,
+        revoke_grace_s=revoke_grace_s,
         order=by_kafka_key if ordered else None,
         redeliver_after_s=0.01,
     )
@@ -352,3 +357,18 @@ async def test_a_revoke_and_a_drain_commit_what_was_settled_before_they_end() ->
     await consumer.dispatch(_held_message(commits, 1, 1))
     await consumer.drain(1.0)
     assert commits.calls[-1] == {1: 2}
+
+
+async def test_a_revoke_and_a_drain_whose_commit_does_not_return_end_within_their_grace() -> None:
+    # A commit waits for the broker as long as it is away: the rebalance must not wait with it.
+    async def effect(_body: str) -> None:
+        return None
+
+    commits = HeldCommits()  # never released
+    consumer = _consumer(effect, revoke_grace_s=0.05)
+    await consumer.dispatch(_held_message(commits, 0, 0))
+    await _one_commit_begun(commits)
+    await asyncio.wait_for(consumer.listener.on_partitions_revoked({TopicPartition(TOPIC, 0)}), timeout=10)
+    await asyncio.wait_for(consumer.drain(0.05), timeout=10)
+    commits.release.set()
+    await consumer.flush()
