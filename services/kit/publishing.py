@@ -112,39 +112,39 @@ class TopicPublisher:
         is awaited: those of one partition keep that order, and one produce request can carry them
         all (a command's reply and what its commit justifies wait for one round trip, not one each).
         """
-        routed = [
-            (self._prefix + _family_member(spec_for(each.message).topic.value, each.within), each)
-            for each in messages
+        specs = [spec_for(each.message) for each in messages]
+        topics = [
+            self._prefix + _family_member(spec.topic.value, each.within)
+            for spec, each in zip(specs, messages, strict=True)
         ]
-        bodies = [await self._seals.encode(each.message) for _, each in routed]  # KeyUnavailableError
+        bodies = [await self._seals.encode(each.message) for each in messages]  # KeyUnavailableError
         queued: list[Awaitable[object]] = []
-        refused: PublishError | None = None
-        for (topic, each), body in zip(routed, bodies, strict=True):
+        refused: tuple[str, BaseException] | None = None
+        for topic, spec, each, body in zip(topics, specs, messages, bodies, strict=True):
             try:
                 queued.append(
                     await self._send(
                         topic,
                         body,
-                        key=spec_for(each.message).key_for(each.message),
+                        key=spec.key_for(each.message),
                         partition=each.partition,
                         headers=each.headers,
                     )
                 )
             except KafkaError as error:
-                refused = PublishError(topic, error)
-                refused.__cause__ = error
+                refused = (topic, error)
                 break
         results = await asyncio.gather(*queued, return_exceptions=True)
-        for (topic, _), sent in zip(routed, results, strict=False):
+        for topic, sent in zip(topics, results, strict=False):
             if isinstance(sent, RecordMetadata):
                 fetch_pace.published(sent.topic, sent.partition, sent.offset)
-            elif isinstance(sent, KafkaError) and refused is None:
-                refused = PublishError(topic, sent)
-                refused.__cause__ = sent
-            elif isinstance(sent, BaseException):
-                raise sent
+            elif isinstance(sent, BaseException) and refused is None:
+                refused = (topic, sent)
         if refused is not None:
-            raise refused
+            topic, failure = refused
+            if isinstance(failure, KafkaError):
+                raise PublishError(topic, failure) from failure
+            raise failure
 
 
 def _family_member(topic: str, within: str | None) -> str:
