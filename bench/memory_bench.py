@@ -28,6 +28,7 @@ import re
 import statistics
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from quipu.assistant import assistant
@@ -43,6 +44,7 @@ from quipu.services.domain.models.port import ModelRequest, ModelResponse, TextD
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.domain.toolset_registry import ToolsetRegistry
+from quipu.services.kit.publishing import taken
 from quipu.services.planner.adapters import PublishedTurns
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
@@ -108,6 +110,10 @@ class Recording:
         if isinstance(message, TurnCompleted):
             self.turns.append(message)
             await self.recorder.record(message)
+
+    async def queue(self, message: Output) -> Awaitable[None]:
+        await self.publish(message)
+        return taken()
 
 
 @dataclass

@@ -112,6 +112,26 @@ class TopicPublisher:
         is awaited: those of one partition keep that order, and one produce request can carry them
         all (a command's reply and what its commit justifies wait for one round trip, not one each).
         """
+        await (await self.queue_together(messages))
+
+    async def queue(
+        self,
+        message: BaseModel,
+        *,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        within: str | None = None,
+    ) -> Awaitable[None]:
+        """Queue `message` as `publish` sends it, without waiting for the broker: returns once it
+        is queued (behind every message this publisher queued before it), with what waits for
+        its acknowledgement (PublishError when the broker did not take it). Await that before
+        anything that must follow the message from another producer."""
+        return await self.queue_together([Outgoing(message, partition, headers or {}, within)])
+
+    async def queue_together(self, messages: Sequence[Outgoing]) -> Awaitable[None]:
+        """`publish_together` without the wait: every one of `messages` sealed, then queued in
+        order; returns with what waits for all their acknowledgements (PublishError: the first
+        refusal, at once when the producer refused one as it was queued: none after it is sent)."""
         specs = [spec_for(each.message) for each in messages]
         topics = [
             self._prefix + _family_member(spec.topic.value, each.within)
@@ -119,7 +139,7 @@ class TopicPublisher:
         ]
         bodies = [await self._seals.encode(each.message) for each in messages]  # KeyUnavailableError
         queued: list[Awaitable[object]] = []
-        refused: tuple[str, BaseException] | None = None
+        refused: tuple[str, KafkaError] | None = None
         for topic, spec, each, body in zip(topics, specs, messages, bodies, strict=True):
             try:
                 queued.append(
@@ -134,17 +154,43 @@ class TopicPublisher:
             except KafkaError as error:
                 refused = (topic, error)
                 break
-        results = await asyncio.gather(*queued, return_exceptions=True)
-        for topic, sent in zip(topics, results, strict=False):
-            if isinstance(sent, RecordMetadata):
-                fetch_pace.published(sent.topic, sent.partition, sent.offset)
-            elif isinstance(sent, BaseException) and refused is None:
-                refused = (topic, sent)
-        if refused is not None:
-            topic, failure = refused
-            if isinstance(failure, KafkaError):
-                raise PublishError(topic, failure) from failure
-            raise failure
+        return asyncio.ensure_future(_acknowledged(topics, queued, refused))
+
+
+def taken() -> Awaitable[None]:
+    """What `queue` returns for a message already taken (or never sent): nothing to wait for."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    return done
+
+
+async def all_taken(acknowledgements: Sequence[Awaitable[None]]) -> None:
+    """Wait for every one of `acknowledgements` (from `queue`): the first failure is raised once
+    all are settled, so none is left behind unawaited."""
+    results = await asyncio.gather(*acknowledgements, return_exceptions=True)
+    failure = next((result for result in results if isinstance(result, BaseException)), None)
+    if failure is not None:
+        raise failure
+
+
+async def _acknowledged(
+    topics: Sequence[str], queued: Sequence[Awaitable[object]], refused: tuple[str, KafkaError] | None
+) -> None:
+    """Wait for every acknowledgement of `queued` (sent to `topics`, in order); each record taken
+    is reported to the process's fetch pace; the first refusal (`refused`: the producer's, as the
+    records were queued) is raised once all are settled."""
+    failure: tuple[str, BaseException] | None = refused
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    for topic, sent in zip(topics, results, strict=False):
+        if isinstance(sent, RecordMetadata):
+            fetch_pace.published(sent.topic, sent.partition, sent.offset)
+        elif isinstance(sent, BaseException) and failure is None:
+            failure = (topic, sent)
+    if failure is not None:
+        topic, error = failure
+        if isinstance(error, KafkaError):
+            raise PublishError(topic, error) from error
+        raise error
 
 
 def _family_member(topic: str, within: str | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextvars import ContextVar
 from datetime import datetime
 from typing import Protocol
@@ -30,7 +30,7 @@ from quipu.services.domain.tool_catalog import agent_tool
 from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import PAGE_LIMIT, build_messages_from_run_log
 from quipu.services.kit.delivery import PermanentError, describe_error
-from quipu.services.kit.publishing import TopicPublisher
+from quipu.services.kit.publishing import TopicPublisher, taken
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.context import history_window
 from quipu.services.planner.logic.dispatch import ToolInfo
@@ -110,6 +110,11 @@ class Publisher(Protocol):
 
     async def publish(self, message: Output) -> None:
         """Publish one message and wait for the broker to take it."""
+        ...
+
+    async def queue(self, message: Output) -> Awaitable[None]:
+        """Queue one message behind every one queued or published before it, without waiting for
+        the broker: returns what waits for the broker to take it (PublishError)."""
         ...
 
 
@@ -254,6 +259,13 @@ class PublishedTurns:
             await self._publisher.publish(message)
         if isinstance(message, TurnCompleted) and message.session_id:
             self._remember(message)
+
+    async def queue(self, message: Output) -> Awaitable[None]:
+        if isinstance(message, ToolCallRequested | TurnCompleted):
+            # Routed by toolset, or remembered once taken: these go at once.
+            await self.publish(message)
+            return taken()
+        return await self._publisher.queue(message)
 
     def _remember(self, turn: TurnCompleted) -> None:
         turns = self._recent.pop(turn.session_id, [])

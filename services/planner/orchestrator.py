@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -64,6 +64,7 @@ from quipu.services.domain.toolset_registry import ToolsetRegistry
 from quipu.services.domain.transcript import validate_planner_transcript
 from quipu.services.kit.delivery import PermanentError, RetryableError, describe_error, first_delivery
 from quipu.services.kit.keyed_locks import KeyedLocks
+from quipu.services.kit.publishing import all_taken
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.planner.adapters import (
     MissingToolsError,
@@ -131,6 +132,8 @@ from quipu.services.planner.settings import PlannerSettings
 
 logger = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
 COMPACTION_FAILED = "the history over the request budget could not be compacted"
 
 RELOAD_CODES = frozenset(
@@ -147,6 +150,18 @@ RELOAD_CODES = frozenset(
 
 
 # --- refusals -----------------------------------------------------------------------------------
+
+
+async def once_taken(call: Awaitable[T], queued: Sequence[Awaitable[None]]) -> T:
+    """The outcome of `call` once the broker has taken every message `queued` meanwhile (a
+    model call and its text deltas): the call's error first, else the first refusal of one."""
+    try:
+        result = await call
+    except BaseException:
+        await asyncio.gather(*queued, return_exceptions=True)
+        raise
+    await all_taken(queued)
+    return result
 
 
 class RunRefusedError(PermanentError):
@@ -695,16 +710,21 @@ class Planner:
         if isinstance(fitted, RunView):
             return fitted
         view, request = fitted
-        deltas = 0
+        # Each text delta is queued as it comes, not waited for (the stream reads on); all are
+        # taken before the call's outcome is written, since the owner's events of the run follow.
+        deltas: list[Awaitable[None]] = []
 
         async def on_text(text: str) -> None:
-            nonlocal deltas
-            await self._starting.say(view.run_id, reply_delta(view, step, deltas, text, utc_now_ms()))
-            deltas += 1
+            deltas.append(
+                await self._starting.say(
+                    view.run_id, reply_delta(view, step, len(deltas), text, utc_now_ms())
+                )
+            )
 
         model = self.deps.model
         try:
-            response = await asyncio.wait_for(model.complete(request, on_text), self.settings.model_timeout_s)
+            call = asyncio.wait_for(model.complete(request, on_text), self.settings.model_timeout_s)
+            response = await once_taken(call, deltas)
         except TimeoutError as error:
             raise RetryableError(f"model call {request.call_key} timed out") from error
         except ModelError as error:

@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 from quipu.contracts.errors import QuipuError, StoreRefusedError
 from quipu.contracts.store import LogBasis, RunStatus, StartOutcome, StartResult
 from quipu.services.domain.store.protocol import Pipeline
+from quipu.services.kit.publishing import all_taken, taken
 from quipu.services.planner.adapters import Publisher
 from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.logic.view import RunView
@@ -86,7 +87,7 @@ class PendingStart:
         go out), else raise StartMissedError (they are dropped, never published)."""
         outcome = await start_answer(self.reply)
         if isinstance(outcome, StartResult) and simply_started(outcome):
-            await self._release()
+            await all_taken(await self._release())
             return
 
         async def then() -> RunView | None:
@@ -111,18 +112,20 @@ class PendingStart:
             raise
         return await step
 
-    async def say(self, delta: Output) -> None:
-        """Publish a text delta once the start is known to have simply succeeded; hold it before."""
+    async def say(self, delta: Output) -> Awaitable[None]:
+        """Queue a text delta once the start is known to have simply succeeded (behind those held
+        before it), with what waits for the broker to take it; hold it before."""
         if not self.succeeded():
             self.held.append(delta)
-            return
-        await self._release()
-        await self.publisher.publish(delta)
+            return taken()
+        released = await self._release()
+        acknowledged = await self.publisher.queue(delta)
+        return all_taken([*released, acknowledged])
 
-    async def _release(self) -> None:
-        for message in self.held:
-            await self.publisher.publish(message)
-        self.held.clear()
+    async def _release(self) -> list[Awaitable[None]]:
+        """Queue the deltas held, in order: what waits for the broker to take each."""
+        held, self.held = self.held, []
+        return [await self.publisher.queue(message) for message in held]
 
 
 class Following(Protocol[T_co]):
@@ -171,14 +174,14 @@ class PipelinedStarts:
             await pending.settle()
         return await write()
 
-    async def say(self, run_id: str, delta: Output) -> None:
-        """Publish a text delta of the run, held while its pipelined start is not known to have
-        simply succeeded (a run that never was this request's must not stream its words)."""
+    async def say(self, run_id: str, delta: Output) -> Awaitable[None]:
+        """Queue a text delta of the run, held while its pipelined start is not known to have
+        simply succeeded (a run that never was this request's must not stream its words): what
+        waits for the broker to take it (and those released with it)."""
         pending = self._pending.get(run_id)
         if pending is None:
-            await self._publisher.publish(delta)
-        else:
-            await pending.say(delta)
+            return await self._publisher.queue(delta)
+        return await pending.say(delta)
 
     async def drop(self, run_id: str) -> None:
         """A request's handling ended with its start still under way (an error before any write)."""

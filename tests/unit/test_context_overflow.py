@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from quipu.contracts.agents import AgentDefinition
-from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.events import StreamEventType
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.memory import (
     FactOperation,
@@ -51,10 +51,10 @@ from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.kit.delivery import RetryableError
 from quipu.services.planner.adapters import PublishedTurns, load_records
-from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 from tests.support.announced import announced
+from tests.support.planner_bus import Bus
 
 AT = datetime(2026, 2, 1, tzinfo=UTC)
 AGENTS = AgentRegistry(
@@ -104,17 +104,6 @@ class Model:
     async def count_tokens(self, request: ModelRequest) -> int:
         self.counted += 1
         return estimate_request_tokens(request)
-
-
-@dataclass
-class Bus:
-    messages: list[Output] = field(default_factory=list)
-
-    async def publish(self, message: Output) -> None:
-        self.messages.append(message)
-
-    def events(self, type_: StreamEventType) -> list[RunEvent]:
-        return [m for m in self.messages if isinstance(m, RunEvent) and m.type is type_]
 
 
 @dataclass

@@ -39,6 +39,7 @@ from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.memory.ranking import build_index_entry
 from quipu.services.domain.memory.summary import SUMMARY_HEADER, summary_of_block
 from quipu.services.planner.adapters import PublishedTurns
+from tests.support.planner_bus import Bus
 
 AT = datetime(2026, 3, 4, 10, 0, tzinfo=UTC)
 SESSION = "s-context"
@@ -315,14 +316,6 @@ async def test_turns_not_recorded_yet_follow_the_recorded_window() -> None:
 # --- the planner's memory of what it published ------------------------------------------------
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[object] = []
-
-    async def publish(self, message: object) -> None:
-        self.messages.append(message)
-
-
 def finished(number: int, session_id: str = SESSION, minute: int | None = None) -> TurnCompleted:
     return TurnCompleted(
         session_id=session_id,
@@ -335,7 +328,7 @@ def finished(number: int, session_id: str = SESSION, minute: int | None = None) 
 
 
 async def test_published_turns_are_remembered_in_time_order_and_forwarded() -> None:
-    sink = Sink()
+    sink = Bus()
     published = PublishedTurns(sink, turns_per_session=3, sessions=2)
     for number in (1, 2, 3, 4):
         await published.publish(finished(number))

@@ -9,7 +9,6 @@ same delivery is pipelined (tests/integration/test_planner_pipeline.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
@@ -23,21 +22,13 @@ from quipu.services.domain.models.port import ModelRequest
 from quipu.services.domain.store.memory import InMemoryStore
 from quipu.services.kit.delivery import Delivery
 from quipu.services.planner.adapters import SessionHistoryContext
-from quipu.services.planner.logic.actions import Output
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 from tests.support.announced import announced
 from tests.support.consumed import Message
+from tests.support.planner_bus import Bus
 
 AGENT = AgentDefinition(id="echo", instructions="Answer briefly.")
-
-
-@dataclass
-class Bus:
-    messages: list[Output] = field(default_factory=list)
-
-    async def publish(self, message: Output) -> None:
-        self.messages.append(message)
 
 
 async def _nowhere(body: bytes, *, topic: str, key: bytes | None, headers: dict[str, str]) -> None:

@@ -12,14 +12,14 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from quipu.contracts.agents import AgentDefinition
-from quipu.contracts.events import RunEvent, StreamEventType
+from quipu.contracts.events import StreamEventType
 from quipu.contracts.lifecycle import decode_run_completed
 from quipu.contracts.runs import CancelRun, RunKind, RunRequested, TurnCompleted
 from quipu.contracts.store import LogBasis, Record, RunStatus, SessionOwner
@@ -58,6 +58,7 @@ from quipu.services.planner.logic.starts import (
 from quipu.services.planner.orchestrator import Planner, ReadyDeps
 from quipu.services.planner.settings import PlannerSettings
 from tests.support.announced import announced
+from tests.support.planner_bus import Bus
 from tests.timing import eventually, scaled
 
 # --- a fake model -------------------------------------------------------------------------------
@@ -141,22 +142,6 @@ def failing(error: ModelError) -> Answer:
 
 
 # --- the harness --------------------------------------------------------------------------------
-
-
-@dataclass
-class Bus:
-    """The planner's publisher: remembers every message in order."""
-
-    messages: list[Output] = field(default_factory=list)
-
-    async def publish(self, message: Output) -> None:
-        self.messages.append(message)
-
-    def of(self, kind: type[Any]) -> list[Any]:
-        return [message for message in self.messages if isinstance(message, kind)]
-
-    def events(self, type_: StreamEventType) -> list[RunEvent]:
-        return [event for event in self.of(RunEvent) if event.type is type_]
 
 
 AGENTS = AgentRegistry(
@@ -297,6 +282,29 @@ async def test_plain_answer_completes_the_turn_and_streams_the_reply() -> None:
     # Every record written for the request carries the request's time: retries are exact.
     for record in await h.records(request.run_id):
         assert record.timestamp == request.occurred_at
+
+
+async def test_a_replys_deltas_are_queued_at_once_and_taken_before_the_answer_is_written() -> None:
+    # The stream reads on while the broker takes each delta; the owner's events of the run (its
+    # terminal) follow the answer's record, so that is written only once every delta is taken.
+    h = make_harness(lambda request: says("Hello there."))
+    h.bus.holding = True
+    session_id = await h.session()
+    request = turn("hi", session_id)
+    handling = asyncio.create_task(h.deliver(request))
+    for _ in range(1000):
+        if len(h.bus.events(StreamEventType.ASSISTANT_REPLY)) == 2:
+            break
+        await asyncio.sleep(0)
+    assert len(h.bus.events(StreamEventType.ASSISTANT_REPLY)) == 2  # both queued, none taken yet
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert not handling.done()
+    assert "step/1/assistant" not in await h.keys(request.run_id)
+
+    h.bus.release()
+    await handling
+    assert await h.status(request.run_id) is RunStatus.COMPLETED
 
 
 async def test_tool_round_trip_records_the_results_and_answers() -> None:

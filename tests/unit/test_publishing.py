@@ -20,7 +20,13 @@ from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.topics import UnroutablePayloadError
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.kit import fetch_pace
-from quipu.services.kit.publishing import Outgoing, PublishError, TopicPublisher, producer_publisher
+from quipu.services.kit.publishing import (
+    Outgoing,
+    PublishError,
+    TopicPublisher,
+    all_taken,
+    producer_publisher,
+)
 from quipu.services.kit.settings import KafkaSettings
 
 SETTINGS = KafkaSettings(bootstrap="127.0.0.1:9", topic_prefix="t1-")
@@ -197,3 +203,30 @@ async def test_a_message_among_others_the_broker_did_not_take_is_a_publish_error
     with pytest.raises(PublishError, match=r"t1-runs\.control") as refused:
         await publishing
     assert refused.value.retryable
+
+
+async def test_a_queued_message_is_sent_at_once_and_its_acknowledgement_awaited_apart() -> None:
+    pending = Pending()
+    acknowledged = await TopicPublisher(SETTINGS, pending).queue(CancelRun(run_id="r"))
+    [(topic, future)] = pending.queued
+    waiting = asyncio.ensure_future(acknowledged)
+    await asyncio.sleep(0)
+    assert topic == "t1-runs.control" and not waiting.done()
+    future.set_exception(KafkaConnectionError())
+    with pytest.raises(PublishError, match=r"t1-runs\.control"):
+        await waiting
+
+
+async def test_all_taken_waits_for_every_acknowledgement_and_raises_the_first_refusal() -> None:
+    pending = Pending()
+    publisher = TopicPublisher(SETTINGS, pending)
+    queued = [await publisher.queue(CancelRun(run_id=run)) for run in ("r1", "r2", "r3")]
+    taking = asyncio.ensure_future(all_taken(queued))
+    (topic, first), (_, second), (_, third) = pending.queued
+    second.set_exception(KafkaConnectionError())
+    first.set_result(RecordMetadata(topic, 0, TopicPartition(topic, 0), 1, -1, -1, -1))
+    await asyncio.sleep(0)
+    assert not taking.done()  # the third is not settled yet
+    third.set_result(RecordMetadata(topic, 0, TopicPartition(topic, 0), 2, -1, -1, -1))
+    with pytest.raises(PublishError):
+        await taking
