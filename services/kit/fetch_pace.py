@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -593,6 +594,43 @@ def published(topic: str, partition: int, offset: int) -> None:
     """A service of this process published the record at `offset` of `topic`'s `partition` (the
     broker holds it): the consumers of the process holding that partition fetch it now, and it
     wakes no other (kit.publishing calls this for every record it sends)."""
-    lookout = _LOOKOUTS.get(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    lookout = _LOOKOUTS.get(loop)
     if lookout is not None:
         lookout.published(TopicPartition(topic, partition), offset)
+    for heard in list(_LISTENERS.get(loop, {}).get(topic, ())):
+        heard(partition, offset)
+
+
+def holds(topic: str, partition: int) -> bool:
+    """Whether a paced consumer of this process holds `topic`'s `partition` now (on Tansu only):
+    what its service publishes in answer to a record there is this process's own."""
+    lookout = _LOOKOUTS.get(asyncio.get_running_loop())
+    if lookout is None:
+        return False
+    wanted = TopicPartition(topic, partition)
+    return any(wanted in pace.consumer.assignment() for pace in list(lookout.paces))
+
+
+Heard = Callable[[int, int], None]
+"""Told of a record this process published on a topic listened to: its partition and offset."""
+
+_LISTENERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Heard]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Who hears of this process's own records, by topic, an event loop."""
+
+
+def listen(topic: str, heard: Heard) -> Callable[[], None]:
+    """Have `heard` told of every record this process publishes on `topic` from now on (a client
+    that waits for its own process's answers there instead of fetching for them); returns what
+    stops it."""
+    topics = _LISTENERS.setdefault(asyncio.get_running_loop(), {})
+    topics.setdefault(topic, []).append(heard)
+
+    def stop() -> None:
+        listeners = topics.get(topic, [])
+        if heard in listeners:
+            listeners.remove(heard)
+
+    return stop

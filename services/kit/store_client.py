@@ -8,6 +8,13 @@ from the end, and resolves one future per correlation id; the replies of other c
 partition are passed over without being decoded. A timeout resends the identical
 command — same correlation id, same bytes — so the owner answers it as an exact retry; when every
 attempt times out the caller gets UNAVAILABLE.
+
+On Tansu a waiting client fetches every 10 ms (its fetch does not wake on new data). A call whose
+command lands on a partition of `storage.commands` that an owner of this very process holds
+(`quipu up`, everything in one process) is answered by this process: the client does not fetch for
+it, and is told of the reply as it is published (`kit.fetch_pace.listen`), then fetches it at once.
+Should that owner no longer hold the partition (a rebalance moved it elsewhere), or no reply come
+within `HERE_REPLY_WAIT_S`, it fetches for the call as for any other.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
 from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
@@ -65,7 +74,8 @@ from quipu.contracts.store import (
     SessionOwner,
     StartResult,
 )
-from quipu.contracts.topics import Topic
+from quipu.contracts.topics import Topic, spec_for
+from quipu.services.kit import fetch_pace
 from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
 from quipu.services.kit.keys import MessageSeals, message_seals
@@ -80,6 +90,14 @@ if TYPE_CHECKING:
 logger = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+
+HERE_LOOK_S = 0.05
+"""How often a client looks whether the owner of this process still holds the partitions its
+calls answered here went to (a rebalance may have moved one: its reply then comes from elsewhere)."""
+HERE_REPLY_WAIT_S = 5.0
+"""Longest a call answered in this process waits for its reply without fetching for it."""
+
+_PARTITIONER = DefaultPartitioner()
 
 _ON_SENT: ContextVar[asyncio.Event | None] = ContextVar("quipu_store_on_sent", default=None)
 """Set by `KafkaStore.sent` in the task of the call it starts: the call's first publish the broker
@@ -155,6 +173,16 @@ class KafkaStore:
         self._claim: ReplyClaim | None = None
         self._moving: asyncio.Task[None] | None = None
         self._passed_over = 0
+        self._commands_topic = settings.topic_prefix + Topic.STORAGE_COMMANDS.value
+        self._command_partitions: list[int] = []
+        self._here: dict[str, tuple[int, float]] = {}
+        """The pending calls answered in this process, no fetch for them until their reply is out:
+        the partition of `storage.commands` each went to, and since when (monotonic)."""
+        self._looking_here: asyncio.Task[None] | None = None
+        self._due: dict[int, int] = {}
+        """Reply partitions read by this client where this process published a record not read
+        yet: the offset past it."""
+        self._unlisten: Callable[[], None] | None = None
 
     @classmethod
     def for_service(
@@ -187,6 +215,8 @@ class KafkaStore:
         )
         await self._producer.start()
         self._commands = producer_publisher(self._producer, settings, self._seals)
+        self._command_partitions = sorted(await self._producer.partitions_for(self._commands_topic))
+        self._unlisten = fetch_pace.listen(self._replies_topic, self._heard)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap,
             client_id=f"{settings.client_id}-store-replies",
@@ -269,8 +299,7 @@ class KafkaStore:
                 await self._consumer.seek_to_end(partition)
                 await self._consumer.position(partition)
         self._reading = partitions
-        if not self._pending:
-            self._consumer.pause(*chosen)
+        self._fetch_as_needed()
 
     async def _reply_partitions(self) -> list[int]:
         assert self._consumer is not None
@@ -290,6 +319,12 @@ class KafkaStore:
 
     async def stop(self) -> None:
         """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        if self._looking_here is not None:
+            self._looking_here.cancel()
+            await asyncio.gather(self._looking_here, return_exceptions=True)
         if self._claim is not None:
             await self._claim.stop()
         if self._moving is not None:
@@ -322,6 +357,67 @@ class KafkaStore:
             for messages in batches.values():
                 for message in messages:
                     await self._resolve(message.value or b"")
+            if self._due:
+                await self._settle_due()
+
+    async def _settle_due(self) -> None:
+        """Forget this process's replies read already; stop fetching when only calls answered
+        here are left."""
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        for partition, end in list(self._due.items()):
+            held = TopicPartition(self._replies_topic, partition)
+            if held not in assigned or await self._consumer.position(held) >= end:
+                del self._due[partition]
+        self._fetch_as_needed()
+
+    def _heard(self, partition: int, offset: int) -> None:
+        """This process published a record on the replies topic: fetch it now if it is on a
+        partition this client reads while calls answered here wait."""
+        if partition in self._reading and self._here:
+            self._due[partition] = max(offset + 1, self._due.get(partition, 0))
+            self._fetch_as_needed()
+
+    def _fetch_as_needed(self) -> None:
+        """Fetch the partitions read while a call waits for a reply from elsewhere, or a reply of
+        this process's is on the broker unread; no fetch else."""
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        if self._due or any(correlation_id not in self._here for correlation_id in self._pending):
+            self._consumer.resume(*assigned)
+        else:
+            self._consumer.pause(*assigned)
+
+    def _answer_here(self, command: StoreOperation) -> None:
+        """Note the call of `command` as answered here when an owner of this process holds the
+        partition it goes to (by its key, with the producer's partitioner)."""
+        key = spec_for(command).key_for(command)
+        if key is None or not self._command_partitions:
+            return
+        partitions = self._command_partitions
+        partition: int = _PARTITIONER(key, partitions, partitions)
+        if fetch_pace.holds(self._commands_topic, partition):
+            self._here[command.correlation_id] = (partition, time.monotonic())
+            if self._looking_here is None or self._looking_here.done():
+                self._looking_here = asyncio.create_task(self._look_here(), name="store-replies-here")
+
+    async def _look_here(self) -> None:
+        """While calls are answered here: fetch for those whose partition the owner of this
+        process no longer holds, or that waited `HERE_REPLY_WAIT_S`."""
+        while self._here:
+            await asyncio.sleep(HERE_LOOK_S)
+            now = time.monotonic()
+            partitions = {partition for partition, _ in self._here.values()}
+            held = {number for number in partitions if fetch_pace.holds(self._commands_topic, number)}
+            elsewhere = [
+                correlation_id
+                for correlation_id, (partition, since) in self._here.items()
+                if partition not in held or now - since >= HERE_REPLY_WAIT_S
+            ]
+            for correlation_id in elsewhere:
+                del self._here[correlation_id]
+            if elsewhere:
+                self._fetch_as_needed()
 
     async def _resolve(self, value: bytes) -> None:
         # Other clients may read this partition too: their replies are passed over before they are
@@ -413,18 +509,23 @@ class KafkaStore:
         assert self._consumer is not None and self._reply_partition is not None
         # A resend is the same frozen command, so the same bytes (sealed ones under a fresh
         # nonce: the same plaintext); its route is this client's partition at the time.
-        for _ in range(self._attempts):
-            self._routes[command.correlation_id] = self._reply_partition
-            self._consumer.resume(*self._consumer.assignment())
-            route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
-            try:
-                await self._commands.publish(command, headers=route)
-                published = _ON_SENT.get()
-                if published is not None:
-                    published.set()
-                return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
-            except (TimeoutError, PublishError) as error:
-                logger.info("store command unanswered; resending", op=command.op, error=repr(error))
+        correlation_id = command.correlation_id
+        try:
+            for _ in range(self._attempts):
+                self._routes[correlation_id] = self._reply_partition
+                self._answer_here(command)
+                self._fetch_as_needed()
+                route = {REPLY_PARTITION_HEADER: str(self._reply_partition)}
+                try:
+                    await self._commands.publish(command, headers=route)
+                    published = _ON_SENT.get()
+                    if published is not None:
+                        published.set()
+                    return await asyncio.wait_for(asyncio.shield(future), self._reply_timeout_s)
+                except (TimeoutError, PublishError) as error:
+                    logger.info("store command unanswered; resending", op=command.op, error=repr(error))
+        finally:
+            self._here.pop(correlation_id, None)
         raise StoreError(ErrorCode.UNAVAILABLE, f"{command.op}: no reply from the storage owner")
 
     # --- the Store protocol ---------------------------------------------------------------------
