@@ -47,6 +47,7 @@ from faststream.kafka import KafkaBroker
 
 from quipu.services.kit.broker import broker_delivery, make_broker
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer
+from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.delivery import Delivery
 from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.keys import MessageSeals
@@ -224,6 +225,10 @@ def service_app(
         await asyncio.gather(*(pace.stop() for pace in paces))
         paces.clear()
         await asyncio.gather(*(consumer.drain(settings.drain_grace_s) for consumer in consumers))
+        # FastStream stops each subscriber's consumer with a plain `stop()`, which a rebalance
+        # landing in the same turn hangs (kit.consumers); once stopped here, its stop is a no-op.
+        kafka_consumers = [getattr(subscriber, "consumer", None) for subscriber in broker.subscribers]
+        await asyncio.gather(*(stop_consumer(each) for each in kafka_consumers if each is not None))
 
     async def close() -> None:
         await opened.close()
