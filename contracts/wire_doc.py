@@ -305,7 +305,10 @@ applied: an `INVALID_ARGUMENT` reply (on any partition), the command on `storage
 
 A client names one partition on every command, reads that partition without a consumer group
 from its end offset (fetching only while a command of its own waits), and resolves each reply by
-`correlation_id`, ignoring replies nobody waits for. Quipu's clients take a partition of their own
+`correlation_id`, ignoring replies nobody waits for. On Tansu, where a waiting fetch is repeated
+every 10 ms, a Quipu client does not fetch for a command that an owner in its own process holds
+the partition of: it fetches once that owner has published the reply (or once the owner no
+longer holds the partition). Quipu's clients take a partition of their own
 so that none fetches another's replies: each is a member of the consumer group `store-replies`
 (prefixed like every group), whose assignor (`quipu-one-partition-each`) gives every member a
 partition number in its assignment's user data (`<partition>:<members sharing it>`) and no

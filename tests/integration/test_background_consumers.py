@@ -446,3 +446,38 @@ async def test_a_record_the_process_publishes_wakes_only_the_consumer_holding_it
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_after_a_quiet_spell_a_record_the_process_publishes_wakes_only_its_holder(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # A person's next turn after a pause: its first hop is the process's own record. Waking every
+    # consumer for it cost each ~100 fetches a second for `idle_after_s`; the holder alone fetches
+    # it, and the look-out fetches the others' partitions with the short wait from then on.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    received: list[bytes] = []
+
+    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
+        holder, other = paced.paces
+        publisher = producer_publisher(paced.producer, settings)
+        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
+        try:
+            for pace in paced.paces:
+                pace.start()
+            lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+            await eventually(
+                holds(lambda: holder.parked and other.parked and not lookout.busy),
+                within=10,
+                what="both parked, the process quiet",
+            )
+            await publisher.publish(CancelRun(run_id="r-after-quiet", session_id="s-1"), partition=0)
+            assert not holder.parked and other.parked
+            assert lookout.busy and lookout.wait_ms == settings.fetch_max_wait_ms
+            await eventually(
+                holds(lambda: b"r-after-quiet" in b"".join(received)), within=10, what="the record read"
+            )
+            assert other.parked
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
