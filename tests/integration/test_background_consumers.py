@@ -23,7 +23,7 @@ from quipu.contracts.topics import Topic
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.kit import fetch_pace
 from quipu.services.kit.fetch_pace import FetchPace
-from quipu.services.kit.publishing import producer_publisher
+from quipu.services.kit.publishing import TopicPublisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
@@ -101,6 +101,44 @@ async def _read(consumer: AIOKafkaConsumer, received: list[bytes] | None = None)
         batches = await consumer.getmany(timeout_ms=1000)
         if received is not None:
             received.extend(record.value or b"" for records in batches.values() for record in records)
+
+
+@contextlib.asynccontextmanager
+async def _reading(paced: _Paced) -> AsyncIterator[list[bytes]]:
+    """Its paces started and its consumers read (`_read`): the values they read, in order."""
+    received: list[bytes] = []
+    readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
+    try:
+        for pace in paced.paces:
+            pace.start()
+        yield received
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+
+
+@dataclass
+class _Pair:
+    """A consumer of `runs.control` (`holder`, the partition the process publishes to) and one of
+    `tools.results` (`other`), paced and read as services read them."""
+
+    paced: _Paced
+    holder: FetchPace
+    other: FetchPace
+    publisher: TopicPublisher
+    """Publishes as the process's services do (its records are the process's own)."""
+    received: list[bytes]
+
+
+@contextlib.asynccontextmanager
+async def _holder_and_other(settings: KafkaSettings) -> AsyncIterator[_Pair]:
+    async with (
+        _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced,
+        _reading(paced) as received,
+    ):
+        holder, other = paced.paces
+        yield _Pair(paced, holder, other, producer_publisher(paced.producer, settings), received)
 
 
 async def test_only_the_consumers_on_a_runs_path_fetch_with_the_short_wait(
@@ -402,50 +440,36 @@ async def test_a_record_the_process_publishes_wakes_only_the_consumer_holding_it
     # a record one of the process's services sends wakes the one consumer it is for, which parks
     # again once it has handed it out, while the others stay parked behind the look-out.
     settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
-    received: list[bytes] = []
 
-    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
-        holder, other = paced.paces
-        publisher = producer_publisher(paced.producer, settings)
-        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
-        try:
-            for pace in paced.paces:
-                pace.start()
-            cancels = 0
+    async with _holder_and_other(settings) as pair:
+        holder, other, publisher, received = pair.holder, pair.other, pair.publisher, pair.received
+        cancels = 0
 
-            async def both_parked_while_the_process_is_busy() -> bool:
-                # The process's own records keep it busy (a quiet spell's first record wakes all).
-                nonlocal cancels
-                if other.parked and holder.parked:
-                    return True
-                cancels += 1
-                await publisher.publish(CancelRun(run_id=f"r-{cancels}", session_id="s-1"), partition=0)
-                return False
+        async def both_parked_while_the_process_is_busy() -> bool:
+            # The process's own records keep it busy.
+            nonlocal cancels
+            if other.parked and holder.parked:
+                return True
+            cancels += 1
+            await publisher.publish(CancelRun(run_id=f"r-{cancels}", session_id="s-1"), partition=0)
+            return False
 
-            await eventually(both_parked_while_the_process_is_busy, within=10, what="both parked, busy")
-            # While the process is busy the look-out fetches the parked partitions with the short
-            # wait, as their consumers would have: a record from elsewhere is not seen later.
-            lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
-            assert lookout.busy and lookout.wait_ms == settings.fetch_max_wait_ms
-            other_news = other.last_news
-            await publisher.publish(CancelRun(run_id="r-last", session_id="s-1"), partition=0)
-            assert not holder.parked and holder.wait_ms == settings.fetch_max_wait_ms
-            assert other.parked
-            await eventually(
-                holds(lambda: b"r-last" in b"".join(received)), within=10, what="the record read"
-            )
-            await eventually(holds(lambda: holder.parked), within=10, what="the holder parked again")
-            assert other.parked and other.last_news == other_news
+        await eventually(both_parked_while_the_process_is_busy, within=10, what="both parked, busy")
+        # While the process is busy the look-out fetches the parked partitions with the short
+        # wait, as their consumers would have: a record from elsewhere is not seen later.
+        lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+        assert lookout.busy and lookout.wait_ms == settings.fetch_max_wait_ms
+        other_news = other.last_news
+        await publisher.publish(CancelRun(run_id="r-last", session_id="s-1"), partition=0)
+        assert not holder.parked and holder.wait_ms == settings.fetch_max_wait_ms
+        assert other.parked
+        await eventually(holds(lambda: b"r-last" in b"".join(received)), within=10, what="the record read")
+        await eventually(holds(lambda: holder.parked), within=10, what="the holder parked again")
+        assert other.parked and other.last_news == other_news
 
-            # A record from elsewhere wakes every consumer of the process, as before.
-            await paced.producer.send_and_wait(paced.partitions[1].topic, b"result", partition=0)
-            await eventually(
-                holds(lambda: not holder.parked and not other.parked), within=10, what="both woken"
-            )
-        finally:
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
+        # A record from elsewhere wakes every consumer of the process, as before.
+        await pair.paced.producer.send_and_wait(pair.paced.partitions[1].topic, b"result", partition=0)
+        await eventually(holds(lambda: not holder.parked and not other.parked), within=10, what="both woken")
 
 
 async def test_after_a_quiet_spell_a_record_the_process_publishes_wakes_only_its_holder(
@@ -455,29 +479,19 @@ async def test_after_a_quiet_spell_a_record_the_process_publishes_wakes_only_its
     # consumer for it cost each ~100 fetches a second for `idle_after_s`; the holder alone fetches
     # it, and the look-out fetches the others' partitions with the short wait from then on.
     settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
-    received: list[bytes] = []
 
-    async with _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS) as paced:
-        holder, other = paced.paces
-        publisher = producer_publisher(paced.producer, settings)
-        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
-        try:
-            for pace in paced.paces:
-                pace.start()
-            lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
-            await eventually(
-                holds(lambda: holder.parked and other.parked and not lookout.busy),
-                within=10,
-                what="both parked, the process quiet",
-            )
-            await publisher.publish(CancelRun(run_id="r-after-quiet", session_id="s-1"), partition=0)
-            assert not holder.parked and other.parked
-            assert lookout.busy and lookout.wait_ms == settings.fetch_max_wait_ms
-            await eventually(
-                holds(lambda: b"r-after-quiet" in b"".join(received)), within=10, what="the record read"
-            )
-            assert other.parked
-        finally:
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
+    async with _holder_and_other(settings) as pair:
+        holder, other, publisher, received = pair.holder, pair.other, pair.publisher, pair.received
+        lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+        await eventually(
+            holds(lambda: holder.parked and other.parked and not lookout.busy),
+            within=10,
+            what="both parked, the process quiet",
+        )
+        await publisher.publish(CancelRun(run_id="r-after-quiet", session_id="s-1"), partition=0)
+        assert not holder.parked and other.parked
+        assert lookout.busy and lookout.wait_ms == settings.fetch_max_wait_ms
+        await eventually(
+            holds(lambda: b"r-after-quiet" in b"".join(received)), within=10, what="the record read"
+        )
+        assert other.parked
