@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner
 
 from quipu.contracts.commands import (
     REPLY_PARTITION_HEADER,
@@ -81,6 +80,7 @@ from quipu.services.kit.delivery import MessageErasedError, PermanentError, Retr
 from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.reply_claim import ReplyClaim
+from quipu.services.kit.run_events import partition_for_key
 from quipu.services.kit.sealing import current_sealing_for
 from quipu.services.kit.settings import KafkaSettings, KeySettings, StoreClientSettings
 
@@ -96,8 +96,6 @@ HERE_LOOK_S = 0.05
 calls answered here went to (a rebalance may have moved one: its reply then comes from elsewhere)."""
 HERE_REPLY_WAIT_S = 5.0
 """Longest a call answered in this process waits for its reply without fetching for it."""
-
-_PARTITIONER = DefaultPartitioner()
 
 _ON_SENT: ContextVar[asyncio.Event | None] = ContextVar("quipu_store_on_sent", default=None)
 """Set by `KafkaStore.sent` in the task of the call it starts: the call's first publish the broker
@@ -391,11 +389,10 @@ class KafkaStore:
     def _answer_here(self, command: StoreOperation) -> None:
         """Note the call of `command` as answered here when an owner of this process holds the
         partition it goes to (by its key, with the producer's partitioner)."""
-        key = spec_for(command).key_for(command)
+        key = spec_for(command).key_of(command)
         if key is None or not self._command_partitions:
             return
-        partitions = self._command_partitions
-        partition: int = _PARTITIONER(key, partitions, partitions)
+        partition = partition_for_key(key, self._command_partitions)
         if fetch_pace.holds(self._commands_topic, partition):
             self._here[command.correlation_id] = (partition, time.monotonic())
             if self._looking_here is None or self._looking_here.done():
