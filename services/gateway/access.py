@@ -131,6 +131,10 @@ class AcceptedRuns:
         return found[1]
 
 
+async def nothing_to_learn() -> None:
+    """A gateway alone (tests' in-memory deps) accepts every run it knows of itself."""
+
+
 def accepted_elsewhere(value: bytes) -> tuple[str, SessionOwner, str] | None:
     """(run id, owner, session id) of a run request a gateway copy accepted, read from its record on
     `runs.requested` (ids and labels travel in clear, sealed or not); None for anything else: a

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -30,6 +29,10 @@ logger = structlog.get_logger(__name__)
 
 RECONNECT_DELAY_MS = 2000
 """The `retry:` a stream announces: how long a browser waits before it reconnects."""
+
+CATCH_UP_S = 2.0
+"""Longest a lookup of a run another copy accepted reads `runs.requested` before it answers from
+what it knows (a GET waits on it)."""
 
 
 def sse_event(streamed: StreamedEvent) -> bytes:
@@ -133,33 +136,46 @@ class EventStreams:
 
 
 class RequestedRuns:
-    """Follows `runs.requested` from its end, outside any group, so this gateway copy learns the runs
-    every copy accepts (`GET /v1/runs/{id}` answers 202 for them until the planner starts them).
+    """Reads `runs.requested` outside any group when asked (`catch_up`), so this gateway copy knows
+    the runs every copy accepted (`GET /v1/runs/{id}` answers 202 for them until the planner starts
+    them).
 
-    Only ids and the owner labels a gateway stamped are read from each record (`accepted_elsewhere`);
-    anything else on the topic is passed over. A broker failure is logged and read past after a
-    pause: this is a courtesy to callers, never a reason to stop the gateway.
+    It is read to its end of the moment a lookup misses, not followed: an idle gateway fetched the
+    topic four times a second for the rare GET of a run another copy accepted, and a copy that
+    followed could still answer 404 for a run accepted a moment before. Concurrent misses share one
+    read. Only ids and the owner labels a gateway stamped are read from each record
+    (`accepted_elsewhere`); anything else on the topic is passed over. A broker failure or a read
+    longer than `catch_up_s` is logged and the lookup answers from what is known: this is a courtesy
+    to callers, never a reason to fail the request.
     """
 
     def __init__(
-        self, settings: KafkaSettings, accepted: AcceptedRuns, *, client_id: str = "gateway"
+        self,
+        settings: KafkaSettings,
+        accepted: AcceptedRuns,
+        *,
+        client_id: str = "gateway",
+        catch_up_s: float = CATCH_UP_S,
     ) -> None:
         self._settings = settings
         self._accepted = accepted
         self._client_id = client_id
+        self._catch_up_s = catch_up_s
         self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._partitions: list[TopicPartition] = []
+        self._reading = asyncio.Lock()
+        self._read_through = float("-inf")
+        """When the last read that reached the end began (monotonic)."""
 
     async def start(self) -> None:
-        """Assign every partition of the topic at its end and start following."""
+        """Assign every partition of the topic at its end, paused."""
         name = self._settings.topic_prefix + Topic.RUNS_REQUESTED.value
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._settings.bootstrap,
             client_id=f"{self._client_id}-requested",
             group_id=None,
             enable_auto_commit=False,
-            # Only a copy that did not accept the run needs it, for an answer of 202 instead of 404.
-            fetch_max_wait_ms=self._settings.background_fetch_max_wait_ms,
+            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
         )
         await consumer.start()
         self._consumer = consumer
@@ -168,34 +184,64 @@ class RequestedRuns:
         if not numbers:
             logger.warning("runs.requested not found: only this copy's accepted runs answer 202")
             return
-        partitions = [TopicPartition(name, number) for number in numbers]
-        consumer.assign(partitions)
-        await consumer.seek_to_end(*partitions)
-        self._task = asyncio.create_task(self._follow(consumer))
+        self._partitions = [TopicPartition(name, number) for number in numbers]
+        consumer.assign(self._partitions)
+        consumer.pause(*self._partitions)
+        await consumer.seek_to_end(*self._partitions)
+        for partition in self._partitions:
+            await consumer.position(partition)  # resolved now: nothing accepted from here is missed
 
-    async def _follow(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
+    async def catch_up(self) -> None:
+        """Learn every run accepted on any copy until now (read to the topic's current end)."""
+        asked = time.monotonic()
+        async with self._reading:
+            if self._consumer is None or not self._partitions or self._read_through >= asked:
+                return  # a read that began after the ask has just reached the end
+            began = time.monotonic()
             try:
-                batches = await consumer.getmany(timeout_ms=1000)
-            except KafkaError as error:
-                logger.warning("following runs.requested", error=type(error).__name__)
-                await asyncio.sleep(1.0)
-                continue
-            now = time.monotonic()
-            for records in batches.values():
-                for record in records:
-                    accepted = accepted_elsewhere(record.value or b"")
-                    if accepted is not None:
-                        run_id, owner, session_id = accepted
-                        self._accepted.add(run_id, owner, session_id, now)
+                async with asyncio.timeout(self._catch_up_s):
+                    await self._read_to_end(self._consumer)
+            except (KafkaError, TimeoutError) as error:
+                logger.warning("reading runs.requested", error=type(error).__name__)
+                return
+            self._read_through = began
+
+    async def _read_to_end(self, consumer: AIOKafkaConsumer) -> None:
+        # The end offsets are asked after the lookup missed, so a request accepted before is below
+        # them. Tansu may report a multi-record batch's end as its first offset + 1: a fetch returns
+        # whole batches, so reading past that offset reads the rest of the batch too.
+        ends = await consumer.end_offsets(self._partitions)
+        behind = [
+            partition
+            for partition in self._partitions
+            if await consumer.position(partition) < ends[partition]
+        ]
+        try:
+            while behind:
+                consumer.resume(*behind)
+                batches = await consumer.getmany(*behind, timeout_ms=int(self._catch_up_s * 1000))
+                now = time.monotonic()
+                for records in batches.values():
+                    for record in records:
+                        accepted = accepted_elsewhere(record.value or b"")
+                        if accepted is not None:
+                            run_id, owner, session_id = accepted
+                            self._accepted.add(run_id, owner, session_id, now)
+                behind = [
+                    partition for partition in behind if await consumer.position(partition) < ends[partition]
+                ]
+        finally:
+            consumer.pause(*self._partitions)
 
     async def stop(self) -> None:
-        """Stop following and close the consumer."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Close the consumer."""
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
+
+
+async def _behind(
+    consumer: AIOKafkaConsumer, partitions: list[TopicPartition], ends: dict[TopicPartition, int]
+) -> list[TopicPartition]:
+    """Those of `partitions` the consumer has not read up to their end in `ends`."""
+    return [partition for partition in partitions if await consumer.position(partition) < ends[partition]]

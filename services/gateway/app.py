@@ -104,7 +104,14 @@ async def kafka_deps(
             await requested.start()
             try:
                 tenant = settings.tenant_id
-                built = GatewayDeps(store, publisher, streams, tenant_id=tenant, accepted=accepted)
+                built = GatewayDeps(
+                    store,
+                    publisher,
+                    streams,
+                    tenant_id=tenant,
+                    accepted=accepted,
+                    learn_accepted=requested.catch_up,
+                )
                 yield built, store
             finally:
                 streams.close()

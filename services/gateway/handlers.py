@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -53,6 +54,8 @@ class GatewayDeps:
     tenant_id: str = ""
     """The default tenant: where sessions created without an owner belong."""
     accepted: access.AcceptedRuns = field(default_factory=access.AcceptedRuns)
+    learn_accepted: Callable[[], Awaitable[None]] = access.nothing_to_learn
+    """Learns into `accepted` what the other gateway copies accepted until now (`RequestedRuns`)."""
 
     async def session(self, caller: Caller, session_id: str) -> Session:
         """A session the caller may reach; 404 otherwise, as if it did not exist."""
@@ -87,6 +90,15 @@ class GatewayDeps:
         elif not access.reaches(caller, access.labelled_owner(meta), default_tenant=self.tenant_id):
             raise access.unknown_run(run_id)
         return meta
+
+    async def accepted_session(self, caller: Caller, run_id: str) -> str | None:
+        """The session of a run accepted lately for the caller, on any copy, that the planner has
+        not started; None for a run nobody accepted."""
+        session_id = self.accepted.session_of(run_id, caller.owner, time.monotonic())
+        if session_id is None:
+            await self.learn_accepted()
+            session_id = self.accepted.session_of(run_id, caller.owner, time.monotonic())
+        return session_id
 
 
 def sealing_for_run(meta: RunMeta, caller: Caller) -> contextlib.AbstractContextManager[None]:
@@ -245,8 +257,10 @@ async def get_run(deps: Deps, caller: RunsReader, run_id: str) -> RunMeta | JSON
     try:
         return await deps.run(caller, run_id)
     except StoreError as error:
-        session_id = deps.accepted.session_of(run_id, caller.owner, time.monotonic())
-        if error.code is not ErrorCode.RUN_NOT_FOUND or session_id is None:
+        if error.code is not ErrorCode.RUN_NOT_FOUND:
+            raise
+        session_id = await deps.accepted_session(caller, run_id)
+        if session_id is None:
             raise
     follow = f"follow /v1/sessions/{session_id}/events" if session_id else "ask again"
     pending = RunPending(

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faststream import FastStream
 
@@ -41,7 +42,7 @@ def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
 
 
 def _group_less(settings: KafkaSettings) -> AIOKafkaConsumer:
-    """A consumer outside any group, from the beginning, with the short wait (to be assigned)."""
+    """A consumer outside any group, from the beginning, with the wait of `settings` (to be assigned)."""
     return AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap,
         group_id=None,
@@ -64,15 +65,19 @@ class _Paced:
 
 @contextlib.asynccontextmanager
 async def _paced(
-    settings: KafkaSettings, *topics: Topic, on_call: Collection[Topic] = ()
+    settings: KafkaSettings,
+    *topics: Topic,
+    on_call: Collection[Topic] = (),
+    background: Collection[Topic] = (),
 ) -> AsyncIterator[_Paced]:
     partitions = [TopicPartition(settings.topic_prefix + topic.value, 0) for topic in topics]
-    consumers = [_group_less(settings) for _ in partitions]
+    chosen = [settings.in_background() if topic in background else settings for topic in topics]
+    consumers = [_group_less(each) for each in chosen]
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(producer.start(), *(consumer.start() for consumer in consumers))
     paces = [
-        FetchPace(consumer, settings, on_call=topic in on_call)
-        for consumer, topic in zip(consumers, topics, strict=True)
+        FetchPace(consumer, each, on_call=topic in on_call)
+        for consumer, each, topic in zip(consumers, chosen, topics, strict=True)
     ]
     try:
         for consumer, partition in zip(consumers, partitions, strict=True):
@@ -218,6 +223,24 @@ async def test_a_services_consumers_fetch_with_the_idle_wait_once_quiet(
             assert _waits(planner, settings)[Topic.RUNS_CONTROL] == settings.background_fetch_max_wait_ms
         finally:
             await planner.stop()
+
+
+@pytest.mark.parametrize(
+    "on_the_path", [(), (Topic.RUNS_REQUESTED,)], ids=["background only", "one on the path"]
+)
+async def test_a_process_whose_consumers_no_caller_waits_on_looks_out_with_the_background_idle_wait(
+    kafka_settings: KafkaSettings, on_the_path: tuple[Topic, ...]
+) -> None:
+    # An idle transcript recorder, fact extractor or enricher fetched 4 times a second, as the
+    # services a run waits on do; its work may start a second late after a quiet spell. A process
+    # that also runs a consumer on a run's path looks out with that one's idle wait.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    background = (Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS)
+    slow = settings.in_background().idle_fetch_max_wait_ms
+    assert slow > settings.idle_fetch_max_wait_ms  # the embedded values, else this test shows nothing
+    async with _paced(settings, *background, *on_the_path, background=background) as paced, _reading(paced):
+        await eventually(holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked")
+        assert fetch_pace._lookout().wait_ms == (settings.idle_fetch_max_wait_ms if on_the_path else slow)
 
 
 async def test_a_planner_follows_both_registries_with_one_consumer(kafka_settings: KafkaSettings) -> None:
