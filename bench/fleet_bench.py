@@ -14,7 +14,11 @@ the 1-minute load average it ran under (`*_load_avg_1m`).
   broker over the same window, exactly (bench/kafka_requests): unlike CPU, it does not move with
   the box's load. What idling
   costs: `idle_run_after_quiet_p50_ms`, a run after `QUIET_S` of quiet, against
-  `idle_run_back_to_back_p50_ms` (`QUIET_RUNS` runs each).
+  `idle_run_back_to_back_p50_ms` (`QUIET_RUNS` runs each). Then `IDLE_STREAMS` live event
+  streams are opened in this process (`RunEventReader`s, as the gateway opens one per SSE client
+  and `quipu run` one for its run) on sessions with nothing to show, once the runs' clients are
+  closed:
+  `idle_cpu_pct_with_open_streams` is the same share with them open, this process's included.
 - load: every service in one process (`quipu up` without `--processes`): `LOAD_SESSIONS`
   clients at once, each running one turn in a fresh session ("calculate 6*7", the scripted
   model, one calculator call): `load_runs_per_s_200_sessions`, `load_overhead_p50_ms` /
@@ -60,6 +64,7 @@ from bench.run_instruments import progress, to_ms
 from bench.toolsets import fast, io_bound, slow
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services import catalog
+from quipu.services.kit.run_events import RunEventReader, StartAt
 
 IDLE_SETTLE_S = 3.0
 """After the warm-up run, time for its follow-ups (transcript, facts, enrichment) to finish."""
@@ -67,6 +72,8 @@ IDLE_WINDOW_S = 10.0
 QUIET_S = 3.0
 """Longer than the embedded `idle_after_s`: every consumer fetches with its idle wait."""
 QUIET_RUNS = 5
+IDLE_STREAMS = 10
+"""Live event streams open with nothing to show (UIs left open)."""
 
 LOAD_SESSIONS = 200
 LOAD_DEADLINE_S = 120.0
@@ -128,6 +135,8 @@ async def measure_idle(stack: EmbeddedStack) -> Figures:
                 await asyncio.sleep(QUIET_S)
                 after_quiet.append(await runs.run(session_id))
             back_to_back = [await runs.run(session_id) for session_id in await runs.sessions(QUIET_RUNS)]
+        # After the runs' own clients are gone: this process's CPU is then the streams'.
+        with_streams = await _idle_with_streams(running, [f"idle-stream-{n}" for n in range(IDLE_STREAMS)])
         running.check_alive()
     shares = {name: 100 * (after[name] - before[name]) / IDLE_WINDOW_S for name in after}
     print(f"\nidle, every service in its own process ({IDLE_WINDOW_S:g} s window, % of one core):")
@@ -154,7 +163,35 @@ async def measure_idle(stack: EmbeddedStack) -> Figures:
         "idle_run_after_quiet_p50_ms": to_ms(statistics.median(after_quiet)),
         "idle_run_back_to_back_p50_ms": to_ms(statistics.median(back_to_back)),
         "idle_load_avg_1m": max(load, _load()),
+        "idle_streams_open": IDLE_STREAMS,
+        "idle_cpu_pct_with_open_streams": with_streams,
     }
+
+
+async def _idle_with_streams(running: Fleet, sessions: list[str]) -> float:
+    """The services', the broker's and this process's CPU share with a live stream open on each of
+    `sessions` (nothing to show), once every stream has been quiet past `idle_after_s`."""
+    readers = [RunEventReader(running.settings, session_id=session_id) for session_id in sessions]
+    await asyncio.gather(*(reader.start(start_at=StartAt.NOW) for reader in readers))
+    reading = [asyncio.create_task(_follow(reader)) for reader in readers]
+    try:
+        await asyncio.sleep(IDLE_SETTLE_S)
+        before, own = running.cpu(), time.process_time()
+        await asyncio.sleep(IDLE_WINDOW_S)
+        after, own = running.cpu(), time.process_time() - own
+    finally:
+        for task in reading:
+            task.cancel()
+        await asyncio.gather(*reading, return_exceptions=True)
+        await asyncio.gather(*(reader.stop() for reader in readers))
+    share = 100 * (sum(after.values()) - sum(before.values()) + own) / IDLE_WINDOW_S
+    print(f"  with {len(sessions)} live event streams open, nothing to show: {share:.1f} % of one core")
+    return share
+
+
+async def _follow(reader: RunEventReader) -> None:
+    while True:
+        await reader.read(timeout_s=1.0)
 
 
 async def measure_load(stack: EmbeddedStack) -> Figures:

@@ -96,6 +96,14 @@ class EventStreams:
         )
         return reader
 
+    def expect(self, key: str) -> None:
+        """A run of the streams keyed `key` (a session id) was just requested: their readers fetch
+        with the short wait at once (idle, they may be parked: the run's first events would wait
+        for the look-out's fetch)."""
+        for reader in self._open:
+            if reader.key == key:
+                reader.expect_events()
+
     async def release(self, reader: RunEventReader) -> None:
         """Stop a reader and forget it; safe to call more than once."""
         if reader in self._open:

@@ -242,6 +242,7 @@ async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAc
     stamped = body.model_copy(update={"labels": labels})
     message = run_requests.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
     await deps.publisher.publish(message)
+    deps.streams.expect(message.session_id or message.run_id)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 
@@ -279,6 +280,7 @@ async def cancel_run(
     meta = await deps.run(caller, run_id)
     message = run_requests.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=caller.tenant_id)
     await deps.publisher.publish(message)
+    deps.streams.expect(message.session_id or message.run_id)
     return logic.accepted(message)
 
 
@@ -292,6 +294,7 @@ async def answer_run(deps: Deps, caller: RunsWriter, run_id: str, body: AnswerRe
         meta, body.answer, principal_id=caller.principal_id, run_id=body.run_id, tenant_id=caller.tenant_id
     )
     await deps.publisher.publish(message)
+    deps.streams.expect(message.session_id or message.run_id)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 

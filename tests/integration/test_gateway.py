@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.events import RunEvent, StreamEventType
@@ -27,7 +27,7 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.gateway.app import EmbeddedServer, create_app
 from quipu.services.kit.memory_client import KafkaMemoryStore
-from quipu.services.kit.run_events import RunEventReader, StreamedEvent, partition_for_key
+from quipu.services.kit.run_events import RunEventReader, StartAt, StreamedEvent, partition_for_key
 from quipu.services.planner.adapters import SessionOwners
 from tests.conformance.builders import running_root
 from tests.integration.test_gateway_support import (
@@ -357,6 +357,39 @@ async def test_the_stream_and_the_shared_reader_show_the_same_events(gateway: Ga
     assert [(m.id, m.event, m.data) for m in streamed] == [
         (str(s.position), s.event.type.value, s.event.model_dump_json()) for s in read
     ]
+
+
+async def test_idle_streams_park_and_a_run_requested_for_one_wakes_it_at_once(gateway: Gateway) -> None:
+    # Open, a stream fetched 100 times a second on Tansu whether anything came or not: each idle UI
+    # cost the broker ~9 % of a core. Quiet, streams park under the look-out, which wakes them.
+    settings = gateway.served.kafka.model_copy(update={"idle_after_s": 0.3})
+    sessions = [await new_session(gateway) for _ in range(2)]
+    readers = [RunEventReader(settings, session_id=session_id) for session_id in sessions]
+    await asyncio.gather(*(reader.start(start_at=StartAt.NOW) for reader in readers))
+    consumers = [reader._consumer for reader in readers]
+
+    def parked(consumer: AIOKafkaConsumer | None) -> bool:
+        assert consumer is not None
+        paused: set[TopicPartition] = consumer.paused()
+        assigned: set[TopicPartition] = consumer.assignment()
+        return paused == assigned
+
+    async def both_parked() -> bool:
+        return all(parked(consumer) for consumer in consumers)
+
+    try:
+        await eventually(both_parked, within=10)
+        await publish_events(gateway, [reply(sessions[0], "run-1", 0)])
+        read: list[StreamedEvent] = []
+        async with asyncio.timeout(scaled(10)):
+            while not read:
+                read += await readers[0].read(0.2)
+        assert [streamed.event.session_id for streamed in read] == [sessions[0]]
+        await eventually(both_parked, within=10)
+        readers[1].expect_events()
+        assert not parked(consumers[1])
+    finally:
+        await asyncio.gather(*(reader.stop() for reader in readers))
 
 
 # --- whole turns through the planner stand-in -------------------------------------------------------
