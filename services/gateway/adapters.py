@@ -184,6 +184,7 @@ class RequestedRuns:
             group_id=None,
             enable_auto_commit=False,
             fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
+            consumer_timeout_ms=self._settings.consumer_timeout_ms,
         )
         await consumer.start()
         self._consumer = consumer

@@ -97,6 +97,7 @@ class SubscriberOptions(TypedDict):
     group_id: str
     auto_offset_reset: Literal["latest", "earliest"]
     fetch_max_wait_ms: int
+    consumer_timeout_ms: int
     session_timeout_ms: int
     heartbeat_interval_ms: int
     max_poll_interval_ms: int
@@ -165,6 +166,7 @@ def follow_from_start(
         group_id=None,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=settings.background_fetch_max_wait_ms,
+        consumer_timeout_ms=settings.consumer_timeout_ms,
         ack_policy=AckPolicy.MANUAL,
         no_reply=True,  # a `reply_to` header must not make FastStream publish anywhere
     )(handle)
@@ -189,6 +191,7 @@ def subscriber_options(
         group_id=group_id(settings, group),
         auto_offset_reset=settings.auto_offset_reset,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        consumer_timeout_ms=settings.consumer_timeout_ms,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,

@@ -67,7 +67,8 @@ from quipu.services.kit.logging import get_logger
 from quipu.services.kit.settings import KafkaSettings
 
 TICK_S = 0.05
-"""How often the partitions are looked at: how late a busy consumer goes back to the short wait."""
+"""How often the partitions are looked at: how late a busy consumer goes back to the short wait
+(on the idle wait, twice a fetch: the fetch in flight holds the next back anyway)."""
 PARKED_LOOK_S = 1.0
 """How often a parked consumer looks for a rebalance (the look-out wakes it for a record)."""
 
@@ -85,6 +86,7 @@ class FetchPace:
         self._fetcher_timeout_s: float = self._fetcher._fetcher_timeout
         self.idle_ms: int = max(self.busy_ms, settings.idle_fetch_max_wait_ms)
         self.bootstrap = settings.bootstrap
+        self.consumer_timeout_ms = settings.consumer_timeout_ms
         self._paced = settings.flavour == "tansu"
         # At least the idle wait: a look-out's fetch sent with it before the wake that started this
         # spell has come back before this consumer parks again (the look-out then fetches anew).
@@ -141,6 +143,10 @@ class FetchPace:
         # So does a consumer awake for its own process's records: it parks once it handed them out.
         if self.on_call or self._due:
             return self.busy_ms / 1000
+        if self.wait_ms > self.busy_ms:
+            # On the idle wait, the fetch in flight holds the next one back whatever a look finds:
+            # looking more than twice a fetch only wakes the event loop (~0.2 ms each, 20 a second).
+            return max(TICK_S, self.wait_ms / 2000)
         return TICK_S
 
     def expect(self, records: int) -> None:
@@ -152,6 +158,8 @@ class FetchPace:
         """Fetch with the short wait again (a message is expected soon), for `idle_after_s`."""
         self._woken = self._last_news = time.monotonic()
         self._resume()
+        if self._looking is not None:
+            _done(self._looking)  # look at the short pace from now, not after an idle look's wait
 
     def own_record(self, partition: TopicPartition, offset: int) -> None:
         """Its process published the record at `offset` of `partition` (one of its own): fetch it
@@ -480,6 +488,7 @@ class _Lookout:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.wait_ms,
+            consumer_timeout_ms=max((pace.consumer_timeout_ms for pace in list(self.paces)), default=1000),
         )
         follow = _Following(consumer)
         try:

@@ -167,6 +167,7 @@ class ReplyClaim:
             session_timeout_ms=settings.reply_claim_session_timeout_ms,
             heartbeat_interval_ms=settings.reply_claim_session_timeout_ms // 3,
             max_poll_interval_ms=settings.max_poll_interval_ms,
+            consumer_timeout_ms=settings.consumer_timeout_ms,
             partition_assignment_strategy=(self._assignor,),
         )
         await self._consumer.start()

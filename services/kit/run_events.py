@@ -208,6 +208,7 @@ class RunEventReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            consumer_timeout_ms=settings.consumer_timeout_ms,
         )
         try:
             await self._consumer.start()

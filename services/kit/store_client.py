@@ -221,6 +221,7 @@ class KafkaStore:
             group_id=None,
             enable_auto_commit=False,
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            consumer_timeout_ms=settings.consumer_timeout_ms,
         )
         await self._consumer.start()
         # Until the claim group gives this client a partition of its own (a second or more), any

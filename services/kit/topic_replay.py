@@ -62,6 +62,7 @@ async def read_to_end(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        consumer_timeout_ms=settings.consumer_timeout_ms,
     )
     await consumer.start()
     try:

@@ -456,6 +456,38 @@ async def test_a_parked_consumers_fetch_routine_does_not_look_at_its_paused_part
             await asyncio.gather(*readers, return_exceptions=True)
 
 
+async def test_an_idle_consumer_alone_looks_at_its_partitions_twice_a_fetch(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # A consumer alone in its process does not park; on the idle wait it looked 20 times a second
+    # (each an event-loop wake-up) while its fetch in flight held the next one back anyway.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
+    async with _paced(settings, Topic.RUNS_CONTROL) as paced, _reading(paced):
+        pace = paced.paces[0]
+        await eventually(holds(lambda: pace.wait_ms == pace.idle_ms), within=10, what="the idle wait")
+        assert pace._look_s == pace.idle_ms / 2000 > fetch_pace.TICK_S
+        pace.wake()
+        assert pace._look_s == fetch_pace.TICK_S
+
+
+async def test_a_services_consumers_fetch_routines_sleep_as_long_as_the_settings_say(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # aiokafka's routine looked at every consumer's partitions 5 times a second (its default
+    # consumer_timeout_ms, 200): an idle recorder woke 89 times a second, 15 of them for that.
+    assert kafka_settings.consumer_timeout_ms > 200
+    planner = create_planner(kafka_settings, deps=PlannerDeps(model=ScriptedModel()))
+    async with asyncio.timeout(scaled(60)):
+        await planner.start()
+        try:
+            assert planner.broker is not None
+            consumers = [getattr(subscriber, "consumer", None) for subscriber in planner.broker.subscribers]
+            routines = [consumer._fetcher._fetcher_timeout for consumer in consumers if consumer is not None]
+        finally:
+            await planner.stop()
+    assert routines and set(routines) == {kafka_settings.consumer_timeout_ms / 1000}
+
+
 async def test_a_record_the_process_publishes_wakes_only_the_consumer_holding_its_partition(
     kafka_settings: KafkaSettings,
 ) -> None:
