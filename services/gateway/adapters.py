@@ -220,11 +220,7 @@ class RequestedRuns:
         # them. Tansu may report a multi-record batch's end as its first offset + 1: a fetch returns
         # whole batches, so reading past that offset reads the rest of the batch too.
         ends = await consumer.end_offsets(self._partitions)
-        behind = [
-            partition
-            for partition in self._partitions
-            if await consumer.position(partition) < ends[partition]
-        ]
+        behind = await _behind(consumer, self._partitions, ends)
         try:
             while behind:
                 consumer.resume(*behind)
@@ -236,9 +232,7 @@ class RequestedRuns:
                         if accepted is not None:
                             run_id, owner, session_id = accepted
                             self._accepted.add(run_id, owner, session_id, now)
-                behind = [
-                    partition for partition in behind if await consumer.position(partition) < ends[partition]
-                ]
+                behind = await _behind(consumer, behind, ends)
         finally:
             consumer.pause(*self._partitions)
 
