@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -30,6 +31,8 @@ from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
 from tests.timing import eventually, scaled
+
+T = TypeVar("T")
 
 
 def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
@@ -86,6 +89,19 @@ async def _paced(
     finally:
         await asyncio.gather(*(pace.stop() for pace in paces))
         await asyncio.gather(producer.stop(), *(consumer.stop() for consumer in consumers))
+
+
+async def _of_a_planners_consumers(settings: KafkaSettings, read: Callable[[AIOKafkaConsumer], T]) -> list[T]:
+    """`read` of each consumer of a planner's subscribers, while it runs."""
+    planner = create_planner(settings, deps=PlannerDeps(model=ScriptedModel()))
+    async with asyncio.timeout(scaled(60)):
+        await planner.start()
+        try:
+            assert planner.broker is not None
+            consumers = [getattr(subscriber, "consumer", None) for subscriber in planner.broker.subscribers]
+            return [read(consumer) for consumer in consumers if consumer is not None]
+        finally:
+            await planner.stop()
 
 
 def _waits(app: FastStream, kafka: KafkaSettings) -> dict[str, int]:
@@ -245,19 +261,10 @@ async def test_a_process_whose_consumers_no_caller_waits_on_looks_out_with_the_b
 
 async def test_a_planner_follows_both_registries_with_one_consumer(kafka_settings: KafkaSettings) -> None:
     # An idle consumer costs the broker its fetches whatever it reads: one for both registries.
-    planner = create_planner(kafka_settings, deps=PlannerDeps(model=ScriptedModel()))
-    async with asyncio.timeout(scaled(60)):
-        await planner.start()
-        try:
-            assert planner.broker is not None
-            consumers = [getattr(subscriber, "consumer", None) for subscriber in planner.broker.subscribers]
-            subscriptions = [
-                {name.removeprefix(kafka_settings.topic_prefix) for name in consumer.subscription()}
-                for consumer in consumers
-                if consumer is not None
-            ]
-        finally:
-            await planner.stop()
+    subscriptions = await _of_a_planners_consumers(
+        kafka_settings,
+        lambda consumer: {name.removeprefix(kafka_settings.topic_prefix) for name in consumer.subscription()},
+    )
 
     registries = {Topic.AGENTS_REGISTRY, Topic.TOOLS_REGISTRY}
     assert [names for names in subscriptions if names & registries] == [registries]
@@ -476,15 +483,9 @@ async def test_a_services_consumers_fetch_routines_sleep_as_long_as_the_settings
     # aiokafka's routine looked at every consumer's partitions 5 times a second (its default
     # consumer_timeout_ms, 200): an idle recorder woke 89 times a second, 15 of them for that.
     assert kafka_settings.consumer_timeout_ms > 200
-    planner = create_planner(kafka_settings, deps=PlannerDeps(model=ScriptedModel()))
-    async with asyncio.timeout(scaled(60)):
-        await planner.start()
-        try:
-            assert planner.broker is not None
-            consumers = [getattr(subscriber, "consumer", None) for subscriber in planner.broker.subscribers]
-            routines = [consumer._fetcher._fetcher_timeout for consumer in consumers if consumer is not None]
-        finally:
-            await planner.stop()
+    routines = await _of_a_planners_consumers(
+        kafka_settings, lambda consumer: consumer._fetcher._fetcher_timeout
+    )
     assert routines and set(routines) == {kafka_settings.consumer_timeout_ms / 1000}
 
 
