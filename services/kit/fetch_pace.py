@@ -41,6 +41,12 @@ it (every run of a process would, and it would fetch every 10 ms as long as the 
 a record for it wakes it alone, a record for any other consumer wakes every consumer of the
 process but those on call.
 
+A consumer `alone` (a live event stream: kit.run_events) is woken by its own records only, and its
+records wake no other: a gateway's streams are many, each for one session, and a record for one
+woke every stream of the process (and its look-out fetched with the short wait) for `idle_after_s`.
+Once a record woke it, it fetches with the short wait as long as records keep coming, as any
+consumer not on call does.
+
 On Kafka a fetch wakes on new data, so the idle wait there is the usual one and nothing changes.
 
 aiokafka reads the consumer's fetch wait (`Fetcher._fetch_max_wait_ms`) for every fetch request
@@ -79,7 +85,14 @@ class FetchPace:
     """The fetch wait of one started consumer: its own while records come, the idle one after a
     quiet `idle_after_s`, and no fetch at all while it is quiet and has handed out what it fetched."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, settings: KafkaSettings, *, on_call: bool = False) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        settings: KafkaSettings,
+        *,
+        on_call: bool = False,
+        alone: bool = False,
+    ) -> None:
         self._fetcher: Any = consumer._fetcher
         self.consumer = consumer
         self.busy_ms: int = self._fetcher._fetch_max_wait_ms
@@ -93,6 +106,7 @@ class FetchPace:
         self.idle_after_s: float = max(settings.idle_after_s, self.idle_ms / 1000)
         self.own_record_within_s = settings.own_record_within_s
         self.on_call = on_call
+        self.alone = alone
         self._last_news = time.monotonic()
         self._woken = self._last_news
         self._awaited = 0
@@ -107,6 +121,12 @@ class FetchPace:
         """Whether idling changes anything: on Tansu only, whose fetch does not wake on new data. A
         consumer already slow (a background one) keeps its wait when idle, and parks as the others do."""
         return self._paced
+
+    @property
+    def in_step(self) -> bool:
+        """Whether it wakes with the process's other consumers, and they with it (neither on call
+        nor alone)."""
+        return not (self.on_call or self.alone)
 
     @property
     def wait_ms(self) -> int:
@@ -304,6 +324,10 @@ class FetchPace:
                 seen = marks
                 if self.on_call:
                     continue
+                if self.alone:
+                    if elsewhere:
+                        self.wake()
+                    continue
                 if elsewhere:
                     lookout.wake_all()
                     continue
@@ -379,15 +403,15 @@ class _Lookout:
         self._last_news = time.monotonic()
         if quiet:
             for pace in list(self.paces):
-                if not pace.on_call and not pace.parked:
+                if pace.in_step and not pace.parked:
                     pace.wake()
             self._changed.set()
 
     def wake_all(self) -> None:
-        """Every pace not on call back to the short wait for `idle_after_s`, none of them parked."""
+        """Every pace in step back to the short wait for `idle_after_s`, none of them parked."""
         self._last_news = time.monotonic()
         for pace in list(self.paces):
-            if not pace.on_call:
+            if pace.in_step:
                 pace.wake()
 
     def published(self, partition: TopicPartition, offset: int) -> None:
@@ -404,7 +428,7 @@ class _Lookout:
             if now - offsets[first] <= self._own_within_s:
                 break
             del offsets[first]
-        if any(not pace.on_call for pace in holders):
+        if any(pace.in_step for pace in holders):
             self.news()
         for pace in holders:
             pace.own_record(partition, offset)
@@ -458,8 +482,8 @@ class _Lookout:
 
     def _wake_for(self, found: dict[TopicPartition, list[int]]) -> None:
         """Wake the parked paces holding a partition a record came on. For records of the
-        process's own, those alone; for one from elsewhere, every pace not on call too (unless
-        only paces on call hold its partition)."""
+        process's own, those alone; for one from elsewhere, every pace in step too (unless only
+        paces on call or alone hold its partition)."""
         elsewhere = False
         own: list[tuple[FetchPace, TopicPartition, int]] = []
         for partition, offsets in found.items():
@@ -471,12 +495,12 @@ class _Lookout:
             if self.own(partition, range(min(fresh), max(fresh) + 1)):
                 own.extend((pace, partition, max(fresh)) for pace in owners)
                 continue
-            elsewhere = elsewhere or any(not pace.on_call for pace in owners)
+            elsewhere = elsewhere or any(pace.in_step for pace in owners)
             for pace in owners:
                 pace.wake()
         if elsewhere:
             self.wake_all()
-        elif any(not pace.on_call for pace, _, _ in own):
+        elif any(pace.in_step for pace, _, _ in own):
             self.news()
         for pace, partition, offset in own:
             pace.own_record(partition, offset)

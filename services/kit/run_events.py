@@ -27,8 +27,9 @@ events. Choices, and why (PLATFORM_NOTES):
 - A record that is not a `RunEvent` is skipped with a warning, never fatal to the stream.
 - Paced (kit.fetch_pace): on Tansu an open stream fetched 100 times a second, nothing to show or
   not, and each cost the broker ~9 % of a core; quiet for `idle_after_s`, it fetches with the idle
-  wait, or parks under its process's look-out with the other streams. `expect_events()` (a run of
-  the stream was just requested) brings the short wait back at once.
+  wait, or parks under its process's look-out with the other streams. Only its own records wake it,
+  and they wake nothing else (`alone`). `expect_events()` (a run of the stream was just requested)
+  brings the short wait back at once.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ class RunEventReader:
             else:
                 await self._consumer.seek_to_beginning(partition)
                 self._next_offset = await self._consumer.position(partition)
-            self._pace = fetch_pace.FetchPace(self._consumer, settings)
+            self._pace = fetch_pace.FetchPace(self._consumer, settings, alone=True)
             self._pace.start()
         except KafkaError as error:
             await self.stop()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.events import RunEvent, StreamEventType
@@ -146,6 +146,15 @@ async def wait_until_no_open_streams(gateway: Gateway, within: float = 10.0) -> 
         return open_streams == 0
 
     await eventually(none_open, within)
+
+
+def _parked(reader: RunEventReader) -> bool:
+    """Whether the reader's partition is paused (its pace parked it under the look-out)."""
+    consumer = reader._consumer
+    assert consumer is not None
+    paused: set[TopicPartition] = consumer.paused()
+    assigned: set[TopicPartition] = consumer.assignment()
+    return paused == assigned
 
 
 def keys(messages: list[SSEMessage]) -> list[str]:
@@ -366,16 +375,9 @@ async def test_idle_streams_park_and_a_run_requested_for_one_wakes_it_at_once(ga
     sessions = [await new_session(gateway) for _ in range(2)]
     readers = [RunEventReader(settings, session_id=session_id) for session_id in sessions]
     await asyncio.gather(*(reader.start(start_at=StartAt.NOW) for reader in readers))
-    consumers = [reader._consumer for reader in readers]
-
-    def parked(consumer: AIOKafkaConsumer | None) -> bool:
-        assert consumer is not None
-        paused: set[TopicPartition] = consumer.paused()
-        assigned: set[TopicPartition] = consumer.assignment()
-        return paused == assigned
 
     async def both_parked() -> bool:
-        return all(parked(consumer) for consumer in consumers)
+        return all(_parked(reader) for reader in readers)
 
     try:
         await eventually(both_parked, within=10)
@@ -387,7 +389,37 @@ async def test_idle_streams_park_and_a_run_requested_for_one_wakes_it_at_once(ga
         assert [streamed.event.session_id for streamed in read] == [sessions[0]]
         await eventually(both_parked, within=10)
         readers[1].expect_events()
-        assert not parked(consumers[1])
+        assert not _parked(readers[1])
+    finally:
+        await asyncio.gather(*(reader.stop() for reader in readers))
+
+
+async def test_an_event_for_one_stream_leaves_the_streams_of_other_partitions_parked(
+    gateway: Gateway,
+) -> None:
+    # A gateway's streams are many: an event for one woke every stream of the process (and every
+    # other consumer in it) to fetch every 10 ms for idle_after_s.
+    settings = gateway.served.kafka.model_copy(update={"idle_after_s": 1.0})
+    first = f"s-{uuid.uuid4().hex[:10]}"
+    second = next(
+        candidate
+        for candidate in (f"{first}-{index}" for index in range(1000))
+        if partition_for_key(candidate, PARTITIONS) != partition_for_key(first, PARTITIONS)
+    )
+    readers = [RunEventReader(settings, session_id=session_id) for session_id in (first, second)]
+    await asyncio.gather(*(reader.start(start_at=StartAt.NOW) for reader in readers))
+
+    async def both_parked() -> bool:
+        return all(_parked(reader) for reader in readers)
+
+    try:
+        await eventually(both_parked, within=10)
+        await publish_events(gateway, [reply(first, "run-1", 0)])
+        read: list[StreamedEvent] = []
+        async with asyncio.timeout(scaled(10)):
+            while not read:
+                read += await readers[0].read(0.2)
+        assert _parked(readers[1])
     finally:
         await asyncio.gather(*(reader.stop() for reader in readers))
 
