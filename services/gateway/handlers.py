@@ -16,6 +16,7 @@ from starlette.background import BackgroundTask
 
 from quipu.contracts import asyncapi
 from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.contracts.store import Page, RunMeta, Session
 from quipu.contracts.transcript import TranscriptErasedError, TranscriptError, encode_messages
 from quipu.contracts.wire import utc_now_ms
@@ -90,6 +91,11 @@ class GatewayDeps:
         elif not access.reaches(caller, access.labelled_owner(meta), default_tenant=self.tenant_id):
             raise access.unknown_run(run_id)
         return meta
+
+    async def send(self, message: RunRequested | CancelRun) -> None:
+        """Publish a run request or a cancel, and have the streams it will show on fetch at once."""
+        await self.publisher.publish(message)
+        self.streams.expect(message.session_id or message.run_id)
 
     async def accepted_session(self, caller: Caller, run_id: str) -> str | None:
         """The session of a run accepted lately for the caller, on any copy, that the planner has
@@ -241,8 +247,7 @@ async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAc
         await deps.turn_session(caller, body.session_id)
     stamped = body.model_copy(update={"labels": labels})
     message = run_requests.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
-    await deps.publisher.publish(message)
-    deps.streams.expect(message.session_id or message.run_id)
+    await deps.send(message)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 
@@ -279,8 +284,7 @@ async def cancel_run(
     """Ask for a run to be canceled; the first accepted reason is permanent."""
     meta = await deps.run(caller, run_id)
     message = run_requests.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=caller.tenant_id)
-    await deps.publisher.publish(message)
-    deps.streams.expect(message.session_id or message.run_id)
+    await deps.send(message)
     return logic.accepted(message)
 
 
@@ -293,8 +297,7 @@ async def answer_run(deps: Deps, caller: RunsWriter, run_id: str, body: AnswerRe
     message = run_requests.resume_request(
         meta, body.answer, principal_id=caller.principal_id, run_id=body.run_id, tenant_id=caller.tenant_id
     )
-    await deps.publisher.publish(message)
-    deps.streams.expect(message.session_id or message.run_id)
+    await deps.send(message)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 

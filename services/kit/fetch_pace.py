@@ -477,7 +477,8 @@ class _Lookout:
             self._watching.clear()
             return
         if self._task is None and self._bootstrap is not None:
-            self._task = asyncio.create_task(self._look(self._bootstrap), name="fetch-lookout")
+            routine_ms = max(pace.consumer_timeout_ms for pace in parked)
+            self._task = asyncio.create_task(self._look(self._bootstrap, routine_ms), name="fetch-lookout")
         self._watching.set()
 
     def _wake_for(self, found: dict[TopicPartition, list[int]]) -> None:
@@ -505,14 +506,14 @@ class _Lookout:
         for pace, partition, offset in own:
             pace.own_record(partition, offset)
 
-    async def _look(self, bootstrap: str) -> None:
+    async def _look(self, bootstrap: str, consumer_timeout_ms: int) -> None:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.wait_ms,
-            consumer_timeout_ms=max((pace.consumer_timeout_ms for pace in list(self.paces)), default=1000),
+            consumer_timeout_ms=consumer_timeout_ms,
         )
         follow = _Following(consumer)
         try:
