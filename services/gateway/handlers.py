@@ -92,7 +92,7 @@ class GatewayDeps:
             raise access.unknown_run(run_id)
         return meta
 
-    async def send(self, message: RunRequested | CancelRun) -> None:
+    async def publish(self, message: RunRequested | CancelRun) -> None:
         """Publish a run request or a cancel, and have the streams it will show on fetch at once."""
         await self.publisher.publish(message)
         self.streams.expect(message.session_id or message.run_id)
@@ -247,7 +247,7 @@ async def request_run(deps: Deps, caller: RunsWriter, body: RunRequest) -> RunAc
         await deps.turn_session(caller, body.session_id)
     stamped = body.model_copy(update={"labels": labels})
     message = run_requests.turn_request(stamped, tenant_id=caller.tenant_id, principal_id=caller.principal_id)
-    await deps.send(message)
+    await deps.publish(message)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 
@@ -284,7 +284,7 @@ async def cancel_run(
     """Ask for a run to be canceled; the first accepted reason is permanent."""
     meta = await deps.run(caller, run_id)
     message = run_requests.cancel_request(meta, (body or CancelRequest()).reason, tenant_id=caller.tenant_id)
-    await deps.send(message)
+    await deps.publish(message)
     return logic.accepted(message)
 
 
@@ -297,7 +297,7 @@ async def answer_run(deps: Deps, caller: RunsWriter, run_id: str, body: AnswerRe
     message = run_requests.resume_request(
         meta, body.answer, principal_id=caller.principal_id, run_id=body.run_id, tenant_id=caller.tenant_id
     )
-    await deps.send(message)
+    await deps.publish(message)
     deps.accepted.add(message.run_id, caller.owner, message.session_id, time.monotonic())
     return logic.accepted(message)
 
