@@ -15,8 +15,8 @@ the 1-minute load average it ran under (`*_load_avg_1m`).
   the box's load. What idling
   costs: `idle_run_after_quiet_p50_ms`, a run after `QUIET_S` of quiet, against
   `idle_run_back_to_back_p50_ms` (`QUIET_RUNS` runs each). Then `IDLE_STREAMS` live event
-  streams are opened in this process (`RunEventReader`s, as the gateway opens one per SSE client
-  and `quipu run` one for its run) on sessions with nothing to show, once the runs' clients are
+  streams are opened in this process through one `EventFeed`, as the gateway serves its SSE
+  clients, on sessions with nothing to show, once the runs' clients are
   closed:
   `idle_cpu_pct_with_open_streams` is the same share with them open, this process's included.
 - load: every service in one process (`quipu up` without `--processes`): `LOAD_SESSIONS`
@@ -64,7 +64,8 @@ from bench.run_instruments import progress, to_ms
 from bench.toolsets import fast, io_bound, slow
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services import catalog
-from quipu.services.kit.run_events import RunEventReader, StartAt
+from quipu.services.kit.event_feed import EventFeed, FedStream
+from quipu.services.kit.run_events import StartAt
 
 IDLE_SETTLE_S = 3.0
 """After the warm-up run, time for its follow-ups (transcript, facts, enrichment) to finish."""
@@ -170,10 +171,11 @@ async def measure_idle(stack: EmbeddedStack) -> Figures:
 
 async def _idle_with_streams(running: Fleet, sessions: list[str]) -> float:
     """The services', the broker's and this process's CPU share with a live stream open on each of
-    `sessions` (nothing to show), once every stream has been quiet past `idle_after_s`."""
-    readers = [RunEventReader(running.settings, session_id=session_id) for session_id in sessions]
-    await asyncio.gather(*(reader.start(start_at=StartAt.NOW) for reader in readers))
-    reading = [asyncio.create_task(_follow(reader)) for reader in readers]
+    `sessions` (nothing to show), read as the gateway reads its SSE clients' (one `EventFeed`), once
+    every stream has been quiet past `idle_after_s`."""
+    feed = EventFeed(running.settings, client_id="bench-streams")
+    streams = [await feed.open(session_id=session_id, start_at=StartAt.NOW) for session_id in sessions]
+    reading = [asyncio.create_task(_follow(stream)) for stream in streams]
     try:
         await asyncio.sleep(IDLE_SETTLE_S)
         before, own = running.cpu(), time.process_time()
@@ -183,15 +185,16 @@ async def _idle_with_streams(running: Fleet, sessions: list[str]) -> float:
         for task in reading:
             task.cancel()
         await asyncio.gather(*reading, return_exceptions=True)
-        await asyncio.gather(*(reader.stop() for reader in readers))
+        for stream in streams:
+            await stream.stop()
     share = 100 * (sum(after.values()) - sum(before.values()) + own) / IDLE_WINDOW_S
     print(f"  with {len(sessions)} live event streams open, nothing to show: {share:.1f} % of one core")
     return share
 
 
-async def _follow(reader: RunEventReader) -> None:
+async def _follow(stream: FedStream) -> None:
     while True:
-        await reader.read(timeout_s=1.0)
+        await stream.read(timeout_s=1.0)
 
 
 async def measure_load(stack: EmbeddedStack) -> Figures:

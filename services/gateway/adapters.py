@@ -14,11 +14,11 @@ from aiokafka.errors import KafkaError
 
 from quipu.contracts.topics import Topic
 from quipu.services.gateway.access import AcceptedRuns, accepted_elsewhere
+from quipu.services.kit.event_feed import EventFeed, FedStream
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.run_events import (
     EventPosition,
     EventStreamError,
-    RunEventReader,
     StartAt,
     StreamedEvent,
     topic_partitions,
@@ -50,7 +50,8 @@ def sse_comment(text: str) -> bytes:
 
 
 class EventStreams:
-    """One `RunEventReader` per SSE connection: opened by the request, closed when the client goes.
+    """One stream per SSE connection, opened by the request and closed when the client goes, all
+    read through one `EventFeed` (one consumer for the gateway's streams, each record opened once).
 
     `close()` ends every open stream (their responses finish), so a server can shut down without
     waiting for clients that never leave.
@@ -66,12 +67,16 @@ class EventStreams:
     ) -> None:
         """`seals` open sealed events for every stream (one key cache for all of them); without
         them each reader builds its own from `KeySettings()`."""
-        self._settings = settings
-        self._seals = seals
+        self._feed = EventFeed(settings, client_id="gateway-events", seals=seals)
         self._keepalive_s = keepalive_s
         self._poll_s = min(poll_s, keepalive_s)
-        self._open: set[RunEventReader] = set()
+        self._open: set[FedStream] = set()
         self._closing = asyncio.Event()
+
+    @property
+    def feed(self) -> EventFeed:
+        """What reads every open stream."""
+        return self._feed
 
     @property
     def open_count(self) -> int:
@@ -80,12 +85,9 @@ class EventStreams:
 
     async def open(
         self, session_id: str, *, after: EventPosition | None = None, start_at: StartAt = StartAt.BEGINNING
-    ) -> RunEventReader:
-        """A started reader of the session's events (raises InvalidPositionError, EventStreamError)."""
-        reader = RunEventReader(
-            self._settings, session_id=session_id, client_id="gateway-events", seals=self._seals
-        )
-        await reader.start(after=after, start_at=start_at)
+    ) -> FedStream:
+        """A started stream of the session's events (raises InvalidPositionError, EventStreamError)."""
+        reader = await self._feed.open(session_id=session_id, after=after, start_at=start_at)
         self._open.add(reader)
         logger.info(
             "event stream opened",
@@ -100,11 +102,11 @@ class EventStreams:
         """A run of the streams keyed `key` (a session id) was just requested: their readers fetch
         with the short wait at once (idle, they may be parked: the run's first events would wait
         for the look-out's fetch)."""
-        for reader in self._open:
-            if reader.key == key:
-                reader.expect_events()
+        for stream in self._open:
+            if stream.key == key:
+                stream.expect_events()
 
-    async def release(self, reader: RunEventReader) -> None:
+    async def release(self, reader: FedStream) -> None:
         """Stop a reader and forget it; safe to call more than once."""
         if reader in self._open:
             self._open.discard(reader)
@@ -115,7 +117,7 @@ class EventStreams:
         """Make every open stream end at its next poll."""
         self._closing.set()
 
-    async def body(self, reader: RunEventReader) -> AsyncIterator[bytes]:
+    async def body(self, reader: FedStream) -> AsyncIterator[bytes]:
         """The SSE body of one connection: events as they arrive, a keep-alive comment when idle.
 
         A client that goes away cancels this generator (Starlette watches for the disconnect);
@@ -188,7 +190,7 @@ class RequestedRuns:
         )
         await consumer.start()
         self._consumer = consumer
-        await asyncio.sleep(0)  # see RunEventReader.start: let the group-less coordinator start
+        await asyncio.sleep(0)  # see run_events.start_stream_consumer: let the coordinator start
         numbers = await topic_partitions(consumer, name)
         if not numbers:
             logger.warning("runs.requested not found: only this copy's accepted runs answer 202")

@@ -9,8 +9,9 @@
     finally:
         await reader.stop()
 
-The gateway's SSE endpoint and `quipu run` both read through this class, so they show the same
-events. Choices, and why (PLATFORM_NOTES):
+`quipu run` and the client read through this class; the gateway's SSE streams are positioned by
+it and then read through one `kit.event_feed.EventFeed`, which shows what this class shows
+(`ShownEvents`, `decode_event`). Choices, and why (PLATFORM_NOTES):
 
 - No consumer group: a group join takes a second or more on Tansu, and a UI stream has no
   offsets to commit. The reader assigns the one partition the stream's key lands on — the key
@@ -140,6 +141,77 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, tries: int = 
     return []
 
 
+def stream_consumer(settings: KafkaSettings, client_id: str) -> AIOKafkaConsumer:
+    """A consumer for live streams: no group (nothing to commit, no join to wait for), positioned
+    by its owner, from the earliest record when a position is gone."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        consumer_timeout_ms=settings.consumer_timeout_ms,
+    )
+
+
+async def start_stream_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Start a `stream_consumer` so that it may be stopped at once."""
+    await consumer.start()
+    # aiokafka's group-less coordinator starts a task in start(); a stop() before that task first
+    # ran raises CancelledError from the middle of stop() and leaks the connections.
+    await asyncio.sleep(0)
+
+
+class ShownEvents:
+    """Which run events a stream shows: its session's (or its sessionless run's), each identity
+    once within the last `DEDUP_WINDOW` (the owner publishes again on an exact retry)."""
+
+    def __init__(self, session_id: str, run_id: str, *, deduplicate: bool = True) -> None:
+        self._session_id = session_id
+        self._run_id = run_id
+        self._deduplicate = deduplicate
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def ours(self, event: RunEvent) -> bool:
+        """Whether `event` is of the stream's session (or sessionless run)."""
+        if self._session_id:
+            return event.session_id == self._session_id
+        return not event.session_id and event.run_id == self._run_id
+
+    def wanted(self, event: RunEvent) -> bool:
+        """Whether the stream shows `event` (remembered as shown when it does)."""
+        if not self.ours(event):
+            return False
+        if not self._deduplicate:
+            return True
+        identity = event.dedup_key()
+        if identity in self._seen:
+            return False
+        self._seen[identity] = None
+        if len(self._seen) > DEDUP_WINDOW:
+            self._seen.popitem(last=False)
+        return True
+
+
+async def decode_event(
+    seals: MessageSeals, topic: str, partition: int, offset: int, value: bytes | None
+) -> RunEvent | None:
+    """The run event a record holds, opened; None (logged, never fatal) when it is not one or its
+    principal was forgotten. EventStreamError when it cannot be opened now (the key channel)."""
+    position = {"topic": topic, "partition": partition, "offset": offset}
+    try:
+        return RunEvent.model_validate_json(await seals.open(value or b""))
+    except MessageErasedError:
+        logger.info("run event of a forgotten principal skipped", **position)
+        return None
+    except (ValidationError, PermanentError) as error:
+        logger.warning("unreadable run event skipped", **position, error=describe_error(error))
+        return None
+    except RetryableError as error:
+        raise EventStreamError(f"{topic}: {describe_error(error)}") from error
+
+
 class RunEventReader:
     """The run events of one session (or of one sessionless run), read live from `runs.events`."""
 
@@ -165,9 +237,8 @@ class RunEventReader:
         self._owns_seals = seals is None
         self._seals = seals if seals is not None else message_seals(KeySettings())
         self._topic = settings.topic_prefix + Topic.RUNS_EVENTS.value
-        self._deduplicate = deduplicate
+        self._shown = ShownEvents(session_id, self.run_id, deduplicate=deduplicate)
         self._client_id = client_id or f"{settings.client_id}-events"
-        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._consumer: AIOKafkaConsumer | None = None
         self._pace: fetch_pace.FetchPace | None = None
         self._partition: TopicPartition | None = None
@@ -202,20 +273,9 @@ class RunEventReader:
         with nothing to show), EventStreamError when the topic cannot be found.
         """
         settings = self._settings
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap,
-            client_id=self._client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=settings.fetch_max_wait_ms,
-            consumer_timeout_ms=settings.consumer_timeout_ms,
-        )
+        self._consumer = stream_consumer(settings, self._client_id)
         try:
-            await self._consumer.start()
-            # aiokafka's group-less coordinator starts a task in start(); a stop() before that task
-            # first ran raises CancelledError from the middle of stop() and leaks the connections.
-            await asyncio.sleep(0)
+            await start_stream_consumer(self._consumer)
             partition = TopicPartition(self._topic, partition_for_key(self.key, await self._partitions()))
             if after is not None and after.partition != partition.partition:
                 # Which partition holds the stream is the broker's business, not the caller's.
@@ -282,8 +342,8 @@ class RunEventReader:
             if record.offset < self._next_offset:
                 continue  # fetched before a seek; never shown
             self._next_offset = record.offset + 1
-            event = await self._decode(record.value, record.offset)
-            if event is not None and self._wanted(event):
+            event = await decode_event(self._seals, self._topic, self.partition, record.offset, record.value)
+            if event is not None and self._shown.wanted(event):
                 streamed.append(StreamedEvent(EventPosition(self._partition.partition, record.offset), event))
         return streamed
 
@@ -292,35 +352,6 @@ class RunEventReader:
         short wait from now on, parked or idle."""
         if self._consumer is not None:
             fetch_pace.expect(self._consumer)
-
-    async def _decode(self, value: bytes | None, offset: int) -> RunEvent | None:
-        position = {"topic": self._topic, "partition": self.partition, "offset": offset}
-        try:
-            return RunEvent.model_validate_json(await self._seals.open(value or b""))
-        except MessageErasedError:
-            logger.info("run event of a forgotten principal skipped", **position)
-            return None
-        except (ValidationError, PermanentError) as error:
-            logger.warning("unreadable run event skipped", **position, error=describe_error(error))
-            return None
-        except RetryableError as error:
-            raise EventStreamError(f"{self._topic}: {describe_error(error)}") from error
-
-    def _wanted(self, event: RunEvent) -> bool:
-        if self.session_id:
-            if event.session_id != self.session_id:
-                return False
-        elif event.session_id or event.run_id != self.run_id:
-            return False
-        if not self._deduplicate:
-            return True
-        identity = event.dedup_key()
-        if identity in self._seen:
-            return False
-        self._seen[identity] = None
-        if len(self._seen) > DEDUP_WINDOW:
-            self._seen.popitem(last=False)
-        return True
 
     async def stop(self) -> None:
         """Close the consumer; safe to call more than once."""

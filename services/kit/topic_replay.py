@@ -66,7 +66,7 @@ async def read_to_end(
     )
     await consumer.start()
     try:
-        await asyncio.sleep(0)  # see RunEventReader.start: let the group-less coordinator start
+        await asyncio.sleep(0)  # see run_events.start_stream_consumer: let the coordinator start
         numbers = await topic_partitions(consumer, physical)
         if not numbers:
             raise TopicMissingError(f"topic {physical} does not exist")

@@ -9,6 +9,7 @@ that speaks the planner's side of the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
+from fastapi import FastAPI
 
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.events import RunEvent, StreamEventType
@@ -25,7 +27,7 @@ from quipu.contracts.runs import CancelRun, RunKind, RunRequested
 from quipu.contracts.topics import TOPICS, Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack
-from quipu.services.gateway.app import EmbeddedServer, create_app
+from quipu.services.gateway.app import EmbeddedServer, create_app, open_streams
 from quipu.services.kit.memory_client import KafkaMemoryStore
 from quipu.services.kit.run_events import RunEventReader, StartAt, StreamedEvent, partition_for_key
 from quipu.services.planner.adapters import SessionOwners
@@ -52,7 +54,7 @@ class Gateway:
     """The app, served on a port, with an in-process client and a network client."""
 
     served: ServedStack
-    app: object
+    app: FastAPI
     server: EmbeddedServer
     asgi: httpx.AsyncClient
     http: httpx.AsyncClient
@@ -366,6 +368,38 @@ async def test_the_stream_and_the_shared_reader_show_the_same_events(gateway: Ga
     assert [(m.id, m.event, m.data) for m in streamed] == [
         (str(s.position), s.event.type.value, s.event.model_dump_json()) for s in read
     ]
+
+
+async def test_the_gateways_streams_are_read_by_one_consumer_each_with_its_own_events(
+    gateway: Gateway,
+) -> None:
+    # Each SSE client had a consumer of its own: a fetch loop each, and every record of a
+    # partition opened once per stream on it.
+    sessions = [await new_session(gateway) for _ in range(2)]
+    sessions.append(neighbour_of(sessions[0]))
+    await gateway.served.store.create_session(sessions[2], utc_now_ms())
+    streams = open_streams(gateway.app)
+    assert streams is not None
+    async with contextlib.AsyncExitStack() as clients:
+        opened = [
+            await clients.enter_async_context(sse(gateway.http, f"/v1/sessions/{session_id}/events?from=now"))
+            for session_id in sessions
+        ]
+        consumer = streams.feed.consumer
+        assert consumer is not None and streams.open_count == 3
+        assert streams.feed.partitions == sorted({partition_for_key(each, PARTITIONS) for each in sessions})
+        events = {
+            session_id: [reply(session_id, "run-1", index) for index in range(2)] for session_id in sessions
+        }
+        await publish_events(
+            gateway, [event for pair in zip(*events.values(), strict=True) for event in pair]
+        )
+        for session_id, stream in zip(sessions, opened, strict=True):
+            assert keys(await stream.take(2)) == [event.event_key for event in events[session_id]]
+            await stream.nothing_more(0.3)
+        assert streams.feed.consumer is consumer
+    await wait_until_no_open_streams(gateway)
+    assert streams.feed.consumer is None
 
 
 async def test_idle_streams_park_and_a_run_requested_for_one_wakes_it_at_once(gateway: Gateway) -> None:
