@@ -252,11 +252,11 @@ class EventFeed:
             stream = FedStream(self, reader, joined_at=offset)
             self._streams[partition] = {stream}
             self._assign()
-            if self._pace is not None:
-                self._pace.wake()  # its first fetch at the short wait: the stream was just opened
         else:
             stream = FedStream(self, reader, joined_at=max(offset, self._next[partition]))
             streams.add(stream)
+        if self._pace is not None:
+            self._pace.wake()  # at the short wait for a while, as a new reader is: it was just opened
         return stream
 
     def _assign(self) -> None:
