@@ -28,10 +28,10 @@ from aiokafka import AIOKafkaProducer
 from bench.fleet import broker_pid
 from bench.run_instruments import process_cpu_s
 from quipu.contracts.events import RunEvent, StreamEventType
-from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
 from quipu.services.kit.event_feed import EventFeed
+from quipu.services.kit.publishing import Outgoing, producer_publisher
 from quipu.services.kit.run_events import RunEventReader, StartAt, StreamedEvent
 from quipu.services.kit.settings import KafkaSettings
 
@@ -116,15 +116,9 @@ async def _delivered(
 
         cpu_before, broker_before, started = time.process_time(), process_cpu_s(broker), time.perf_counter()
         readers = [asyncio.create_task(read_all(stream)) for stream in streams]
-        topic = prefix + Topic.RUNS_EVENTS.value
+        publisher = producer_publisher(producer, settings)  # to runs.events, keyed by session
         for index in range(share):
-            sent = [
-                await producer.send(
-                    topic, _event(session_id, index).model_dump_json().encode(), key=session_id.encode()
-                )
-                for session_id in sessions
-            ]
-            await asyncio.gather(*sent)
+            await publisher.publish_together([Outgoing(_event(session_id, index)) for session_id in sessions])
         await asyncio.wait_for(asyncio.gather(*readers), DEADLINE_S)
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu_before + process_cpu_s(broker) - broker_before

@@ -11,10 +11,11 @@
 
 It does what `quipu run`, `quipu answer` and `quipu cancel` do, with the same pieces: requests
 are built by `quipu.services.domain.run_requests` and published by the one run-request publisher
-(sealed under the person's key when the deployment has a key channel); events are read with the
-`RunEventReader` the gateway's SSE endpoint uses; statuses and transcripts come from the storage
-owner. Every event comes with its `EventPosition`: pass the last one you handled as `after=` to
-pick up where you left off, in this process or another.
+(sealed under the person's key when the deployment has a key channel); events are read as the
+gateway reads its SSE streams (one `EventFeed` a client: one consumer however many streams you
+follow); statuses and transcripts come from the storage owner. Every event comes with its
+`EventPosition`: pass the last one you handled as `after=` to pick up where you left off, in
+this process or another.
 
 Errors are typed: `RequestRefusedError` (the run is not in a state the request applies to),
 `StoreError` (the owner refused, or `UNAVAILABLE`: nothing answered in time), `EventStreamError`
@@ -53,8 +54,9 @@ from quipu.services.domain.run_requests import (
 )
 from quipu.services.domain.store.protocol import Store
 from quipu.services.domain.transcript import build_messages_from_run_log
+from quipu.services.kit.event_feed import EventFeed, FedStream
 from quipu.services.kit.keys import message_seals
-from quipu.services.kit.run_events import EventPosition, RunEventReader, StartAt, StreamedEvent
+from quipu.services.kit.run_events import EventPosition, StartAt, StreamedEvent
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings, StoreClientSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -95,7 +97,7 @@ class RunEvents:
 
     def __init__(
         self,
-        open_reader: Callable[[], Awaitable[RunEventReader]],
+        open_stream: Callable[[EventPosition | None, StartAt], Awaitable[FedStream]],
         *,
         run_id: str = "",
         after: EventPosition | None = None,
@@ -103,8 +105,8 @@ class RunEvents:
         pending_inputs: Callable[[], Awaitable[int]] | None = None,
         poll_s: float = 0.5,
     ) -> None:
-        self._open_reader = open_reader
-        self._reader: RunEventReader | None = None
+        self._open_stream = open_stream
+        self._stream: FedStream | None = None
         self._closed = False
         self._run_id = run_id
         self._after = after
@@ -124,7 +126,7 @@ class RunEvents:
     async def __anext__(self) -> StreamedEvent:
         if self._closed:
             raise StopAsyncIteration
-        reader = self._reader or await self._start()
+        stream = self._stream or await self._start()
         while True:
             while self._buffer:
                 streamed = self._buffer.pop(0)
@@ -141,12 +143,11 @@ class RunEvents:
             if self._questions_deadline is not None and time.monotonic() > self._questions_deadline:
                 await self.aclose()
                 raise StopAsyncIteration
-            self._buffer.extend(await reader.read(timeout_s=self._poll_s))
+            self._buffer.extend(await stream.read(timeout_s=self._poll_s))
 
-    async def _start(self) -> RunEventReader:
-        self._reader = await self._open_reader()
-        await self._reader.start(after=self._after, start_at=self._start_at)
-        return self._reader
+    async def _start(self) -> FedStream:
+        self._stream = await self._open_stream(self._after, self._start_at)
+        return self._stream
 
     def _finished(self) -> bool:
         return bool(self._run_id) and self._phase == StreamEventType.RUN_STREAM_END.value
@@ -169,8 +170,8 @@ class RunEvents:
     async def aclose(self) -> None:
         """Stop reading; safe to call more than once."""
         self._closed = True
-        if self._reader is not None:
-            await self._reader.stop()
+        if self._stream is not None:
+            await self._stream.stop()
 
     async def __aenter__(self) -> Self:
         return self
@@ -217,6 +218,7 @@ class Client:
         settings = store_settings or StoreClientSettings()
         # One key cache for everything this client seals and opens: a key is fetched once per TTL.
         self._seals = message_seals(settings.keys)
+        self._feed = EventFeed(self.kafka, client_id=f"{client_id}-events", seals=self._seals)
         self._owned_store: KafkaStore | None = None
         self._owned_publisher: KafkaRunPublisher | None = None
         if store is None:
@@ -368,12 +370,10 @@ class Client:
     ) -> RunEvents:
         """Every event of the session from `after` (a position, or its text), else from `start_at`."""
 
-        async def open_reader() -> RunEventReader:
-            return RunEventReader(
-                self.kafka, session_id=session_id, client_id=f"{self._client_id}-events", seals=self._seals
-            )
+        async def open_stream(position: EventPosition | None, start: StartAt) -> FedStream:
+            return await self._feed.open(session_id=session_id, after=position, start_at=start)
 
-        return RunEvents(open_reader, after=_position(after), start_at=start_at)
+        return RunEvents(open_stream, after=_position(after), start_at=start_at)
 
     def follow(
         self, run_id: str, *, session_id: str | None = None, after: EventPosition | str | None = None
@@ -384,20 +384,14 @@ class Client:
         (so a run another program published is followed once the planner has started it).
         """
 
-        async def open_reader() -> RunEventReader:
+        async def open_stream(position: EventPosition | None, start: StartAt) -> FedStream:
             session = session_id if session_id is not None else self._sessions.get(run_id)
             if session is None:
                 session = (await self._store.load_run(run_id)).session_id
-            return RunEventReader(
-                self.kafka,
-                session_id=session,
-                run_id=run_id,
-                client_id=f"{self._client_id}-events",
-                seals=self._seals,
-            )
+            return await self._feed.open(session_id=session, run_id=run_id, after=position, start_at=start)
 
         return RunEvents(
-            open_reader,
+            open_stream,
             run_id=run_id,
             after=_position(after),
             pending_inputs=lambda: self.pending_inputs(run_id),

@@ -22,8 +22,8 @@ stream (the next stream starts it again). The consumer is paced as a reader's is
 (kit.fetch_pace, `alone`): idle, it parks; `expect()` (a run of one of its sessions was just
 requested) brings the short wait back.
 
-A stream that falls `MAX_BEHIND` events behind the feed (its client stopped reading), or a broker
-error, ends the stream with `EventStreamError`: the client reconnects from its last position and
+A stream holding `MAX_BEHIND` of its events unread (its client stopped reading), or a broker
+error, ends with `EventStreamError`: the client reconnects from its last position and
 loses nothing.
 """
 
@@ -53,7 +53,8 @@ from quipu.services.kit.run_events import (
 from quipu.services.kit.settings import KafkaSettings, KeySettings
 
 MAX_BEHIND = 10_000
-"""Records a stream may hold unread before it is ended (its client reconnects and reads them)."""
+"""Events of its own a stream may hold unread before it is ended (its client reconnects and reads
+them from its last position)."""
 
 POLL_MS = 1000
 """Longest one read of the feed's consumer waits for records (a stop ends it at once)."""
@@ -100,7 +101,7 @@ class FedStream:
         if streamed is None or not self._shown.ours(streamed.event):
             return
         if len(self._held) >= MAX_BEHIND:
-            self.fail(EventStreamError(f"the stream fell {MAX_BEHIND} events behind its partition"))
+            self.fail(EventStreamError(f"the stream holds {MAX_BEHIND} events its client has not read"))
             return
         self._held.append(streamed)
         self._arrived.set()
@@ -204,6 +205,8 @@ class EventFeed:
                 seals = await self._started()
             except BaseException:
                 self._members -= 1
+                if self._members == 0:
+                    await self._stop()
                 raise
         try:
             reader = RunEventReader(
