@@ -183,10 +183,26 @@ class ReplyClaim:
             await self._consumer.getmany(timeout_ms=timeout_ms)
 
     async def stop(self) -> None:
-        """Leave the group (the partition is free for the next member at once)."""
+        """Leave the group (the partition is free for the next member at once), without waiting
+        for a join under way.
+
+        aiokafka's stop waits for the group coordination it is in the middle of, and on Tansu a
+        join is answered only once the group's rebalance is over: a client stopped within seconds
+        of starting (a CLI command, a short program, a test) waited 5 s for a partition it would
+        never use. The coordination is cancelled first instead; a member that had joined before
+        still leaves the group at once, and one whose first join was under way is dropped by the
+        broker after its session timeout, as a killed client is.
+        """
         if self._polling is not None:
             self._polling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._polling
         if self._consumer is not None:
+            coordinating: asyncio.Task[None] | None = getattr(
+                self._consumer._coordinator, "_coordination_task", None
+            )
+            if coordinating is not None and not coordinating.done():
+                coordinating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await coordinating
             await self._consumer.stop()

@@ -205,3 +205,18 @@ async def test_a_call_that_begins_while_the_client_settles_is_still_fetched(
         finally:
             await producer.stop()
     assert refused.value.code is ErrorCode.SESSION_NOT_FOUND
+
+
+async def test_a_client_stopped_while_its_claim_joins_stops_without_waiting_for_the_join(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # aiokafka's stop waited for the join under way, which Tansu answers only once the group's
+    # rebalance is over: every short-lived client (a CLI command, a test) waited ~5 s to close,
+    # for a partition it would never use.
+    client = KafkaStore(kafka_settings, reply_timeout_s=scaled(5.0))
+    await client.start()
+    claim = client._claim
+    assert claim is not None
+    await client.stop()
+
+    assert claim.partition is None, "the stop waited for the group to give it a partition"
