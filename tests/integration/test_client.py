@@ -126,6 +126,24 @@ async def test_a_turn_is_followed_to_its_end_and_again_from_a_kept_position(clie
     assert [streamed.position for streamed in rest] == positions[3:]
 
 
+async def test_runs_followed_at_once_each_end_with_their_own_events(client: Client) -> None:
+    # One client's streams share one consumer (kit.event_feed): the runs of two sessions, one of
+    # them with a second run behind it, followed together, each to its own end.
+    first, second = new_session(), new_session()
+    run_ids = [
+        await client.run("calculate 6*7", session_id=first, agent_id="clerk"),
+        await client.run("calculate 2*3", session_id=second, agent_id="clerk"),
+    ]
+    followed = await asyncio.gather(*(to_the_end(client.follow(run_id)) for run_id in run_ids))
+    run_ids.append(await client.run("calculate 5*5", session_id=first, agent_id="clerk"))
+    followed.append(await to_the_end(client.follow(run_ids[-1])))
+
+    for run_id, events in zip(run_ids, followed, strict=True):
+        assert {streamed.event.run_id for streamed in events} == {run_id}
+        assert types(events)[-1] is StreamEventType.RUN_STREAM_END
+    assert [(await client.result(run_id)).status for run_id in run_ids] == [RunStatus.COMPLETED] * 3
+
+
 async def test_a_suspended_run_is_answered_and_its_continuation_completes(client: Client) -> None:
     run_id = await client.run("ask me which city", session_id=new_session(), agent_id="clerk")
 
