@@ -66,6 +66,8 @@ class FedStream:
     def __init__(self, feed: EventFeed, reader: RunEventReader, joined_at: int) -> None:
         self.session_id = reader.session_id
         self.run_id = reader.run_id
+        self.key = reader.key
+        """The partition key of the stream's events."""
         self.partition = reader.partition
         self._feed = feed
         self._joined_at = joined_at
@@ -77,11 +79,6 @@ class FedStream:
         self._arrived = asyncio.Event()
         self._error: EventStreamError | None = None
         self._stopped = False
-
-    @property
-    def key(self) -> str:
-        """The partition key of the stream's events."""
-        return self.session_id or self.run_id
 
     @property
     def next_offset(self) -> int:
@@ -149,11 +146,6 @@ class FedStream:
         if reader is not None:
             await reader.stop()
         await self._feed.leave(self)
-
-    @property
-    def stopped(self) -> bool:
-        """Whether `stop()` was called."""
-        return self._stopped
 
 
 class EventFeed:
