@@ -408,23 +408,35 @@ async def test_the_gateways_streams_are_read_by_one_consumer_each_with_its_own_e
 async def test_idle_streams_park_and_a_run_requested_for_one_wakes_it_at_once(gateway: Gateway) -> None:
     # Open, a stream fetched 100 times a second on Tansu whether anything came or not: each idle UI
     # cost the broker ~9 % of a core. Quiet, streams park under the look-out, which wakes them.
+    # The two sessions share a partition: the event for one is fetched by both readers, and each
+    # parks again once its caller has read it (a reader holding records unread must not park).
     settings = gateway.served.kafka.model_copy(update={"idle_after_s": 0.3})
-    sessions = [await new_session(gateway) for _ in range(2)]
+    first = await new_session(gateway)
+    second = next(
+        candidate
+        for candidate in (f"{first}-{index}" for index in range(1000))
+        if partition_for_key(candidate, PARTITIONS) == partition_for_key(first, PARTITIONS)
+    )
+    await gateway.served.store.create_session(second, utc_now_ms())
+    sessions = [first, second]
     readers = [RunEventReader(settings, session_id=session_id) for session_id in sessions]
     await asyncio.gather(*(reader.start(start_at=StartAt.NOW) for reader in readers))
 
-    async def both_parked() -> bool:
+    read: list[StreamedEvent] = []
+
+    async def both_read_and_parked() -> bool:
+        for reader in readers:  # as their callers do
+            read.extend(await reader.read(0))
         return all(_parked(reader) for reader in readers)
 
     try:
-        await eventually(both_parked, within=10)
-        await publish_events(gateway, [reply(sessions[0], "run-1", 0)])
-        read: list[StreamedEvent] = []
+        await eventually(both_read_and_parked, within=10)
+        await publish_events(gateway, [reply(first, "run-1", 0)])
         async with asyncio.timeout(scaled(10)):
             while not read:
                 read += await readers[0].read(0.2)
-        assert [streamed.event.session_id for streamed in read] == [sessions[0]]
-        await eventually(both_parked, within=10)
+        await eventually(both_read_and_parked, within=10)
+        assert [streamed.event.session_id for streamed in read] == [first]
         readers[1].expect_events()
         assert not _parked(readers[1])
     finally:
