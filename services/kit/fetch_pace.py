@@ -66,7 +66,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.logging import get_logger
@@ -181,9 +181,11 @@ class FetchPace:
         if self._looking is not None:
             _done(self._looking)  # look at the short pace from now, not after an idle look's wait
 
-    def own_record(self, partition: TopicPartition, offset: int) -> None:
-        """Its process published the record at `offset` of `partition` (one of its own): fetch it
-        now, and park again once it has handed it out (not woken for `idle_after_s`)."""
+    def due(self, partition: TopicPartition, offset: int) -> None:
+        """The record at `offset` of `partition` is on the broker (its process published it, or the
+        look-out found it): fetch it now, and park again only once it has handed it out. Not from
+        the watermarks of its last fetch: a look before the fetch that brings it has come back
+        would find it read to their end, and park it at the marks the look-out has read past."""
         self._due[partition] = max(offset + 1, self._due.get(partition, 0))
         self._last_news = time.monotonic()
         self._resume()
@@ -431,7 +433,7 @@ class _Lookout:
         if any(pace.in_step for pace in holders):
             self.news()
         for pace in holders:
-            pace.own_record(partition, offset)
+            pace.due(partition, offset)
 
     def own(self, partition: TopicPartition, offsets: range) -> bool:
         """Whether the process published every record at `offsets` of `partition` within
@@ -498,13 +500,14 @@ class _Lookout:
                 continue
             elsewhere = elsewhere or any(pace.in_step for pace in owners)
             for pace in owners:
+                pace.due(partition, max(fresh))
                 pace.wake()
         if elsewhere:
             self.wake_all()
         elif any(pace.in_step for pace, _, _ in own):
             self.news()
         for pace, partition, offset in own:
-            pace.own_record(partition, offset)
+            pace.due(partition, offset)
 
     async def _look(self, bootstrap: str, consumer_timeout_ms: int) -> None:
         consumer = AIOKafkaConsumer(
@@ -551,12 +554,7 @@ class _Lookout:
                 getting.cancel()
         if not getting.done() or getting.cancelled():
             return {}
-        batches = getting.result()
-        return {
-            partition: [record.offset for record in records]
-            for partition, records in batches.items()
-            if records
-        }
+        return follow.read(getting.result())
 
     async def stop(self) -> None:
         """Wake every pace and stop fetching."""
@@ -579,7 +577,8 @@ class _Following:
         self._from: dict[TopicPartition, int] = {}
         """Where each partition was last sought to (a paused one keeps a position: no offset reset)."""
         self._applied: dict[TopicPartition, int] = {}
-        """The partitions fetched now (resumed), each with the mark it was sought to."""
+        """The partitions fetched now (resumed), each with where the consumer stands on it: the mark
+        it was sought to, then past the records read. A mark asked for again is sought again."""
 
     def to(self, marks: dict[TopicPartition, int]) -> None:
         """Fetch exactly the partitions of `marks`, each from its mark (sought once: its position
@@ -601,6 +600,20 @@ class _Following:
                 consumer.seek(partition, mark)
                 consumer.resume(partition)
                 self._applied[partition] = self._from[partition] = mark
+
+    def read(
+        self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+    ) -> dict[TopicPartition, list[int]]:
+        """The offsets of the records of a fetch, by partition (those with records only)."""
+        offsets = {
+            partition: [record.offset for record in records]
+            for partition, records in batches.items()
+            if records
+        }
+        for partition, read in offsets.items():
+            if partition in self._applied:
+                self._applied[partition] = read[-1] + 1
+        return offsets
 
 
 def _done(future: asyncio.Future[None]) -> None:

@@ -429,6 +429,76 @@ async def test_a_record_for_a_parked_consumer_on_call_wakes_it_alone(kafka_setti
             await asyncio.gather(*readers, return_exceptions=True)
 
 
+async def test_a_consumer_on_call_that_parks_again_before_its_fetch_came_back_still_gets_the_record(
+    kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A clean-clone run once left every hostile tool result unread for 90 s: the look-out found
+    # them and woke the planner's results consumer, which parked again one look (10 ms) later,
+    # before its own fetch had come back (a busy box): read to the end of the watermarks it knew,
+    # at the same marks, while the look-out had read past them and fetched on from there.
+    settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
+    received: list[bytes] = []
+
+    async with _paced(
+        settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}
+    ) as paced:
+        on_call = paced.paces[1]
+        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
+        try:
+            for pace in paced.paces:
+                pace.start()
+            await eventually(
+                holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked"
+            )
+            lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+            woken = on_call.wake
+            parked_at_once: list[bool] = []
+
+            def wake_and_look_at_once() -> None:  # its next look, come before its fetch did
+                woken()
+                monkeypatch.setattr(on_call, "wake", woken)
+                lookout.park(on_call)
+                parked_at_once.append(on_call.parked)
+
+            monkeypatch.setattr(on_call, "wake", wake_and_look_at_once)
+            await paced.producer.send_and_wait(paced.partitions[1].topic, b"result", partition=0)
+            await eventually(holds(lambda: received == [b"result"]), within=10, what="the result read")
+            assert parked_at_once == [False]  # the record found is due: it parks once it read it
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def test_the_lookout_fetches_a_partition_from_its_mark_again_once_it_read_past_it(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # It seeks a partition only when its mark changes: a partition it read past and was asked for
+    # again at the same mark (its parked consumer woke and parked again) was fetched on from where
+    # the look-out stood, and the records between were never seen.
+    partition = TopicPartition(kafka_settings.topic_prefix + Topic.RUNS_CONTROL.value, 5)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap, enable_idempotence=False)
+    consumer = _group_less(kafka_settings)
+    await asyncio.gather(producer.start(), consumer.start())
+    follow = fetch_pace._Following(consumer)
+
+    async def offsets_from(mark: int) -> list[int]:
+        follow.to({partition: mark})
+        offsets: list[int] = []
+        async with asyncio.timeout(scaled(10)):
+            while not offsets:
+                offsets = follow.read(await consumer.getmany(timeout_ms=100)).get(partition, [])
+        return offsets
+
+    try:
+        sent = [await producer.send_and_wait(partition.topic, b"x", partition=5) for _ in range(2)]
+        mark = sent[0].offset
+        assert await offsets_from(mark) == [mark, mark + 1]
+        assert await offsets_from(mark) == [mark, mark + 1]
+    finally:
+        await asyncio.gather(producer.stop(), consumer.stop())
+
+
 async def test_a_parked_consumers_fetch_routine_does_not_look_at_its_paused_partitions_five_times_a_second(
     kafka_settings: KafkaSettings,
 ) -> None:
