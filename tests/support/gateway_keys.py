@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,11 @@ class TestKeys:
     __test__ = False  # not a test class, despite its name
 
     def __init__(self, directory: Path | None = None) -> None:
-        self.directory = directory or Path(tempfile.mkdtemp(prefix="quipu-keys-"))
+        if directory is None:
+            directory = Path(tempfile.mkdtemp(prefix="quipu-keys-"))
+            # Its own directory goes with it: every suite run left dozens in /tmp.
+            weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+        self.directory = directory
         self.file = KeyFile(self.directory / "keys.json")
 
     def issue(
