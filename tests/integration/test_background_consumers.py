@@ -437,37 +437,26 @@ async def test_a_consumer_on_call_that_parks_again_before_its_fetch_came_back_st
     # before its own fetch had come back (a busy box): read to the end of the watermarks it knew,
     # at the same marks, while the look-out had read past them and fetched on from there.
     settings = kafka_settings.model_copy(update={"idle_after_s": 1.0})
-    received: list[bytes] = []
-
-    async with _paced(
-        settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}
-    ) as paced:
+    async with (
+        _paced(settings, Topic.RUNS_CONTROL, Topic.TOOLS_RESULTS, on_call={Topic.TOOLS_RESULTS}) as paced,
+        _reading(paced) as received,
+    ):
         on_call = paced.paces[1]
-        readers = [asyncio.create_task(_read(consumer, received)) for consumer in paced.consumers]
-        try:
-            for pace in paced.paces:
-                pace.start()
-            await eventually(
-                holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked"
-            )
-            lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
-            woken = on_call.wake
-            parked_at_once: list[bool] = []
+        await eventually(holds(lambda: all(pace.parked for pace in paced.paces)), within=10, what="parked")
+        lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+        woken = on_call.wake
+        parked_at_once: list[bool] = []
 
-            def wake_and_look_at_once() -> None:  # its next look, come before its fetch did
-                woken()
-                monkeypatch.setattr(on_call, "wake", woken)
-                lookout.park(on_call)
-                parked_at_once.append(on_call.parked)
+        def wake_and_look_at_once() -> None:  # its next look, come before its fetch did
+            woken()
+            monkeypatch.setattr(on_call, "wake", woken)
+            lookout.park(on_call)
+            parked_at_once.append(on_call.parked)
 
-            monkeypatch.setattr(on_call, "wake", wake_and_look_at_once)
-            await paced.producer.send_and_wait(paced.partitions[1].topic, b"result", partition=0)
-            await eventually(holds(lambda: received == [b"result"]), within=10, what="the result read")
-            assert parked_at_once == [False]  # the record found is due: it parks once it read it
-        finally:
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
+        monkeypatch.setattr(on_call, "wake", wake_and_look_at_once)
+        await paced.producer.send_and_wait(paced.partitions[1].topic, b"result", partition=0)
+        await eventually(holds(lambda: received == [b"result"]), within=10, what="the result read")
+        assert parked_at_once == [False]  # the record found is due: it parks once it read it
 
 
 async def test_the_lookout_fetches_a_partition_from_its_mark_again_once_it_read_past_it(
