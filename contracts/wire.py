@@ -14,7 +14,8 @@ from pydantic import BeforeValidator, PlainSerializer
 def format_timestamp(value: datetime) -> str:
     """RFC 3339 UTC with three fractional digits; a sub-millisecond part is kept so it can be refused."""
     utc = value.astimezone(UTC)
-    base = utc.strftime("%Y-%m-%dT%H:%M:%S")
+    # Fields, not strftime: every record and event is stamped, and strftime cost twice as much.
+    base = f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}"
     if utc.microsecond % 1000:
         return f"{base}.{utc.microsecond:06d}Z"
     return f"{base}.{utc.microsecond // 1000:03d}Z"

@@ -8,6 +8,7 @@ the owner's own replies topic, never a topic.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from quipu.contracts.commands import (
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.memory import MemoryScope
 from quipu.contracts.memory_commands import ListFacts
+from quipu.contracts.wire import format_timestamp
 from quipu.services.kit.delivery import describe
 from quipu.services.storage_owner.logic import reply_partition
 from tests.conformance.builders import ms, ordinary, run_start
@@ -85,6 +87,20 @@ def test_trailing_zeros_beyond_the_millisecond_are_the_same_instant(
     command = STRICT_COMMAND.validate_json(json.dumps(_create(created_at=created_at)).encode())
     assert isinstance(command, CreateSession)
     assert command.created_at.microsecond == millisecond * 1000
+
+
+@pytest.mark.parametrize(
+    ("instant", "written"),
+    [
+        (datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC), "2026-01-02T03:04:05.678Z"),
+        (datetime(2026, 1, 2, 0, 30, tzinfo=timezone(timedelta(hours=2))), "2026-01-01T22:30:00.000Z"),
+        (datetime(2026, 1, 2, 3, 4, 5, 7, tzinfo=UTC), "2026-01-02T03:04:05.000007Z"),
+        # RFC 3339 years have four digits; strftime wrote this one as "5-01-02".
+        (datetime(5, 1, 2, tzinfo=UTC), "0005-01-02T00:00:00.000Z"),
+    ],
+)
+def test_a_timestamp_is_written_in_rfc_3339_utc_with_milliseconds(instant: datetime, written: str) -> None:
+    assert format_timestamp(instant) == written
 
 
 # --- one strictness for the whole command ---------------------------------------------------------
