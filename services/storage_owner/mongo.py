@@ -51,6 +51,9 @@ class TransactionPolicy:
     with `--sync-on-commit` wherever durability matters (120/120)."""
     read_concern: ReadConcern = field(default_factory=lambda: ReadConcern("snapshot"))
     """Every read of an operation sees one snapshot."""
+    single_read_concern: ReadConcern = field(default_factory=lambda: ReadConcern("majority"))
+    """The reads of an operation applied outside any transaction (`TransactionLoop.read`): each
+    sees what a majority committed, as the operations it follows committed it."""
     max_attempts: int = 12
     """Tries of one operation that keeps meeting other writers, before UNAVAILABLE."""
     commit_attempts: int = 3
@@ -158,7 +161,9 @@ class TransactionLoop(Generic[X]):
         """Whether operations that arrive together share a transaction."""
         return self._policy.group_max > 1
 
-    def _open(self, session: AsyncClientSession) -> X:
+    def _open(self, session: AsyncClientSession, *, reading: bool = False) -> X:
+        """The operation's transaction object on `session` (`reading`: outside any transaction,
+        its collections read with `TransactionPolicy.single_read_concern`)."""
         raise NotImplementedError
 
     def _close(self, transaction: X) -> None:
@@ -262,6 +267,23 @@ class TransactionLoop(Generic[X]):
                 for transaction in opened:
                     self._close(transaction)
         return outcomes
+
+    async def read(self, operation: Callable[[X], Awaitable[T]]) -> T:
+        """Apply a read-only `operation` outside any transaction: its reads do not share a
+        snapshot and nothing is committed, one round trip fewer than a transaction (a read-only
+        one still pays its commit: ~0.7 ms of a 1.8 ms read of two documents on SecantusDB). For
+        the operations whose answer one snapshot would not change (one document, or rows only
+        ever appended); never grouped, it waits for no group. A read the driver could not retry
+        is UNAVAILABLE."""
+        try:
+            async with self._client.start_session(causal_consistency=False) as session:
+                transaction = self._open(session, reading=True)
+                try:
+                    return await operation(transaction)
+                finally:
+                    self._close(transaction)
+        except PyMongoError as error:
+            raise unavailable(error) from error
 
     async def _alone(self, operation: Callable[[X], Awaitable[T]]) -> T:
         policy = self._policy

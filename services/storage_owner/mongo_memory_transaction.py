@@ -529,10 +529,11 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
     ) -> None:
         super().__init__(client, policy)
         self._collections = _Collections(database)
+        self._reading = _Collections(database.with_options(read_concern=self._policy.single_read_concern))
         self._keyring = keyring
 
-    def _open(self, session: AsyncClientSession) -> MongoMemoryTransaction:
-        return MongoMemoryTransaction(self._collections, session, self._keyring)
+    def _open(self, session: AsyncClientSession, *, reading: bool = False) -> MongoMemoryTransaction:
+        return MongoMemoryTransaction(self._reading if reading else self._collections, session, self._keyring)
 
     async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
         return await self.run_transaction(operation)
@@ -540,3 +541,7 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
     async def run_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
         """`run` with the MongoDB transaction itself (for what only this backend does: shredding)."""
         return await self.run_transaction(operation)
+
+    async def read_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
+        """`read` with the MongoDB transaction object itself."""
+        return await super().read(operation)

@@ -557,13 +557,15 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
     ) -> None:
         super().__init__(client, policy)
         self._collections = _Collections(database)
+        self._reading = _Collections(database.with_options(read_concern=self._policy.single_read_concern))
         # Grouped, no turns: a group holding one session's turn could wait for another's (the
         # owner's consumer keeps each session's commands in order; the database decides the rest).
         self._turns = None if self.grouping else KeyedTurns()
         self._keyring = keyring
 
-    def _open(self, session: AsyncClientSession) -> MongoTransaction:
-        return MongoTransaction(self._collections, session, self._turns, self._keyring)
+    def _open(self, session: AsyncClientSession, *, reading: bool = False) -> MongoTransaction:
+        collections = self._reading if reading else self._collections
+        return MongoTransaction(collections, session, self._turns, self._keyring)
 
     def _close(self, transaction: MongoTransaction) -> None:
         transaction.end_turn()

@@ -68,14 +68,22 @@ class WordsRead:
 
     async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
         """`operation` in one transaction of the store, noting whose keys opened what it read."""
+        return await self._transactions.run_mongo(self._noting(operation))
 
+    async def read(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
+        """`operation` read outside a transaction, noting whose keys opened what it read."""
+        return await self._transactions.read_mongo(self._noting(operation))
+
+    def _noting(
+        self, operation: Callable[[MemoryTransaction], Awaitable[T]]
+    ) -> Callable[[MongoMemoryTransaction], Awaitable[T]]:
         async def noting(transaction: MongoMemoryTransaction) -> T:
             result = await operation(transaction)
             # Replaced, not added to: an attempt retried whole (a conflict) reads everything anew.
             self.people = set(transaction.opened_for)
             return result
 
-        return await self._transactions.run_mongo(noting)
+        return noting
 
 
 class TheirPerson:

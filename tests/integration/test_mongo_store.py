@@ -174,6 +174,23 @@ async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, d
         await client.close()
 
 
+async def test_a_sessions_status_is_read_without_a_transaction(stack: EmbeddedStack, database: str) -> None:
+    # The owner check of every turn: one document, whose transaction paid a commit for nothing.
+    log = CommandLog()
+    client = client_on(stack.mongo_uri, event_listeners=[log])
+    try:
+        store = await MongoStore.open(client, database)
+        session_id = await open_session(store)
+        log.commands.clear()
+        assert (await store.load_session_status(session_id)).session_id == session_id
+        assert [name for name, _ in log.commands] == ["find"]
+        [(_, command)] = log.commands
+        assert "startTransaction" not in command and command.get("readConcern") == {"level": "majority"}
+        await refused(ErrorCode.SESSION_NOT_FOUND, store.load_session_status("no-such-session"))
+    finally:
+        await client.close()
+
+
 async def test_indexes_exist_on_every_collection_that_is_queried(store: MongoStore) -> None:
     names = {
         collection: {index["name"] async for index in await store.database[collection].list_indexes()}

@@ -200,6 +200,9 @@ class _MemoryTransactions:
         async with self._lock:
             return await operation(self._transaction)
 
+    async def read(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
+        return await self.run(operation)
+
 
 class InMemoryMemoryStore(MemoryRules):
     """The `MemoryStore` for unit tests and single-process use; state lives as long as the object."""

@@ -183,14 +183,15 @@ class MemoryRules:
             raise invalid(f"count must be between 0 and {MAX_HISTORY_PAGE}")
         if count == 0:
             return []
-        return await self._transactions.run(lambda tx: tx.history_tail(session_id, count))
+        # The session's last row, then rows only ever appended (a forget erases them whole).
+        return await self._transactions.read(lambda tx: tx.history_tail(session_id, count))
 
     # -- summaries -----------------------------------------------------------------------------
 
     async def load_summary(self, session_id: str) -> SessionSummary | None:
         """The rolling summary or None."""
         require_id("session_id", session_id)
-        return await self._transactions.run(lambda tx: tx.load_summary(session_id))
+        return await self._transactions.read(lambda tx: tx.load_summary(session_id))  # one document
 
     async def save_summary(self, summary: SessionSummary) -> SessionSummary:
         """Conditional save: version = stored + 1 (first = 1), cursor moves strictly forward and

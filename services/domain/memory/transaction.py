@@ -160,3 +160,8 @@ class MemoryTransactionRunner(Protocol):
     async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
         """Apply `operation` in one transaction and return its result."""
         ...
+
+    async def read(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
+        """Apply a read-only `operation` whose reads need not share one snapshot (a single
+        document, or rows only ever appended): a backend may run it outside any transaction."""
+        ...

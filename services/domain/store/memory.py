@@ -101,6 +101,9 @@ class _MemoryTransactions:
         async with self._lock:
             return await operation(self._transaction)
 
+    async def read(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+        return await self.run(operation)
+
 
 class InMemoryStore(RuleStore):
     """The `Store` for unit tests and single-process use; state lives as long as the object."""

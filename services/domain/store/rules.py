@@ -191,7 +191,7 @@ class RuleStore:
         async def apply(tx: StoreTransaction) -> Session:
             return (await self._session(tx, session_id)).session
 
-        return await self._transactions.run(apply)
+        return await self._transactions.read(apply)  # one document
 
     async def purge_session(self, session_id: str) -> None:
         require_id("session_id", session_id)

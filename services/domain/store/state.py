@@ -162,3 +162,8 @@ class TransactionRunner(Protocol):
     async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
         """Apply `operation` in one transaction and return its result."""
         ...
+
+    async def read(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
+        """Apply a read-only `operation` whose reads need not share one snapshot (a single
+        document, or rows only ever appended): a backend may run it outside any transaction."""
+        ...
