@@ -155,8 +155,8 @@ def _follows(previous: Document, document: Document) -> bool:
 
 
 def _ranges(documents: list[Document]) -> list[Document]:
-    """One record's documents as the documents to insert: consecutive records of one run in one
-    range document (one insert, one entry of each index, instead of one a record), each range
+    """What to insert for `documents` (one a record, in order): consecutive records of one run in
+    one range document (one insert, one entry of each index, instead of one a record), each range
     at most `MAX_RANGE_RECORDS` records and 16 MiB; a record alone keeps its own document."""
     groups: list[list[Document]] = []
     for document in documents:
@@ -197,7 +197,7 @@ def _range_document(group: list[Document]) -> Document:
 
 
 def _rows(document: Document) -> list[Document]:
-    """A stored document as one record's documents (a range's records, else itself)."""
+    """A stored document as its records' documents, one a record (a range's, else itself)."""
     records = document.get("records")
     if records is None:
         return [document]
