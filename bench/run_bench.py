@@ -56,6 +56,9 @@ and `run_kafka_requests_per_run` over the sequential runs, `run_kafka_fetches_pe
 over the 50 sessions. Exact counts, but a waiting consumer fetches every `fetch_max_wait_ms`
 (Tansu), so a run that takes longer on a busy box sends more: compare them side by side.
 `python -m bench.run_bench --profile` also runs 20 sequential runs under cProfile (CPU time).
+`run_bench_box_ms`: what a fixed piece of pure-Python work took this process, before and after
+the sequential runs (the larger): on a shared machine every span of a run moves with it, so
+figures of two benches compare only at a like figure (bench/run_instruments.box_ms).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from bench.kafka_requests.sitecustomize import count_requests
-from bench.run_instruments import STARTED, Span, progress, quantile, to_ms
+from bench.run_instruments import STARTED, Span, box_ms, progress, quantile, to_ms
 from bench.run_system import ANSWER_TEXT, TEXT, Run, System, raw_hops, replay, started_system
 from quipu.contracts.commands import AppendRunRecords
 from quipu.deploy.local.stack import EmbeddedStack
@@ -323,7 +326,9 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
             hops_idle = await raw_hops(system.settings, RAW_HOPS, IDLE_GAP_S)
             hops_back_to_back = await raw_hops(system.settings, RAW_HOPS, 0.0)
             progress("raw hops")
+            box = [box_ms()]
             sequential = await _sequential(system, SEQUENTIAL_RUNS, requests)
+            box.append(box_ms())
             paths = _paths(system, sequential.runs)
             progress("sequential runs")
             answers = PathFigures.of(
@@ -383,6 +388,7 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
         "run_cpu_ms_all_processes_50_sessions": to_ms(all_cpu_per_run),
         "runs_per_s_cpu_bound_50_sessions": (os.cpu_count() or 1) / all_cpu_per_run,
         "run_bench_load_avg_1m": max(load),
+        "run_bench_box_ms": max(box),
     }
 
 

@@ -28,6 +28,25 @@ def progress(step: str) -> None:
     print(f"  [{time.perf_counter() - STARTED[0]:6.1f} s] {step} done", file=sys.stderr, flush=True)
 
 
+def box_ms() -> float:
+    """Milliseconds this process takes for one fixed piece of pure-Python work (the median of
+    five). On this kind of machine the same tree runs every span of a run up to ~1.5x slower from
+    one bench to the next, all at once: two runs' figures compare through this one."""
+
+    def work() -> int:
+        total = 0
+        for index in range(200_000):
+            total += index * index % 7
+        return total
+
+    times: list[float] = []
+    for _ in range(5):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[2]
+
+
 def to_ms(seconds: float) -> float:
     return seconds * 1000.0
 
