@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -44,7 +45,7 @@ def box_ms() -> float:
         started = time.perf_counter()
         work()
         times.append(time.perf_counter() - started)
-    return 1000 * sorted(times)[2]
+    return 1000 * statistics.median(times)
 
 
 def to_ms(seconds: float) -> float:

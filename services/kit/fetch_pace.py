@@ -610,9 +610,9 @@ class _Following:
             for partition, records in batches.items()
             if records
         }
-        for partition, read in offsets.items():
+        for partition, found in offsets.items():
             if partition in self._applied:
-                self._applied[partition] = read[-1] + 1
+                self._applied[partition] = found[-1] + 1
         return offsets
 
 

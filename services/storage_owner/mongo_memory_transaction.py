@@ -541,7 +541,3 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
     async def run_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
         """`run` with the MongoDB transaction itself (for what only this backend does: shredding)."""
         return await self.run_transaction(operation)
-
-    async def read_mongo(self, operation: Callable[[MongoMemoryTransaction], Awaitable[T]]) -> T:
-        """`read` with the MongoDB transaction object itself."""
-        return await super().read(operation)

@@ -126,12 +126,14 @@ def _opened(key: bytes | None, sealed: bytes, context: str) -> bytes:
         raise StoreError(ErrorCode.UNAVAILABLE, str(error)) from error
 
 
-def _refuse_too_large(document: Document) -> None:
+def _refuse_too_large(document: Document) -> int:
     """DocumentTooLarge before sending a document over MongoDB's 16 MiB limit: the database's own
     refusal comes back as an error whose message pymongo formats with the whole document in it,
-    which held the owner's event loop for seconds."""
-    if len(bson.encode(document)) > _MAX_BSON_SIZE:
+    which held the owner's event loop for seconds. Returns the document's BSON size."""
+    size = len(bson.encode(document))
+    if size > _MAX_BSON_SIZE:
         raise DocumentTooLarge("a record or run is over the 16 MiB BSON document limit")
+    return size
 
 
 MAX_RANGE_RECORDS = 128
@@ -159,24 +161,30 @@ def _ranges(documents: list[Document]) -> list[Document]:
     one range document (one insert, one entry of each index, instead of one a record), each range
     at most `MAX_RANGE_RECORDS` records and 16 MiB; a record alone keeps its own document."""
     groups: list[list[Document]] = []
+    sizes: list[int] = []
     for document in documents:
-        _refuse_too_large(document)
+        size = _refuse_too_large(document)
         group = groups[-1] if groups else None
         if group is not None and len(group) < MAX_RANGE_RECORDS and _follows(group[-1], document):
             group.append(document)
+            sizes[-1] += size
         else:
             groups.append([document])
-    return [ranged for group in groups for ranged in _fitted(group)]
+            sizes.append(size)
+    return [ranged for group, size in zip(groups, sizes, strict=True) for ranged in _fitted(group, size)]
 
 
-def _fitted(group: list[Document]) -> list[Document]:
+def _fitted(group: list[Document], singles_size: int) -> list[Document]:
+    """`group` in range documents that fit; `singles_size`, at least its records' documents' sizes
+    summed. A range holds each record once (less the fields they share) and its key once more, so
+    it is under twice that: under a third of the limit it fits without being encoded to measure."""
     if len(group) == 1:
         return group
     document = _range_document(group)
-    if len(bson.encode(document)) <= _MAX_BSON_SIZE:
+    if singles_size <= _MAX_BSON_SIZE // 3 or len(bson.encode(document)) <= _MAX_BSON_SIZE:
         return [document]
     half = len(group) // 2
-    return _fitted(group[:half]) + _fitted(group[half:])
+    return _fitted(group[:half], singles_size) + _fitted(group[half:], singles_size)
 
 
 def _range_document(group: list[Document]) -> Document:

@@ -72,7 +72,7 @@ class WordsRead:
 
     async def read(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
         """`operation` read outside a transaction, noting whose keys opened what it read."""
-        return await self._transactions.read_mongo(self._noting(operation))
+        return await self._transactions.read(self._noting(operation))
 
     def _noting(
         self, operation: Callable[[MemoryTransaction], Awaitable[T]]
