@@ -225,13 +225,16 @@ class KafkaSettings(QuipuSettings):
         description="How long a consumer sees no new record before it fetches with the idle wait.",
     )
     own_record_within_s: float = Field(
-        default=0.05,
+        default=5.0,
         gt=0,
         description=(
             "A record this process published, seen by a consumer of the process within this long, "
             "is the process's own: it wakes only the consumers holding its partition, which park "
             "again once they have handed it out (kit.fetch_pace). Any other record is from "
-            "elsewhere and wakes every consumer of the process. Only used on Tansu."
+            "elsewhere and wakes every consumer of the process. A partition and offset are the "
+            "process's own whatever their age, so this only bounds what is remembered; it must "
+            "outlast how late a consumer compares its marks (a look every 50 ms, longer on a busy "
+            "machine: at 50 ms the process's own records were taken for others'). Only used on Tansu."
         ),
     )
     consumer_timeout_ms: int = Field(

@@ -587,6 +587,22 @@ async def test_a_record_the_process_publishes_wakes_only_the_consumer_holding_it
         await eventually(holds(lambda: not holder.parked and not other.parked), within=10, what="both woken")
 
 
+async def test_a_record_the_process_published_is_its_own_when_a_consumer_looks_late(
+    kafka_settings: KafkaSettings,
+) -> None:
+    # A consumer compares its marks every 50 ms, later on a busy machine; with 50 ms remembered,
+    # the owner's consumer took one of its process's own records for another's and woke every
+    # consumer of the process for idle_after_s (a clean-clone run failed on that: the other
+    # consumer of the test below woke). An offset published here is this process's whatever its age.
+    async with _holder_and_other(kafka_settings) as pair:
+        lookout = fetch_pace._LOOKOUTS[asyncio.get_running_loop()]
+        partition = pair.paced.partitions[0]
+        await pair.publisher.publish(CancelRun(run_id="r-late", session_id="s-1"), partition=0)
+        [(offset, at)] = list(lookout._own[partition].items())[-1:]
+        lookout._own[partition][offset] = at - 1.0  # as a look a second late finds it
+        assert lookout.own(partition, range(offset, offset + 1))
+
+
 async def test_after_a_quiet_spell_a_record_the_process_publishes_wakes_only_its_holder(
     kafka_settings: KafkaSettings,
 ) -> None:
