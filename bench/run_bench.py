@@ -306,6 +306,13 @@ def _breakdown(system: System, paths: list[tuple[Run, list[Span]]]) -> dict[str,
         rows["  answer-text publishes (awaited)"].append(publishes)
         rows["  planner, other"].append(sum(gaps) - tool - model)
         rows["terminal command -> event"].append(end - last.started)
+        closing = _within(system.owner_spans, last.started, end)
+        if closing:
+            rows["  command -> its backend call starts"].append(closing[0].started - last.started)
+            rows["  inside RecordRunTerminal's backend call"].append(
+                sum(backend.duration for backend in closing)
+            )
+            rows["  backend done -> event read"].append(end - closing[-1].ended)
     return {name: to_ms(statistics.mean(values)) for name, values in rows.items()}
 
 

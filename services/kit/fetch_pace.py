@@ -25,13 +25,14 @@ have seen it. A consumer that still holds records it has not handed out (its han
 not paused: they would wait for the next record.
 
 A record a service of the process publishes (kit.publishing calls `published`) wakes the
-consumers of the process holding its partition, and only them: each fetches it at once (it is on
-the broker already), and parks again on its own once it has handed it out. Which records are the
+consumers of the process holding its partition, and only them: each is handed it (kit.handover:
+no fetch) when it stands at it, else fetches it at once (it is on the broker already), and parks
+again on its own once it has handed it out. Which records are the
 process's own is known exactly (partition and offset, from the broker's acknowledgement); a
 record a consumer sees that the process did not publish within `KafkaSettings.own_record_within_s`
 of seeing it counts as from elsewhere. On a run's path inside one process (`quipu up`, the run
-bench) every hop is then one fetch of the consumer it is for, instead of every consumer of the
-process fetching every 10 ms for as long as runs go on.
+bench) every hop is then a hand-over, or one fetch of the consumer it is for, instead of every
+consumer of the process fetching every 10 ms for as long as runs go on.
 
 A consumer on call (`on_call`: the planner's tool results) gets its records when its service
 expects them, and says so (`expect(consumer)`, once it sent what they answer). It fetches while
@@ -68,7 +69,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from quipu.services.kit import handover
 from quipu.services.kit.consumers import stop_consumer
+from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.logging import get_logger
 from quipu.services.kit.settings import KafkaSettings
 
@@ -416,9 +419,9 @@ class _Lookout:
             if pace.in_step:
                 pace.wake()
 
-    def published(self, partition: TopicPartition, offset: int) -> None:
+    def published(self, partition: TopicPartition, offset: int, record: HandedRecord | None) -> None:
         """The process published the record at `offset` of `partition`: the paces holding that
-        partition fetch it, and no other wakes for it."""
+        partition are handed it (`record`) or fetch it, and no other wakes for it."""
         holders = [pace for pace in list(self.paces) if partition in pace.consumer.assignment()]
         if not holders:
             return
@@ -433,7 +436,9 @@ class _Lookout:
         if any(pace.in_step for pace in holders):
             self.news()
         for pace in holders:
-            pace.due(partition, offset)
+            pace.due(partition, offset)  # resumes it, parked or not: a paused partition is not handed to
+            if record is not None:
+                handover.hand(pace.consumer, partition, offset, record)
 
     def own(self, partition: TopicPartition, offsets: range) -> bool:
         """Whether the process published every record at `offsets` of `partition` within
@@ -645,16 +650,17 @@ def expect(consumer: AIOKafkaConsumer | None, records: int = 1) -> None:
             pace.expect(records)
 
 
-def published(topic: str, partition: int, offset: int) -> None:
+def published(topic: str, partition: int, offset: int, record: HandedRecord | None = None) -> None:
     """A service of this process published the record at `offset` of `topic`'s `partition` (the
-    broker holds it): the consumers of the process holding that partition fetch it now, and it
-    wakes no other (kit.publishing calls this for every record it sends)."""
+    broker holds it): the consumers of the process holding that partition are handed it
+    (`record`, kit.handover) or fetch it now, and it wakes no other (kit.publishing calls this for
+    every record it sends)."""
     loop = asyncio.get_running_loop()
     lookout = _LOOKOUTS.get(loop)
     if lookout is not None:
-        lookout.published(TopicPartition(topic, partition), offset)
+        lookout.published(TopicPartition(topic, partition), offset, record)
     for heard in list(_LISTENERS.get(loop, {}).get(topic, ())):
-        heard(partition, offset)
+        heard(partition, offset, record)
 
 
 def holds(topic: str, partition: int) -> bool:
@@ -667,8 +673,9 @@ def holds(topic: str, partition: int) -> bool:
     return any(wanted in pace.consumer.assignment() for pace in list(lookout.paces))
 
 
-Heard = Callable[[int, int], None]
-"""Told of a record this process published on a topic listened to: its partition and offset."""
+Heard = Callable[[int, int, "HandedRecord | None"], None]
+"""Told of a record this process published on a topic listened to: its partition and offset, and
+the record when it may be handed over (kit.handover)."""
 
 _LISTENERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Heard]]] = (
     weakref.WeakKeyDictionary()

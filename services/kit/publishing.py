@@ -22,6 +22,7 @@ name; `broker_may_take_again`).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +37,7 @@ from quipu.contracts.errors import QuipuError
 from quipu.contracts.topics import UnroutablePayloadError, spec_for
 from quipu.services.kit import fetch_pace
 from quipu.services.kit.delivery import broker_may_take_again
+from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.keys import MessageSeals
 from quipu.services.kit.settings import KafkaSettings
 
@@ -52,14 +54,22 @@ class PublishError(QuipuError):
         self.retryable = broker_may_take_again(error)
 
 
+@dataclass(frozen=True)
+class Queued:
+    """A record the producer took: what resolves to the broker's `RecordMetadata` (where it put
+    the record) once the broker has taken it, and the headers the record carries there."""
+
+    acknowledged: Awaitable[object]
+    headers: tuple[tuple[str, bytes], ...]
+
+
 class Send(Protocol):
-    """Hands one record to the producer and returns once it is queued, with what resolves to the
-    broker's `RecordMetadata` (where it put the record) once the broker has taken it. Records of
-    one partition are sent in the order they were queued."""
+    """Hands one record to the producer and returns once it is queued (`Queued`). Records of one
+    partition are sent in the order they were queued."""
 
     def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> Awaitable[Awaitable[object]]: ...
+    ) -> Awaitable[Queued]: ...
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,21 @@ class Outgoing:
     within: str | None = None
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """What a record carries to the broker."""
+
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+    def acknowledged(self, where: RecordMetadata) -> HandedRecord | None:
+        """The record as the broker keeps it (None when the broker told no create time)."""
+        if where.timestamp is None or where.timestamp < 0:
+            return None
+        return HandedRecord(self.key, self.value, self.headers, where.timestamp)
+
+
 class TopicPublisher:
     """Publishes registry payloads through one producer, within one deployment's topics."""
 
@@ -80,6 +105,8 @@ class TopicPublisher:
         """`seals` seal the words of payloads that name `sealed_for` (quipu.contracts.sealed)."""
         self._prefix = settings.topic_prefix
         self._send = send
+        # Handed to a consumer of this process only once every in-sync replica has it (kit.handover).
+        self._hand = settings.acks == "all"
         self._seals = seals or MessageSeals(None)
 
     def topic_of(self, message: BaseModel) -> str:
@@ -139,22 +166,18 @@ class TopicPublisher:
         ]
         bodies = [await self._seals.encode(each.message) for each in messages]  # KeyUnavailableError
         queued: list[Awaitable[object]] = []
+        records: list[_Sent] = []
         refused: tuple[str, KafkaError] | None = None
         for topic, spec, each, body in zip(topics, specs, messages, bodies, strict=True):
+            key = spec.key_for(each.message)
             try:
-                queued.append(
-                    await self._send(
-                        topic,
-                        body,
-                        key=spec.key_for(each.message),
-                        partition=each.partition,
-                        headers=each.headers,
-                    )
-                )
+                taken = await self._send(topic, body, key=key, partition=each.partition, headers=each.headers)
             except KafkaError as error:
                 refused = (topic, error)
                 break
-        return asyncio.ensure_future(_acknowledged(topics, queued, refused))
+            queued.append(taken.acknowledged)
+            records.append(_Sent(key, body, taken.headers))
+        return asyncio.ensure_future(_acknowledged(topics, queued, records if self._hand else None, refused))
 
 
 def taken() -> Awaitable[None]:
@@ -174,16 +197,21 @@ async def all_taken(acknowledgements: Sequence[Awaitable[None]]) -> None:
 
 
 async def _acknowledged(
-    topics: Sequence[str], queued: Sequence[Awaitable[object]], refused: tuple[str, KafkaError] | None
+    topics: Sequence[str],
+    queued: Sequence[Awaitable[object]],
+    records: Sequence[_Sent] | None,
+    refused: tuple[str, KafkaError] | None,
 ) -> None:
     """Wait for every acknowledgement of `queued` (sent to `topics`, in order); each record taken
-    is reported to the process's fetch pace; the first refusal (`refused`: the producer's, as the
-    records were queued) is raised once all are settled."""
+    is reported to the process's fetch pace, with what was sent when it may be handed over
+    (`records`); the first refusal (`refused`: the producer's, as the records were queued) is
+    raised once all are settled."""
     failure: tuple[str, BaseException] | None = refused
     results = await asyncio.gather(*queued, return_exceptions=True)
-    for topic, sent in zip(topics, results, strict=False):
+    for index, (topic, sent) in enumerate(zip(topics, results, strict=False)):
         if isinstance(sent, RecordMetadata):
-            fetch_pace.published(sent.topic, sent.partition, sent.offset)
+            record = records[index].acknowledged(sent) if records is not None else None
+            fetch_pace.published(sent.topic, sent.partition, sent.offset, record)
         elif isinstance(sent, BaseException) and failure is None:
             failure = (topic, sent)
     if failure is not None:
@@ -208,10 +236,21 @@ def broker_publisher(
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> Awaitable[RecordMetadata]:
-        return await broker.publish(
-            body, topic=topic, key=key, partition=partition, headers=dict(headers) or None, no_confirm=True
+    ) -> Queued:
+        correlation_id = str(uuid.uuid4())
+        acknowledged = await broker.publish(
+            body,
+            topic=topic,
+            key=key,
+            partition=partition,
+            headers=dict(headers) or None,
+            correlation_id=correlation_id,
+            no_confirm=True,
         )
+        # What FastStream puts on the record: a content type (none for bytes), the correlation id,
+        # then the caller's headers.
+        sent = {"content-type": "", **({"correlation_id": correlation_id} | dict(headers))}
+        return Queued(acknowledged, tuple((name, value.encode()) for name, value in sent.items()))
 
     return TopicPublisher(settings, send, seals)
 
@@ -223,11 +262,11 @@ def producer_publisher(
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> Awaitable[RecordMetadata]:
-        encoded = [(name, value.encode()) for name, value in headers.items()]
+    ) -> Queued:
+        encoded = tuple((name, value.encode()) for name, value in headers.items())
         acknowledged: Awaitable[RecordMetadata] = await producer.send(
-            topic, body, key=key, partition=partition, headers=encoded or None
+            topic, body, key=key, partition=partition, headers=list(encoded) or None
         )
-        return acknowledged
+        return Queued(acknowledged, encoded)
 
     return TopicPublisher(settings, send, seals)

@@ -12,7 +12,8 @@ attempt times out the caller gets UNAVAILABLE.
 On Tansu a waiting client fetches every 10 ms (its fetch does not wake on new data). A call whose
 command lands on a partition of `storage.commands` that an owner of this very process holds
 (`quipu up`, everything in one process) is answered by this process: the client does not fetch for
-it, and is told of the reply as it is published (`kit.fetch_pace.listen`), then fetches it at once.
+it, and is told of the reply as it is published (`kit.fetch_pace.listen`), then is handed it
+(kit.handover) or fetches it at once.
 Should that owner no longer hold the partition (a rebalance moved it elsewhere), or no reply come
 within `HERE_REPLY_WAIT_S`, it fetches for the call as for any other.
 """
@@ -74,9 +75,10 @@ from quipu.contracts.store import (
     StartResult,
 )
 from quipu.contracts.topics import Topic, spec_for
-from quipu.services.kit import fetch_pace
+from quipu.services.kit import fetch_pace, handover
 from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
+from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.keys import MessageSeals, message_seals
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.reply_claim import ReplyClaim
@@ -370,12 +372,14 @@ class KafkaStore:
                 del self._due[partition]
         self._fetch_as_needed()
 
-    def _heard(self, partition: int, offset: int) -> None:
-        """This process published a record on the replies topic: fetch it now if it is on a
-        partition this client reads while calls answered here wait."""
+    def _heard(self, partition: int, offset: int, record: HandedRecord | None) -> None:
+        """This process published a record on the replies topic: take it now (handed, else
+        fetched) if it is on a partition this client reads while calls answered here wait."""
         if partition in self._reading and self._here:
             self._due[partition] = max(offset + 1, self._due.get(partition, 0))
             self._fetch_as_needed()
+            if record is not None and self._consumer is not None:
+                handover.hand(self._consumer, TopicPartition(self._replies_topic, partition), offset, record)
 
     def _fetch_as_needed(self) -> None:
         """Fetch the partitions read while a call waits for a reply from elsewhere, or a reply of

@@ -43,7 +43,7 @@ from quipu.services.kit.delivery import (
     RetryPolicy,
 )
 from quipu.services.kit.keys import OpenedMessage
-from quipu.services.kit.publishing import PublishError, TopicPublisher
+from quipu.services.kit.publishing import PublishError, Queued, TopicPublisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.tools import ToolError
 
@@ -283,14 +283,14 @@ class FailingSend:
 
     async def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> asyncio.Future[None]:
+    ) -> Queued:
         if self.failures > 0:
             self.failures -= 1
             raise self.error
         self.taken.append(topic)
         taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         taken.set_result(None)
-        return taken
+        return Queued(taken, ())
 
 
 def _publisher(send: FailingSend) -> TopicPublisher:

@@ -20,9 +20,12 @@ from quipu.contracts.tools import ToolCallRequested
 from quipu.contracts.topics import UnroutablePayloadError
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.kit import fetch_pace
+from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.publishing import (
     Outgoing,
     PublishError,
+    Queued,
+    Send,
     TopicPublisher,
     all_taken,
     producer_publisher,
@@ -41,9 +44,9 @@ class Sent:
 
     async def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> asyncio.Future[None]:
+    ) -> Queued:
         self.records.append((topic, body, key, partition, dict(headers)))
-        return acknowledged(None)
+        return Queued(acknowledged(None), ())
 
 
 def acknowledged(metadata: T) -> asyncio.Future[T]:
@@ -136,20 +139,35 @@ async def test_on_a_producer_headers_travel_as_bytes_and_none_when_there_are_non
 async def test_every_record_sent_is_told_to_the_fetch_pace_with_where_the_broker_put_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The consumer of this process holding that partition fetches it at once, and no other wakes
-    # for it (kit.fetch_pace): the partition and offset are the broker's, not a guess from the key.
-    told: list[tuple[str, int, int]] = []
+    # The consumer of this process holding that partition is handed it or fetches it at once, and
+    # no other wakes for it (kit.fetch_pace): the partition and offset are the broker's, not a
+    # guess from the key, and the record is the one sent at the time the broker acknowledged.
+    told: list[tuple[str, int, int, HandedRecord | None]] = []
     monkeypatch.setattr(
-        fetch_pace, "published", lambda topic, partition, offset: told.append((topic, partition, offset))
+        fetch_pace,
+        "published",
+        lambda topic, partition, offset, record: told.append((topic, partition, offset, record)),
     )
 
-    async def send(
-        topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> asyncio.Future[RecordMetadata]:
-        return acknowledged(RecordMetadata(topic, 5, TopicPartition(topic, 5), 41, -1, -1, -1))
+    def sending(timestamp: int) -> Send:
+        async def send(
+            topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
+        ) -> Queued:
+            where = RecordMetadata(topic, 5, TopicPartition(topic, 5), 41, timestamp, 0, -1)
+            return Queued(acknowledged(where), (("h", b"v"),))
 
-    await TopicPublisher(SETTINGS, send).publish(CancelRun(run_id="r-1", session_id="s-1"))
-    assert told == [("t1-runs.control", 5, 41)]
+        return send
+
+    cancel = CancelRun(run_id="r-1", session_id="s-1")
+    body = cancel.model_dump_json().encode()
+    await TopicPublisher(SETTINGS, sending(1_700_000_000_000)).publish(cancel)
+    await TopicPublisher(SETTINGS, sending(-1)).publish(cancel)  # no create time told: not handed
+    await TopicPublisher(SETTINGS.model_copy(update={"acks": 1}), sending(5)).publish(cancel)
+    assert told == [
+        ("t1-runs.control", 5, 41, HandedRecord(b"s-1", body, (("h", b"v"),), 1_700_000_000_000)),
+        ("t1-runs.control", 5, 41, None),
+        ("t1-runs.control", 5, 41, None),  # the leader alone has it: it is not handed over
+    ]
 
 
 @dataclass
@@ -160,10 +178,10 @@ class Pending:
 
     async def __call__(
         self, topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]
-    ) -> asyncio.Future[RecordMetadata]:
+    ) -> Queued:
         future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         self.queued.append((topic, future))
-        return future
+        return Queued(future, ())
 
 
 async def _queued(pending: Pending, count: int) -> None:
