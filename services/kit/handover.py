@@ -123,6 +123,10 @@ def hand(consumer: AIOKafkaConsumer, partition: TopicPartition, offset: int, rec
         )
     else:
         return False
+    # The log reaches past the record: known now, not at the next fetch (kit.fetch_pace parks a
+    # consumer read to its partitions' high watermarks).
+    if state.highwater is None or state.highwater <= offset:
+        state.highwater = offset + 1
     for waiter in list(fetcher._fetch_waiters):
         fetcher._notify(waiter)
     return True
