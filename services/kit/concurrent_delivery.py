@@ -12,7 +12,9 @@ never skips one.
 - `order`: messages with the same order key (by default the Kafka key, the order a producer relies
   on when it keys by session) are handled one after the other, in the order consumed; different
   keys run concurrently. Without one every message runs at once (a model's parallel tool calls
-  share a key and must run together).
+  share a key and must run together). A handler that has done all the next message of its key
+  must follow says so (`let_order_go`): the next starts while it finishes (the owner: once a
+  command whose commit justifies nothing but its reply has committed and queued that reply).
 - A message whose retries ran out (`Delivery` nacks it) is handled again after
   `redeliver_after_s`, still holding its key, as a rewind would; it is never skipped.
 - No exception ends a task without settling its message. `handle` raising (it should not:
@@ -35,6 +37,7 @@ never skips one.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,6 +65,21 @@ WATERMARK_WAIT_S = 30.0
 
 OrderKey = Callable[[KafkaMessage], bytes | None]
 """What a message is ordered by: messages with equal keys are handled one at a time, in order."""
+
+
+_LET_ORDER_GO: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "quipu_let_order_go", default=None
+)
+
+
+def let_order_go() -> None:
+    """The message being handled has done everything the next message of its order key must
+    follow: that one may start now, while this one finishes (its handler still settles it, and
+    its partition is committed only once it has). Nothing for a message handled without an order
+    key, or outside a concurrent consumer."""
+    let_go = _LET_ORDER_GO.get()
+    if let_go is not None:
+        let_go()
 
 
 def by_kafka_key(message: KafkaMessage) -> bytes | None:
@@ -275,8 +293,12 @@ class ConcurrentConsumer:
     async def _process(self, message: KafkaMessage, ticket: Ticket) -> None:
         try:
             if self._order is not None:
-                async with self._keys.hold(self._order_key(message)):
-                    await self._handle_until_done(message, ticket)
+                async with self._keys.hold(self._order_key(message)) as let_go:
+                    token = _LET_ORDER_GO.set(let_go)
+                    try:
+                        await self._handle_until_done(message, ticket)
+                    finally:
+                        _LET_ORDER_GO.reset(token)
             else:
                 await self._handle_until_done(message, ticket)
         finally:

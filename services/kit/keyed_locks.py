@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -18,14 +18,25 @@ class KeyedLocks(Generic[K]):
         self._locks: dict[K, tuple[asyncio.Lock, int]] = {}
 
     @contextlib.asynccontextmanager
-    async def hold(self, key: K) -> AsyncIterator[None]:
-        """Run the block alone among the holders of `key`, after those that came before."""
+    async def hold(self, key: K) -> AsyncIterator[Callable[[], None]]:
+        """Run the block alone among the holders of `key`, after those that came before; what it
+        is given lets the next holder in before the block ends (once: later calls do nothing)."""
         lock, users = self._locks.get(key, (asyncio.Lock(), 0))
         self._locks[key] = (lock, users + 1)
+        held = False
+
+        def let_go() -> None:
+            nonlocal held
+            if held:
+                held = False
+                lock.release()
+
         try:
-            async with lock:
-                yield
+            await lock.acquire()
+            held = True
+            yield let_go
         finally:
+            let_go()
             lock, users = self._locks[key]
             if users <= 1:
                 del self._locks[key]

@@ -38,7 +38,7 @@ from quipu.contracts.topics import Topic, toolset_calls_topic
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.store.protocol import Store
 from quipu.services.kit.broker import topic
-from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently, let_order_go
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, PermanentError
 from quipu.services.kit.keys import KeyUnavailableError, MessageSeals
 from quipu.services.kit.lifecycle import Running
@@ -165,7 +165,14 @@ def register(
                 if isinstance(each, DispatchedCall)
             ]
             others = [Outgoing(each) for each in announcements if not isinstance(each, DispatchedCall)]
-            await publisher.publish_together([*calls, Outgoing(reply, partition), *others])
+            acknowledged = await publisher.queue_together([*calls, Outgoing(reply, partition), *others])
+            if not announcements:
+                # Committed, and only its reply follows from it: nothing the session's next command
+                # publishes can come before anything of this one's on a topic where order counts
+                # (a reply finds its call by correlation id), so that command need not wait for the
+                # broker's acknowledgement. The offset still waits for it.
+                let_order_go()
+            await acknowledged
 
         async def refuse(body: bytes, reason: str) -> None:
             correlation_id = correlation_of(body)

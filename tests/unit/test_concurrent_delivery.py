@@ -12,8 +12,10 @@ from aiokafka.errors import KafkaConnectionError
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
 
-from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key
+from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key, let_order_go
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, RetryableError, RetryPolicy
+from quipu.services.kit.keyed_locks import KeyedLocks
+from tests.timing import eventually
 
 TOPIC = "runs.requested"
 TEXT = TypeAdapter(str)
@@ -112,6 +114,48 @@ async def test_one_key_runs_in_order_while_other_keys_run_beside_it() -> None:
     await _settled(consumer)
     assert events[3:] == ["end a1", "start a2", "end a2"]
     assert commits.positions[-1] == (0, 3)
+
+
+async def test_a_message_that_lets_its_order_go_is_followed_at_once_and_still_committed_last() -> None:
+    # The owner, once a command that justifies only its reply has committed and queued it: the
+    # session's next command need not wait for the broker's acknowledgement of that reply.
+    acknowledged = asyncio.Event()
+    events: list[str] = []
+
+    async def effect(body: str) -> None:
+        events.append(f"start {body}")
+        if body == "a1":
+            let_order_go()
+            let_order_go()  # once is what counts
+            await acknowledged.wait()
+        events.append(f"end {body}")
+
+    commits = Commits()
+    consumer = _consumer(effect)
+    for offset, body in enumerate(["a1", "a2", "a3"]):
+        await consumer.dispatch(_message(commits, offset, "a", body))
+
+    async def a3_ended() -> bool:
+        return "end a3" in events
+
+    await eventually(a3_ended, within=5, what="the messages after the one that let its order go")
+    assert events == ["start a1", "start a2", "end a2", "start a3", "end a3"]
+    await asyncio.sleep(0)
+    assert all(position == 0 for _, position in commits.positions)  # offset 0 is not done
+    acknowledged.set()
+    await _settled(consumer)
+    assert commits.positions[-1] == (0, 3)
+
+
+async def test_a_key_let_go_lets_its_next_holder_in_and_outside_a_handler_nothing_is_let_go() -> None:
+    let_order_go()
+    locks: KeyedLocks[str] = KeyedLocks()
+    async with locks.hold("k") as let_go:
+        let_go()
+        let_go()
+        async with locks.hold("k"):  # the next holder is in at once
+            assert len(locks) == 1
+    assert len(locks) == 0
 
 
 async def test_unordered_messages_of_one_key_run_together() -> None:
