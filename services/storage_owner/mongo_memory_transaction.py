@@ -213,8 +213,8 @@ class MongoMemoryTransaction:
 
     async def history_tail(self, session_id: str, count: int) -> list[HistoryMessage]:
         session = await self.load_session(session_id)
-        if session is None:
-            return []
+        if session is None or session.last_seq == 0:
+            return []  # a session's first turn: claimed, nothing recorded yet
         window = {"$gt": session.last_seq - count, "$lte": session.last_seq}
         return await self._history_rows({"session_id": session_id, "seq": window}, count)
 

@@ -276,6 +276,23 @@ async def test_a_turns_reads_of_its_summary_and_tail_commit_nothing(
         await client.close()
 
 
+async def test_the_tail_of_a_session_with_nothing_recorded_yet_is_one_read(
+    stack: EmbeddedStack, database: str
+) -> None:
+    # Every session's first turn reads it, on the turn's path, right after claiming the session.
+    log = CommandLog()
+    client = client_on(stack.mongo_uri, event_listeners=[log])
+    try:
+        store = await MongoMemoryStore.open(client, database)
+        session_id = uid("session")
+        await store.claim_session(session_id, scope())
+        log.commands.clear()
+        assert await store.history_tail(session_id, 12) == []
+        assert [name for name, _ in log.commands] == ["find"]
+    finally:
+        await client.close()
+
+
 # --- the owner's events ---------------------------------------------------------------------------
 
 
