@@ -23,7 +23,9 @@ A record is handed only when that changes nothing but the wait:
 - the consumer has no deserializer (the services' consumers read bytes).
 
 Otherwise nothing happens and the consumer fetches the record as before. A redelivery after a
-crash comes from the broker, as every record does: the hand-over never was durable.
+crash comes from the broker, as every record does: the hand-over never was durable. Only paced
+consumers (kit.fetch_pace: on Tansu) and the store client's replies are handed records; on Kafka a
+fetch returns as data comes.
 
 aiokafka keeps what a fetch brought in `Fetcher._records` as a `FetchResult` over a
 `PartitionRecords`; a handed record is a `FetchResult` over `_Handed`, which reads as one. Those
