@@ -30,6 +30,7 @@ from quipu.services.kit.settings import KafkaSettings
 from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.transcript_recorder.app import create_app as create_recorder
+from tests.support.group_less import group_less
 from tests.timing import eventually, scaled
 
 T = TypeVar("T")
@@ -42,17 +43,6 @@ def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return predicate()
 
     return check
-
-
-def _group_less(settings: KafkaSettings) -> AIOKafkaConsumer:
-    """A consumer outside any group, from the beginning, with the wait of `settings` (to be assigned)."""
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
 
 
 @dataclass
@@ -75,7 +65,7 @@ async def _paced(
 ) -> AsyncIterator[_Paced]:
     partitions = [TopicPartition(settings.topic_prefix + topic.value, 0) for topic in topics]
     chosen = [settings.in_background() if topic in background else settings for topic in topics]
-    consumers = [_group_less(each) for each in chosen]
+    consumers = [group_less(each) for each in chosen]
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(producer.start(), *(consumer.start() for consumer in consumers))
     paces = [
@@ -190,7 +180,7 @@ async def test_an_idle_consumer_fetches_with_the_idle_wait_until_a_record_comes(
     settings = kafka_settings.model_copy(update={"idle_after_s": 0.3})
     assert settings.idle_fetch_max_wait_ms > settings.fetch_max_wait_ms
     name = settings.topic_prefix + Topic.RUNS_CONTROL.value
-    consumer = _group_less(settings)
+    consumer = group_less(settings)
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(consumer.start(), producer.start())
     pace = FetchPace(consumer, settings)
@@ -467,7 +457,7 @@ async def test_the_lookout_fetches_a_partition_from_its_mark_again_once_it_read_
     # the look-out stood, and the records between were never seen.
     partition = TopicPartition(kafka_settings.topic_prefix + Topic.RUNS_CONTROL.value, 5)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap, enable_idempotence=False)
-    consumer = _group_less(kafka_settings)
+    consumer = group_less(kafka_settings)
     await asyncio.gather(producer.start(), consumer.start())
     follow = fetch_pace._Following(consumer)
 

@@ -26,19 +26,10 @@ from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.publishing import TopicPublisher, broker_publisher, producer_publisher
 from quipu.services.kit.settings import KafkaSettings
+from tests.support.group_less import group_less
 from tests.timing import scaled
 
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
-
-
-def _group_less(settings: KafkaSettings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
 
 
 @dataclass
@@ -64,7 +55,7 @@ class _Reader:
 @contextlib.asynccontextmanager
 async def _reader(settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Reader]:
     partition = TopicPartition(settings.topic_prefix + Topic.RUNS_CONTROL.value, 0)
-    consumer = _group_less(settings)
+    consumer = group_less(settings)
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(consumer.start(), producer.start())
     await producer.send_and_wait(partition.topic, b"before", partition=0)  # the topic exists
@@ -93,7 +84,7 @@ async def _fetched(
     settings: KafkaSettings, partition: TopicPartition, offset: int, count: int = 1
 ) -> list[Record]:
     """`count` records from `offset` of `partition` as a fetch returns them (nobody hands this one)."""
-    consumer = _group_less(settings)
+    consumer = group_less(settings)
     await consumer.start()
     try:
         consumer.assign([partition])
@@ -191,7 +182,7 @@ async def test_a_record_is_handed_only_to_a_consumer_standing_at_it_on_a_partiti
 ) -> None:
     # The records handed here are not on the broker: what is checked is who takes them.
     partition = TopicPartition(kafka_settings.topic_prefix + Topic.RUNS_CONTROL.value, 0)
-    consumer = _group_less(kafka_settings)
+    consumer = group_less(kafka_settings)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap, enable_idempotence=False)
     await asyncio.gather(consumer.start(), producer.start())
     try:

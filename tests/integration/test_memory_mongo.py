@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -218,10 +219,8 @@ async def test_turn_marks_expire_after_their_keep_and_the_persons_mark_stays(
 
 
 async def test_every_query_the_memory_store_sends_uses_an_index(stack: EmbeddedStack, database: str) -> None:
-    log = CommandLog()
-    client = client_on(stack.mongo_uri, event_listeners=[log])
-    try:
-        store = await MongoMemoryStore.open(client, database)
+    async with _logged(stack, database) as (store, log):
+        client = store.client
         who, session_id, _ = await _fill(store, "idx")
         await store.append_history_turn(turn(session_id, who, 0))  # an exact retry
         await store.list_history(session_id, 1, 2)
@@ -251,6 +250,15 @@ async def test_every_query_the_memory_store_sends_uses_an_index(stack: EmbeddedS
         for collection, indexes in INDEXES.items():
             names = {index["name"] async for index in await store.database[collection].list_indexes()}
             assert {index.document["name"] for index in indexes} <= names
+
+
+@contextlib.asynccontextmanager
+async def _logged(stack: EmbeddedStack, database: str) -> AsyncIterator[tuple[MongoMemoryStore, CommandLog]]:
+    """A store over `database` whose client logs every command it sends."""
+    log = CommandLog()
+    client = client_on(stack.mongo_uri, event_listeners=[log])
+    try:
+        yield await MongoMemoryStore.open(client, database), log
     finally:
         await client.close()
 
@@ -260,10 +268,7 @@ async def test_a_turns_reads_of_its_summary_and_tail_commit_nothing(
 ) -> None:
     # Each was a transaction of its own, and a read-only transaction still pays its commit (a
     # round trip: 1.8 ms against 1.1 for two reads on SecantusDB), on every turn's path.
-    log = CommandLog()
-    client = client_on(stack.mongo_uri, event_listeners=[log])
-    try:
-        store = await MongoMemoryStore.open(client, database)
+    async with _logged(stack, database) as (store, log):
         _, session_id, texts = await _fill(store, "reads")
         log.commands.clear()
         tail = await store.history_tail(session_id, 2)
@@ -272,25 +277,18 @@ async def test_a_turns_reads_of_its_summary_and_tail_commit_nothing(
         assert {name for name, _ in log.commands} == {"find"}
         for _, command in log.commands:
             assert "startTransaction" not in command and command.get("readConcern") == {"level": "majority"}
-    finally:
-        await client.close()
 
 
 async def test_the_tail_of_a_session_with_nothing_recorded_yet_is_one_read(
     stack: EmbeddedStack, database: str
 ) -> None:
     # Every session's first turn reads it, on the turn's path, right after claiming the session.
-    log = CommandLog()
-    client = client_on(stack.mongo_uri, event_listeners=[log])
-    try:
-        store = await MongoMemoryStore.open(client, database)
+    async with _logged(stack, database) as (store, log):
         session_id = uid("session")
         await store.claim_session(session_id, scope())
         log.commands.clear()
         assert await store.history_tail(session_id, 12) == []
         assert [name for name, _ in log.commands] == ["find"]
-    finally:
-        await client.close()
 
 
 # --- the owner's events ---------------------------------------------------------------------------
