@@ -80,6 +80,15 @@ class SessionSummary(_Value):
     updated_at: Timestamp = Field(description="When this version was saved.")
 
 
+class SessionMemory(_Value):
+    """What a turn shows of its session: the rolling summary and the last rows, read together."""
+
+    summary: SessionSummary | None = Field(description="The rolling summary; null before the first fold.")
+    tail: list[HistoryMessage] = Field(
+        description="The session's last rows (at most the count asked), in order."
+    )
+
+
 class Provenance(_Value):
     """Where a fact came from."""
 

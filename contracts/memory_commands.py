@@ -23,6 +23,7 @@ from quipu.contracts.memory import (
     PrincipalExport,
     Profile,
     ScoredFact,
+    SessionMemory,
     SessionSummary,
 )
 from quipu.contracts.sealed import SealedFor
@@ -104,6 +105,13 @@ class LoadSummary(MemoryOperation, result_type=SessionSummary | None):
     """Read a session's rolling summary."""
 
     session_id: str = Field(description="Session summarised.")
+
+
+class LoadSessionMemory(MemoryOperation, result_type=SessionMemory):
+    """Read a session's rolling summary and its last rows in one command (a turn's memory)."""
+
+    session_id: str = Field(description="Session to read.")
+    count: int = Field(description="How many of its last rows, 0..500.")
 
 
 class SaveSummary(MemoryOperation, result_type=SessionSummary):
@@ -207,6 +215,7 @@ MemoryCommand = (
     | ListHistory
     | HistoryTail
     | LoadSummary
+    | LoadSessionMemory
     | SaveSummary
     | ApplyFactOperations
     | ListFacts

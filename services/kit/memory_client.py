@@ -21,6 +21,7 @@ from quipu.contracts.memory import (
     PrincipalExport,
     Profile,
     ScoredFact,
+    SessionMemory,
     SessionSummary,
 )
 from quipu.contracts.memory_commands import (
@@ -37,6 +38,7 @@ from quipu.contracts.memory_commands import (
     ListFacts,
     ListHistory,
     LoadProfile,
+    LoadSessionMemory,
     LoadSummary,
     MemoryOperation,
     SaveProfile,
@@ -127,6 +129,10 @@ class KafkaMemoryStore:
 
     async def load_summary(self, session_id: str) -> SessionSummary | None:
         result: SessionSummary | None = await self._call(LoadSummary(session_id=session_id))
+        return result
+
+    async def load_session_memory(self, session_id: str, count: int) -> SessionMemory:
+        result: SessionMemory = await self._call(LoadSessionMemory(session_id=session_id, count=count))
         return result
 
     async def save_summary(self, summary: SessionSummary) -> SessionSummary:

@@ -28,7 +28,13 @@ from quipu.contracts.commands import (
 )
 from quipu.contracts.errors import ErrorCode, StoreRefusedError
 from quipu.contracts.events import RunEvent
-from quipu.contracts.memory_commands import ForgetPrincipal, HistoryTail, ListHistory, LoadSummary
+from quipu.contracts.memory_commands import (
+    ForgetPrincipal,
+    HistoryTail,
+    ListHistory,
+    LoadSessionMemory,
+    LoadSummary,
+)
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store import RunStart
 from quipu.contracts.store_operation import Backend
@@ -44,7 +50,7 @@ from quipu.services.storage_owner.mongo_store import MongoStore
 T = TypeVar("T")
 
 _RUN_READS = ListRunRecords | LoadRunSuspension
-_HISTORY_READS = ListHistory | HistoryTail | LoadSummary
+_HISTORY_READS = ListHistory | HistoryTail | LoadSummary | LoadSessionMemory
 
 
 def run_person(run: RunStart) -> SealedFor:

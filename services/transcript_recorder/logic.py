@@ -139,9 +139,10 @@ class TranscriptRecorder:
         saved: list[SessionSummary] = []
         conflicts = 0
         while True:
-            summary = await self.memory.load_summary(session_id)
+            shown = await self.memory.load_session_memory(session_id, self.window_messages)
+            summary = shown.summary
             cursor = summary.cursor if summary is not None else 0
-            start = window_start(await self.memory.history_tail(session_id, self.window_messages))
+            start = window_start(shown.tail)
             if start - 1 <= cursor:
                 return saved, ""
             limit = min(self.fold_batch_messages, start - 1 - cursor)

@@ -49,3 +49,19 @@ async def test_of_two_racing_saves_of_one_version_exactly_one_wins(memory_store:
     assert len(failures) == 1 and failures[0].code is ErrorCode.MEMORY_CONFLICT
     stored = await memory_store.load_summary(session_id)
     assert stored is not None and stored in outcomes
+
+
+async def test_a_sessions_memory_is_its_summary_and_its_tail_read_together(memory_store: MemoryStore) -> None:
+    # What a turn shows of its session, in one call (one command through the owner).
+    who, session_id = scope(), uid("session")
+    empty = await memory_store.load_session_memory(session_id, 4)
+    assert empty.summary is None and empty.tail == []
+    await record_turns(memory_store, session_id, who, 3)
+    saved = await memory_store.save_summary(summary(session_id, 2, 1, "première — résumé"))
+    shown = await memory_store.load_session_memory(session_id, 4)
+    assert shown.summary == saved == await memory_store.load_summary(session_id)
+    assert shown.tail == await memory_store.history_tail(session_id, 4)
+    assert [row.seq for row in shown.tail] == [3, 4, 5, 6]
+    assert (await memory_store.load_session_memory(session_id, 0)).tail == []
+    await refused(memory_store.load_session_memory(session_id, 501), ErrorCode.INVALID_ARGUMENT)
+    await refused(memory_store.load_session_memory("", 4), ErrorCode.INVALID_ARGUMENT)

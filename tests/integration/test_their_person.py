@@ -23,7 +23,7 @@ from quipu.contracts.commands import (
     encode_result,
 )
 from quipu.contracts.errors import ErrorCode
-from quipu.contracts.memory_commands import HistoryTail, ListHistory, LoadSummary
+from quipu.contracts.memory_commands import HistoryTail, ListHistory, LoadSessionMemory, LoadSummary
 from quipu.contracts.sealed import SealedFor
 from quipu.contracts.store import Page
 from quipu.contracts.tools import ToolCallRequested
@@ -98,7 +98,7 @@ def _commands_on(log: CommandLog) -> list[tuple[str, str]]:
     return [(name, str(body.get(name, ""))) for name, body in log.commands]
 
 
-@pytest.mark.parametrize("read", ["tail", "page", "summary"])
+@pytest.mark.parametrize("read", ["tail", "page", "summary", "memory"])
 async def test_a_history_read_is_sealed_for_its_person_in_one_transaction_that_reads_the_session_once(
     stack: EmbeddedStack, database: str, read: str
 ) -> None:
@@ -117,6 +117,7 @@ async def test_a_history_read_is_sealed_for_its_person_in_one_transaction_that_r
             "tail": HistoryTail(correlation_id="c-3", session_id=session_id, count=12),
             "page": ListHistory(correlation_id="c-3", session_id=session_id, after_seq=0, limit=10),
             "summary": LoadSummary(correlation_id="c-3", session_id=session_id),
+            "memory": LoadSessionMemory(correlation_id="c-3", session_id=session_id, count=12),
         }[read]
         people = TheirPerson(InMemoryStore(), memory)
         log.commands.clear()
@@ -128,7 +129,7 @@ async def test_a_history_read_is_sealed_for_its_person_in_one_transaction_that_r
         sent = _commands_on(log)
         # At most one transaction, the read's own (a tail and a summary are read without one).
         assert sent.count(("commitTransaction", "1")) == (1 if read == "page" else 0), sent
-        assert sent.count(("find", "memory_sessions")) == (1 if read == "tail" else 0), sent
+        assert sent.count(("find", "memory_sessions")) == (1 if read in ("tail", "memory") else 0), sent
     finally:
         await client.close()
 

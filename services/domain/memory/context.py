@@ -249,10 +249,6 @@ async def _nothing() -> None:
     return None
 
 
-async def _no_rows() -> list[HistoryMessage]:
-    return []
-
-
 class MemoryContextSource:
     """The memory `ContextSource`: facts and profile, the rolling summary, the literal window."""
 
@@ -286,12 +282,12 @@ class MemoryContextSource:
         query: str = "",
         memory_opt_out: bool = False,
     ) -> ContextBlocks:
-        # The three reads do not depend on one another: over the owner they overlap.
-        remembered, summary, tail = await asyncio.gather(
+        # The two reads do not depend on one another: over the owner they overlap.
+        remembered, shown = await asyncio.gather(
             self._remembered(principal_id, agent_id, tenant_id, query, memory_opt_out),
-            self._memory.load_summary(session_id) if session_id else _nothing(),
-            self._memory.history_tail(session_id, self._window) if session_id else _no_rows(),
+            self._memory.load_session_memory(session_id, self._window) if session_id else _nothing(),
         )
+        summary, tail = (shown.summary, shown.tail) if shown is not None else (None, [])
         facts, fallback, profile = remembered
         blocks = [block for block in [memory_block(facts, profile)] if block]
         if summary is not None and summary.text.strip():

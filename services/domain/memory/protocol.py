@@ -21,6 +21,7 @@ from quipu.contracts.memory import (
     PrincipalExport,
     Profile,
     ScoredFact,
+    SessionMemory,
     SessionSummary,
 )
 
@@ -61,6 +62,11 @@ class MemoryStore(Protocol):
 
     async def load_summary(self, session_id: str) -> SessionSummary | None:
         """The session's rolling summary, or None before the first fold."""
+        ...
+
+    async def load_session_memory(self, session_id: str, count: int) -> SessionMemory:
+        """The session's rolling summary (`load_summary`) and its last `count` rows (`history_tail`),
+        in one call: what a turn shows of its session."""
         ...
 
     async def save_summary(self, summary: SessionSummary) -> SessionSummary:

@@ -30,6 +30,7 @@ from quipu.contracts.memory import (
     Profile,
     Provenance,
     ScoredFact,
+    SessionMemory,
     SessionSummary,
 )
 from quipu.contracts.wire import utc_now_ms
@@ -192,6 +193,20 @@ class MemoryRules:
         """The rolling summary or None."""
         require_id("session_id", session_id)
         return await self._transactions.read(lambda tx: tx.load_summary(session_id))  # one document
+
+    async def load_session_memory(self, session_id: str, count: int) -> SessionMemory:
+        """The rolling summary and the last `count` rows (0 to 500), read together."""
+        require_id("session_id", session_id)
+        if not 0 <= count <= MAX_HISTORY_PAGE:
+            raise invalid(f"count must be between 0 and {MAX_HISTORY_PAGE}")
+
+        async def read(tx: MemoryTransaction) -> SessionMemory:
+            # Neither read needs the other's snapshot (each as `load_summary` and `history_tail`).
+            summary = await tx.load_summary(session_id)
+            tail = await tx.history_tail(session_id, count) if count else []
+            return SessionMemory(summary=summary, tail=tail)
+
+        return await self._transactions.read(read)
 
     async def save_summary(self, summary: SessionSummary) -> SessionSummary:
         """Conditional save: version = stored + 1 (first = 1), cursor moves strictly forward and
