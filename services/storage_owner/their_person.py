@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from quipu.contracts.commands import (
     DispatchedCall,
@@ -150,7 +150,7 @@ class TheirPerson:
         if named is not None:
             return named  # a memory command's scope: where the store keeps it
         if isinstance(command, _HISTORY_READS):
-            return _reader_of(command.session_id, read.people, reply) if read is not None else None
+            return _reader_of(command, read.people, reply) if read is not None else None
         if isinstance(command, ListSessionRunRecords):
             return await self._page_person(command.session_id, reply)
         run = getattr(command, "run", None)
@@ -199,20 +199,29 @@ class TheirPerson:
         return whose
 
 
-def _reader_of(session_id: str, people: set[tuple[str, str]], reply: StoreReply) -> SealedFor | None:
+def _reader_of(command: _HISTORY_READS, people: set[tuple[str, str]], reply: StoreReply) -> SealedFor | None:
     """The one person whose words a history read returned (None: it returned none of anyone's).
 
     Words with no person, or with two, are refused: they are never sent under a key that is not
     surely theirs (the first would be a read past the noting transactions: a defect, closed shut).
     """
-    if len(people) > 1 or (not people and reply.result):
+    if len(people) > 1 or (not people and _returned_words(command, reply.result)):
         raise StoreRefusedError(
             ErrorCode.SESSION_PRINCIPAL_MISMATCH,
-            f"a history read of session {session_id} returned words of other than one known principal",
+            f"a history read of session {command.session_id} returned words of other than one "
+            "known principal",
         )
     for tenant_id, principal_id in people:
         return SealedFor(tenant_id=tenant_id, principal_id=principal_id)
     return None
+
+
+def _returned_words(command: _HISTORY_READS, result: Any) -> bool:
+    """Whether a history read's result holds any words: rows, a summary, or a session's memory
+    with either (its envelope alone holds none)."""
+    if isinstance(command, LoadSessionMemory):
+        return bool(result and (result.get("summary") or result.get("tail")))
+    return bool(result)
 
 
 def _written_run(command: StoreOperation) -> str:

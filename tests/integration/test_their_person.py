@@ -134,23 +134,32 @@ async def test_a_history_read_is_sealed_for_its_person_in_one_transaction_that_r
         await client.close()
 
 
+@pytest.mark.parametrize("read", ["tail", "memory"])
 async def test_a_history_read_that_returns_nobodys_words_looks_up_no_one(
-    stack: EmbeddedStack, database: str
+    stack: EmbeddedStack, database: str, read: str
 ) -> None:
-    """A new session's first turn reads an empty tail: no words, so no person to seal them for."""
+    """A new session's first turn reads an empty tail (and no summary): no words, so no person
+    to seal them for, and nothing refused."""
     log = CommandLog()
     client = client_on(stack.mongo_uri, event_listeners=[log])
     try:
         memory = await MongoMemoryStore.open(client, database)
         people = TheirPerson(InMemoryStore(), memory)
-        command = HistoryTail(correlation_id="c-4", session_id=uid("s"), count=12)
+        session_id = uid("s")
+        command: StoreOperation = {
+            "tail": HistoryTail(correlation_id="c-4", session_id=session_id, count=12),
+            "memory": LoadSessionMemory(correlation_id="c-4", session_id=session_id, count=12),
+        }[read]
         log.commands.clear()
 
         reply, _ = await people.apply(command)
 
-        assert reply.error is None and reply.result == []
+        assert reply.error is None
+        assert reply.result == ([] if read == "tail" else {"summary": None, "tail": []})
         assert reply.sealed_for is None
-        assert _commands_on(log) == [("find", "memory_sessions")]  # the session only, no transaction
+        # The session (and the summary) only, no transaction.
+        summary = [] if read == "tail" else [("find", "memory_summaries")]
+        assert _commands_on(log) == [*summary, ("find", "memory_sessions")]
     finally:
         await client.close()
 
