@@ -177,7 +177,7 @@ class TopicPublisher:
                 break
             queued.append(taken.acknowledged)
             records.append(_Sent(key, body, taken.headers))
-        return asyncio.ensure_future(_acknowledged(topics, queued, records if self._hand else None, refused))
+        return asyncio.ensure_future(_acknowledged(topics, queued, records, refused, hand=self._hand))
 
 
 def taken() -> Awaitable[None]:
@@ -199,19 +199,21 @@ async def all_taken(acknowledgements: Sequence[Awaitable[None]]) -> None:
 async def _acknowledged(
     topics: Sequence[str],
     queued: Sequence[Awaitable[object]],
-    records: Sequence[_Sent] | None,
+    records: Sequence[_Sent],
     refused: tuple[str, KafkaError] | None,
+    *,
+    hand: bool,
 ) -> None:
-    """Wait for every acknowledgement of `queued` (sent to `topics`, in order); each record taken
-    is reported to the process's fetch pace, with what was sent when it may be handed over
-    (`records`); the first refusal (`refused`: the producer's, as the records were queued) is
-    raised once all are settled."""
+    """Wait for every acknowledgement of `queued` (`records` sent to `topics`, in order); each
+    record taken is reported to the process's fetch pace, with what was sent when it may be
+    handed over (`hand`); the first refusal (`refused`: the producer's, as the records were
+    queued) is raised once all are settled."""
     failure: tuple[str, BaseException] | None = refused
     results = await asyncio.gather(*queued, return_exceptions=True)
-    for index, (topic, sent) in enumerate(zip(topics, results, strict=False)):
+    for topic, sent, record in zip(topics, results, records, strict=False):
         if isinstance(sent, RecordMetadata):
-            record = records[index].acknowledged(sent) if records is not None else None
-            fetch_pace.published(sent.topic, sent.partition, sent.offset, record)
+            handed = record.acknowledged(sent) if hand else None
+            fetch_pace.published(sent.topic, sent.partition, sent.offset, handed)
         elif isinstance(sent, BaseException) and failure is None:
             failure = (topic, sent)
     if failure is not None:

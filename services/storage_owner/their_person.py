@@ -205,7 +205,7 @@ def _reader_of(command: _HISTORY_READS, people: set[tuple[str, str]], reply: Sto
     Words with no person, or with two, are refused: they are never sent under a key that is not
     surely theirs (the first would be a read past the noting transactions: a defect, closed shut).
     """
-    if len(people) > 1 or (not people and _returned_words(command, reply.result)):
+    if len(people) > 1 or (not people and _holds_words(reply.result)):
         raise StoreRefusedError(
             ErrorCode.SESSION_PRINCIPAL_MISMATCH,
             f"a history read of session {command.session_id} returned words of other than one "
@@ -216,12 +216,14 @@ def _reader_of(command: _HISTORY_READS, people: set[tuple[str, str]], reply: Sto
     return None
 
 
-def _returned_words(command: _HISTORY_READS, result: Any) -> bool:
-    """Whether a history read's result holds any words: rows, a summary, or a session's memory
-    with either (its envelope alone holds none)."""
-    if isinstance(command, LoadSessionMemory):
-        return bool(result and (result.get("summary") or result.get("tail")))
-    return bool(result)
+def _holds_words(result: Any) -> bool:
+    """Whether a read's JSON result holds anything but empty containers and nulls (rows, a
+    summary; a session's memory with neither is only its envelope)."""
+    if isinstance(result, dict):
+        return any(_holds_words(value) for value in result.values())
+    if isinstance(result, list):
+        return any(_holds_words(value) for value in result)
+    return result is not None
 
 
 def _written_run(command: StoreOperation) -> str:

@@ -37,6 +37,7 @@ from quipu.contracts.memory import (
     MemoryScope,
     Profile,
     ScoredFact,
+    SessionMemory,
     SessionSummary,
 )
 from quipu.contracts.transcript import Message, TextPart
@@ -245,8 +246,8 @@ def rows_messages(rows: list[HistoryMessage]) -> list[Message]:
 # --- the adapter -------------------------------------------------------------------------------------
 
 
-async def _nothing() -> None:
-    return None
+async def _no_memory() -> SessionMemory:
+    return SessionMemory(summary=None, tail=[])
 
 
 class MemoryContextSource:
@@ -285,9 +286,9 @@ class MemoryContextSource:
         # The two reads do not depend on one another: over the owner they overlap.
         remembered, shown = await asyncio.gather(
             self._remembered(principal_id, agent_id, tenant_id, query, memory_opt_out),
-            self._memory.load_session_memory(session_id, self._window) if session_id else _nothing(),
+            self._memory.load_session_memory(session_id, self._window) if session_id else _no_memory(),
         )
-        summary, tail = (shown.summary, shown.tail) if shown is not None else (None, [])
+        summary, tail = shown.summary, shown.tail
         facts, fallback, profile = remembered
         blocks = [block for block in [memory_block(facts, profile)] if block]
         if summary is not None and summary.text.strip():

@@ -180,8 +180,7 @@ class MemoryRules:
     async def history_tail(self, session_id: str, count: int) -> list[HistoryMessage]:
         """The last `count` rows (0 to 500), ascending."""
         require_id("session_id", session_id)
-        if not 0 <= count <= MAX_HISTORY_PAGE:
-            raise invalid(f"count must be between 0 and {MAX_HISTORY_PAGE}")
+        _require_tail_count(count)
         if count == 0:
             return []
         # The session's last row, then rows only ever appended (a forget erases them whole).
@@ -197,8 +196,7 @@ class MemoryRules:
     async def load_session_memory(self, session_id: str, count: int) -> SessionMemory:
         """The rolling summary and the last `count` rows (0 to 500), read together."""
         require_id("session_id", session_id)
-        if not 0 <= count <= MAX_HISTORY_PAGE:
-            raise invalid(f"count must be between 0 and {MAX_HISTORY_PAGE}")
+        _require_tail_count(count)
 
         async def read(tx: MemoryTransaction) -> SessionMemory:
             # Neither read needs the other's snapshot (each as `load_summary` and `history_tail`).
@@ -452,3 +450,9 @@ class MemoryRules:
             return erased
 
         return await self._transactions.run(operation)
+
+
+def _require_tail_count(count: int) -> None:
+    """How many of a session's last rows a read may ask for: 0 to 500."""
+    if not 0 <= count <= MAX_HISTORY_PAGE:
+        raise invalid(f"count must be between 0 and {MAX_HISTORY_PAGE}")
