@@ -27,7 +27,7 @@ def _master_key(owner: OwnerSettings) -> bytes | None:
 
 
 def _policy(owner: OwnerSettings) -> TransactionPolicy:
-    return TransactionPolicy(group_max=owner.group_commit_max)
+    return TransactionPolicy(group_max=owner.group_commit_max, document_hints=owner.document_hints)
 
 
 async def _open_mongo_store(mongo: MongoSettings, owner: OwnerSettings) -> MongoStore:

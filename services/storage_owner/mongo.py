@@ -69,6 +69,9 @@ class TransactionPolicy:
     group_transactions: int = 4
     """With group commit, transactions under way at once: an operation that finds one free runs
     at once (alone); operations waiting while all are busy form the next group."""
+    document_hints: int = 4096
+    """Sessions and runs documents kept from committed transactions for the next write to start
+    from, confirmed before it commits (`document_hints`); 0 keeps none (every write finds them)."""
 
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, initial * 2^(attempt-1))]."""
@@ -176,6 +179,13 @@ class TransactionLoop(Generic[X]):
     async def _finish(self, transaction: X) -> None:
         """Complete the operation on `transaction` before its commit (send what it holds back)."""
 
+    async def _confirm(self, transaction: X) -> None:
+        """Before a refusal is given: make sure it was decided on what the database holds (a
+        WriteRaceError, retried, when not). `_finish` does as much before a commit."""
+
+    def _committed(self, transaction: X) -> None:
+        """The transaction `transaction` was part of committed (before `_close`)."""
+
     async def run_transaction(self, operation: Callable[[X], Awaitable[T]]) -> T:
         """Apply `operation` in one transaction (perhaps its group's), retried on conflicts;
         UNAVAILABLE when they persist."""
@@ -255,6 +265,7 @@ class TransactionLoop(Generic[X]):
                         except StoreError as refusal:
                             if self._wrote(transaction):
                                 raise _GroupBrokenError("refused after it wrote") from refusal
+                            await self._confirm(transaction)
                             outcomes.append((None, refusal))
                             continue
                         await self._finish(transaction)
@@ -263,6 +274,8 @@ class TransactionLoop(Generic[X]):
                     await session.abort_transaction()
                     raise
                 await self._commit(session)
+                for transaction in opened:
+                    self._committed(transaction)
             finally:
                 for transaction in opened:
                     self._close(transaction)
@@ -317,12 +330,17 @@ class TransactionLoop(Generic[X]):
             transaction = self._open(session)
             try:
                 try:
-                    result = await operation(transaction)
+                    try:
+                        result = await operation(transaction)
+                    except StoreError:
+                        await self._confirm(transaction)  # a refusal stands on the database's data
+                        raise
                     await self._finish(transaction)
                 except BaseException:
                     await session.abort_transaction()
                     raise
                 await self._commit(session)
+                self._committed(transaction)
                 return result
             finally:
                 self._close(transaction)

@@ -60,6 +60,7 @@ from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.store.state import RunState, SessionState, StoreTransaction
 from quipu.services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
+from quipu.services.storage_owner.document_hints import AttemptDocuments, DocumentHints, Key
 from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys
 from quipu.services.storage_owner.mongo import Document, TransactionLoop, TransactionPolicy, WriteRaceError
 
@@ -274,7 +275,9 @@ class MongoTransaction:
     """The `StoreTransaction` port inside one MongoDB transaction.
 
     Documents read are remembered for the rest of the transaction (a snapshot reads the same
-    anyway), so the rules may load a run or a session twice for one round trip.
+    anyway), so the rules may load a run or a session twice for one round trip. Sessions and runs
+    come from `documents`: the transaction's own, else a hint, confirmed before the commit
+    (`document_hints`), else a find.
     """
 
     def __init__(
@@ -283,9 +286,11 @@ class MongoTransaction:
         session: AsyncClientSession,
         turns: KeyedTurns | None,
         keyring: Keyring,
+        documents: AttemptDocuments,
     ) -> None:
         self._collections = collections
         self._session = session
+        self.documents = documents
         self._turns = turns
         self._keys = PrincipalKeys(collections.keys, session, keyring)
         self._turn: str | None = None
@@ -295,6 +300,12 @@ class MongoTransaction:
         """Whether this operation sent a write (or may have: a data key made for sealing)."""
         self._pending: list[InsertOne[Document] | ReplaceOne[Document]] = []
         self._replacing = 0
+        self._saving: list[tuple[Key, Document]] = []
+
+    @property
+    def session(self) -> AsyncClientSession:
+        """The database session the transaction runs on (a group's operations share one)."""
+        return self._session
 
     async def _take_turn(self, key: str) -> None:
         if self._turn is None and self._turns is not None:
@@ -310,11 +321,28 @@ class MongoTransaction:
     async def _session_document(self, session_id: str) -> Document | None:
         await self._take_turn(f"session:{session_id}")
         if session_id not in self._sessions:
-            await self.flush()
-            self._sessions[session_id] = await self._collections.sessions.find_one(
-                {"_id": session_id}, session=self._session
-            )
+            self._sessions[session_id] = await self._document(SESSIONS, session_id)
         return self._sessions[session_id]
+
+    def _collection(self, name: str) -> AsyncCollection[Document]:
+        return self._collections.sessions if name == SESSIONS else self._collections.runs
+
+    async def _document(self, name: str, identifier: str) -> Document | None:
+        """A session's or run's document: as this transaction knows it, else as a hint has it,
+        else found."""
+        found, document = self.documents.lookup((name, identifier))
+        if not found:
+            await self.flush()
+            document = await self._collection(name).find_one({"_id": identifier}, session=self._session)
+            self.documents.read((name, identifier), document)
+        return document
+
+    async def confirm(self) -> None:
+        """Read each hinted document this operation neither wrote nor read, in the snapshot:
+        WriteRaceError when one is not the hint's version (the attempt is retried without it)."""
+        for key, _ in self.documents.unconfirmed():
+            found = await self._collection(key[0]).find_one({"_id": key[1]}, session=self._session)
+            self.documents.confirm(key, found)
 
     async def is_tombstoned(self, session_id: str) -> bool:
         document = await self._session_document(session_id)
@@ -326,19 +354,18 @@ class MongoTransaction:
 
     async def save_session(self, state: SessionState) -> None:
         document = _session_document(state)
-        await self._save(self._collections.sessions, document, state.revision)
+        await self._save(SESSIONS, document, state.revision)
         self._sessions[state.session.session_id] = document
 
     async def load_run(self, run_id: str) -> RunState | None:
         await self._take_turn(f"run:{run_id}")
         if run_id not in self._runs:
-            await self.flush()
-            document = await self._collections.runs.find_one({"_id": run_id}, session=self._session)
+            document = await self._document(RUNS, run_id)
             self._runs[run_id] = await self._run_state(document) if document is not None else None
         return self._runs[run_id]
 
     async def save_run(self, state: RunState) -> None:
-        await self._save(self._collections.runs, await self._run_document(state), state.revision)
+        await self._save(RUNS, await self._run_document(state), state.revision)
         self._runs[state.run_id] = state
 
     # -- sealing -----------------------------------------------------------------------------
@@ -391,10 +418,11 @@ class MongoTransaction:
             fields["payload"] = _opened(key, bytes(document["payload"]), context)
         return Record(id=str(document["seq"]), **fields)
 
-    async def _save(self, collection: AsyncCollection[Document], document: Document, revision: int) -> None:
+    async def _save(self, name: str, document: Document, revision: int) -> None:
         """Insert at revision 1, else replace the document written at `revision - 1` (at `flush`)."""
         _refuse_too_large(document)
-        namespace = collection.full_name
+        namespace = self._collection(name).full_name
+        self._saving.append(((name, document["_id"]), document))
         if revision == 1:
             self._pending.append(InsertOne(document, namespace=namespace))
         else:
@@ -411,8 +439,12 @@ class MongoTransaction:
         """
         if not self._pending:
             return
-        writes, replacing = self._pending, self._replacing
-        self._pending, self._replacing = [], 0
+        if self._session.operation_time is None:
+            # Nothing sent yet: the transaction's first command carries its read concern, which
+            # bulkWrite does not take (SecantusDB refuses it). Reading the hints first sends a find.
+            await self.confirm()
+        writes, replacing, saving = self._pending, self._replacing, self._saving
+        self._pending, self._replacing, self._saving = [], 0, []
         self.wrote = True
         try:
             result = await self._session.client.bulk_write(writes, session=self._session)
@@ -429,6 +461,8 @@ class MongoTransaction:
             raise
         if result.matched_count != replacing:
             raise WriteRaceError("a run or session changed meanwhile")
+        for key, document in saving:
+            self.documents.read(key, document)  # each save matched the revision it was decided on
 
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
         await self.flush()
@@ -525,7 +559,10 @@ class MongoTransaction:
         cursor = self._collections.runs.find(
             {"session_id": session_id}, sort=[("start_order", ASCENDING)], session=self._session
         )
-        runs = [await self._run_state(document) async for document in cursor]
+        documents = [document async for document in cursor]
+        for document in documents:
+            self.documents.read((RUNS, document["_id"]), document)
+        runs = [await self._run_state(document) for document in documents]
         self._runs.update((run.run_id, run) for run in runs)
         return runs
 
@@ -546,7 +583,9 @@ class MongoTransaction:
             if result.matched_count != 1:
                 raise WriteRaceError(f"session {session_id!r} changed meanwhile")
         self._sessions[session_id] = tombstone
+        self.documents.read((SESSIONS, session_id), tombstone)
         await self._collections.runs.delete_many({"session_id": session_id}, session=self._session)
+        self.documents.gone(RUNS, "session_id", session_id)
         await self._collections.records.delete_many({"session_id": session_id}, session=self._session)
         self._runs = {
             run_id: run for run_id, run in self._runs.items() if run and run.session_id != session_id
@@ -570,12 +609,28 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
         # owner's consumer keeps each session's commands in order; the database decides the rest).
         self._turns = None if self.grouping else KeyedTurns()
         self._keyring = keyring
+        size = self._policy.document_hints
+        self._hints = DocumentHints(size) if size > 0 else None
+        self._attempts: dict[int, AttemptDocuments] = {}
+        """What each attempt under way knows, by its session (the operations of a group share it)."""
 
     def _open(self, session: AsyncClientSession, *, reading: bool = False) -> MongoTransaction:
+        if reading:  # no snapshot to confirm a hint in: every document is found
+            documents = AttemptDocuments(None)
+        else:
+            documents = self._attempts.setdefault(id(session), AttemptDocuments(self._hints))
+        documents.opened += 1
         collections = self._reading if reading else self._collections
-        return MongoTransaction(collections, session, self._turns, self._keyring)
+        return MongoTransaction(collections, session, self._turns, self._keyring, documents)
 
     def _close(self, transaction: MongoTransaction) -> None:
+        documents = transaction.documents
+        documents.opened -= 1
+        if documents.opened == 0:
+            # Before the turn ends: the session's next operation here starts from what this committed.
+            documents.settle()
+            if self._attempts.get(id(transaction.session)) is documents:
+                del self._attempts[id(transaction.session)]
         transaction.end_turn()
 
     def _wrote(self, transaction: MongoTransaction) -> bool:
@@ -583,6 +638,13 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
 
     async def _finish(self, transaction: MongoTransaction) -> None:
         await transaction.flush()
+        await transaction.confirm()
+
+    async def _confirm(self, transaction: MongoTransaction) -> None:
+        await transaction.confirm()
+
+    def _committed(self, transaction: MongoTransaction) -> None:
+        transaction.documents.committed = True
 
     async def run(self, operation: Callable[[StoreTransaction], Awaitable[T]]) -> T:
         return await self.run_transaction(operation)

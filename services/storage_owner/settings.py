@@ -67,6 +67,16 @@ class OwnerSettings(ConsumerSettings):
             "replica set, where concurrent transactions scale, 1 (each alone) may serve better."
         ),
     )
+    document_hints: int = Field(
+        default=4096,
+        ge=0,
+        description=(
+            "Sessions and runs documents the owner keeps as its transactions committed them, so "
+            "that a run's next write starts from them instead of reading them again; each is "
+            "checked against the database before the write commits (an owner copy that wrote "
+            "meanwhile costs an attempt, never a wrong answer). 0 reads every one."
+        ),
+    )
     forget_turn_marks_keep_s: float = Field(
         default=DEFAULT_TURN_MARKS_KEEP.total_seconds(),
         gt=0,

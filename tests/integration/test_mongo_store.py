@@ -169,7 +169,7 @@ async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, d
                 stages = plan_stages(plan["queryPlanner"]["winningPlan"])
                 assert "COLLSCAN" not in stages, (find, stages)
                 explained += 1
-        assert explained > 50
+        assert explained > 40  # every path above sent its reads (sessions and runs hinted once written)
     finally:
         await client.close()
 
