@@ -63,6 +63,9 @@ class TranscriptErasedError(TranscriptError):
 # --- exact JSON values ----------------------------------------------------------------------------
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Where JSON text may spell a surrogate: strict UTF-8 holds none, only an escape from D800 to DFFF
+# does (an escaped backslash before the `u` matches too: the decoded value is searched then).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _exact_json(value: Any) -> Any:
@@ -352,7 +355,7 @@ def decode_json_value(payload: bytes, where: str) -> Any:
         raise TranscriptError(f"{where}: duplicate key {error.args[0]!r}") from error
     except (ValueError, RecursionError) as error:
         raise TranscriptError(f"{where}: payload is not exactly one JSON value ({error})") from error
-    if _has_lone_surrogate(value):
+    if _SURROGATE_ESCAPE.search(text) is not None and _has_lone_surrogate(value):
         raise TranscriptError(f"{where}: lone surrogate escape")
     return value
 

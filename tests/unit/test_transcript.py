@@ -143,6 +143,12 @@ def test_negative_zero_integer_encodes_as_it_decodes() -> None:
 # --- strict decoding: JSON level ----------------------------------------------------------------
 
 
+def test_an_escaped_backslash_before_u_is_text_and_a_surrogate_pair_a_character() -> None:
+    payload = b'[{"role":"user","parts":[{"kind":"text","text":"\\\\ud800 \\ud83d\\ude00"}]}]'
+    [message] = decode_messages(payload, "run 'r1' record 'k1'")
+    assert message.parts == (TextPart(text="\\ud800 \U0001f600"),)
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
@@ -155,6 +161,8 @@ def test_negative_zero_integer_encodes_as_it_decodes() -> None:
         (b"null", "JSON array"),
         (b'[{"role":"user","role":"user","parts":[]}]', "duplicate key 'role'"),
         (b'[{"role":"user","parts":[{"kind":"text","text":"\\ud800"}]}]', "lone surrogate"),
+        (b'[{"role":"user","parts":[{"kind":"text","text":"a \\uDBFF"}]}]', "lone surrogate"),
+        (b'[{"role":"user","parts":[{"kind":"text","text":"\\\\u0041\\udc00"}]}]', "lone surrogate"),
         (b'[{"role":"user","parts":[],"meta":{"n":NaN}}]', "exactly one JSON value"),
     ],
 )
