@@ -55,6 +55,8 @@ watcher and store client) is counted by kind (bench/kafka_requests): `run_kafka_
 and `run_kafka_requests_per_run` over the sequential runs, `run_kafka_fetches_per_run_50_sessions`
 over the 50 sessions. Exact counts, but a waiting consumer fetches every `fetch_max_wait_ms`
 (Tansu), so a run that takes longer on a busy box sends more: compare them side by side.
+`run_db_commands_per_run`: every command the owner's database client sent during the sequential
+runs (a pymongo command listener), per run; exact and independent of the box's speed.
 `python -m bench.run_bench --profile` also runs 20 sequential runs under cProfile (CPU time).
 `run_bench_box_ms`: what a fixed piece of pure-Python work took this process, before and after
 the sequential runs (the larger): on a shared machine every span of a run moves with it, so
@@ -116,7 +118,9 @@ raw_hops_p50_ms  H x p50(raw hop) + sum over the N commands of p50(that operatio
 ratio            run_overhead_p50 / raw_hops_p50 (target <= 1.5)
 kafka requests   every request this process's Kafka clients send (services and the bench's own),
                  exact, per run: run_kafka_fetches_per_run (Fetch) and run_kafka_requests_per_run
-                 (every kind) over the sequential runs; run_kafka_fetches_per_run_50_sessions"""
+                 (every kind) over the sequential runs; run_kafka_fetches_per_run_50_sessions
+database         every command the owner's database client sends (finds, writes, commits),
+                 exact, per sequential run: run_db_commands_per_run"""
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -133,18 +137,22 @@ class Sequential:
     wall_s: float
     requests: Counter[str]
     """This process's Kafka requests during the runs, by kind."""
+    database_commands: Counter[str]
+    """The owner's database commands during the runs, by name (and collection)."""
 
 
 async def _sequential(system: System, count: int, requests: Counter[str], text: str = TEXT) -> Sequential:
     sessions = [await system.new_session() for _ in range(count)]
     before, requests_before = system.cpu(), requests.copy()
+    commands_before = system.database_commands.counts.copy()
     started = time.perf_counter()
     runs = [await system.run(session_id, text) for session_id in sessions]
     wall = time.perf_counter() - started
     after, requests_after = system.cpu(), requests.copy()
+    commands = system.database_commands.counts - commands_before
     await asyncio.sleep(0.5)  # the last RecordRunTerminal's reply may land after its event
     cpu = {name: after[name] - before[name] for name in after}
-    return Sequential(runs, cpu, wall, requests_after - requests_before)
+    return Sequential(runs, cpu, wall, requests_after - requests_before, commands)
 
 
 @dataclass
@@ -391,6 +399,7 @@ async def measure_runs(profile: bool = False) -> dict[str, float]:
         "run_idle_cpu_pct_bench_process": 100 * idle["bench"],
         "run_kafka_fetches_per_run": sequential.requests["Fetch"] / len(latencies),
         "run_kafka_requests_per_run": sequential.requests.total() / len(latencies),
+        "run_db_commands_per_run": sequential.database_commands.total() / len(latencies),
         "run_kafka_fetches_per_run_50_sessions": concurrent.requests["Fetch"] / runs,
         "run_cpu_ms_all_processes_50_sessions": to_ms(all_cpu_per_run),
         "runs_per_s_cpu_bound_50_sessions": (os.cpu_count() or 1) / all_cpu_per_run,
@@ -444,6 +453,9 @@ def _print_details(
     for kind, _ in (sequential.requests + concurrent.requests).most_common():
         per_run = (sequential.requests[kind] / count, concurrent.requests[kind] / runs)
         print(f"  {kind:44s} {per_run[0]:8.1f} | {per_run[1]:8.1f}")
+    print("the owner's database commands per run (exact), sequential:")
+    for name, seen in sequential.database_commands.most_common():
+        print(f"  {name:44s} {seen / count:8.1f}")
 
 
 async def _profiled(system: System) -> None:

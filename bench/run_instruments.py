@@ -1,5 +1,6 @@
 """The run bench's instruments: timed spans of the planner's store commands and of the model, the
-watcher of terminal events, CPU time of the stack's processes, and the figures' arithmetic."""
+watcher of terminal events, the owner's database commands, CPU time of the stack's processes, and
+the figures' arithmetic."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from pymongo import monitoring
 
 from quipu.contracts.events import RunEvent, RunPhase, StreamEventType
 from quipu.contracts.store_operation import StoreOperation
@@ -23,6 +26,25 @@ from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
 
 STARTED = [time.perf_counter()]
+
+
+class DatabaseCommands(monitoring.CommandListener):
+    """Every command the owner's database client sends, counted by name and, for the commands that
+    name one collection (finds, updates, inserts), by collection: `find sessions`, `bulkWrite`."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        target = event.command.get(event.command_name)
+        name = event.command_name
+        self.counts[f"{name} {target}" if isinstance(target, str) else name] += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
 
 
 def progress(step: str) -> None:

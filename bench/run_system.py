@@ -18,8 +18,10 @@ from typing import cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient
 
 from bench.run_instruments import (
+    DatabaseCommands,
     Span,
     TerminalWatcher,
     TimedBackend,
@@ -44,6 +46,7 @@ from quipu.services.planner.app import create_app as create_planner
 from quipu.services.planner.orchestrator import PlannerDeps
 from quipu.services.storage_owner.app import create_app as create_owner
 from quipu.services.storage_owner.logic import backend_of
+from quipu.services.storage_owner.mongo import client_options
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.tool_executor.app import create_app as create_executor
@@ -81,6 +84,8 @@ class System:
     model: TimedModel
     watcher: TerminalWatcher
     pids: dict[str, int]
+    database_commands: DatabaseCommands
+    """Every command the owner's database client sent so far."""
     session_created: dict[str, datetime] = field(default_factory=dict)
 
     async def new_session(self) -> str:
@@ -121,7 +126,11 @@ async def started_system(stack: EmbeddedStack) -> AsyncIterator[System]:
     # The planner serves only registered agents: the built-in assistant's, as `quipu up` publishes them.
     await publish_agents(stack.kafka_settings(topic_prefix=prefix), assistant_app.agents)
     settings = stack.kafka_settings(topic_prefix=prefix)
-    mongo = await MongoStore.connect(stack.mongo_uri, database)
+    database_commands = DatabaseCommands()
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(
+        stack.mongo_uri, **client_options(stack.mongo_uri, 5_000), event_listeners=[database_commands]
+    )
+    mongo = await MongoStore.open(client, database, owns_client=True)
     memory = await MongoMemoryStore.open(mongo.client, database)
     owner_spans: list[Span] = []
     owner = create_owner(
@@ -143,7 +152,17 @@ async def started_system(stack: EmbeddedStack) -> AsyncIterator[System]:
     await asyncio.gather(planner.start(), producer.start(), watcher.start())
     pids = {"bench": os.getpid(), **stack_pids(stack)}
     try:
-        yield System(settings, producer, setup_store, planner_store, owner_spans, model, watcher, pids)
+        yield System(
+            settings,
+            producer,
+            setup_store,
+            planner_store,
+            owner_spans,
+            model,
+            watcher,
+            pids,
+            database_commands,
+        )
     finally:
         await watcher.stop()
         await producer.stop()
