@@ -21,10 +21,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+import bson
+
 from quipu.services.storage_owner.mongo import Document, WriteRaceError
 
 Key = tuple[str, str]
 """A document's collection and `_id`."""
+
+MAX_HINT_BYTES = 64 * 1024
+"""The largest document kept (a run holding a suspension checkpoint may be megabytes): the hints
+of a full cache stay within a few tens of megabytes."""
 
 
 def _version(document: Document | None) -> tuple[bool, object, bool]:
@@ -51,7 +57,8 @@ def _newer(kept: Document, document: Document) -> bool:
 
 
 class DocumentHints:
-    """The documents committed last by this process's transactions, at most `size` (least recent out)."""
+    """The documents committed last by this process's transactions, at most `size` (least recent
+    out), none over `MAX_HINT_BYTES`."""
 
     def __init__(self, size: int) -> None:
         self._size = max(1, size)
@@ -66,7 +73,7 @@ class DocumentHints:
     def keep(self, documents: Iterable[tuple[Key, Document | None]]) -> None:
         """Remember what a committed transaction wrote or read (a document it found gone is dropped)."""
         for key, document in documents:
-            if document is None:
+            if document is None or len(bson.encode(document)) > MAX_HINT_BYTES:
                 self._documents.pop(key, None)
                 continue
             kept = self._documents.get(key)

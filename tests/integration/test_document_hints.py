@@ -15,7 +15,7 @@ import pytest
 from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.store import LogBasis, RunStart, StartOutcome, StartResult
 from quipu.deploy.local.stack import EmbeddedStack
-from quipu.services.storage_owner.document_hints import DocumentHints
+from quipu.services.storage_owner.document_hints import MAX_HINT_BYTES, DocumentHints
 from quipu.services.storage_owner.mongo import TransactionPolicy
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.mongo_transaction import RUNS, SESSIONS
@@ -197,6 +197,14 @@ def test_hints_keep_the_newest_revision_and_a_tombstone_for_good() -> None:
     assert hints.get(key) == tombstone
     hints.keep([(key, None)])  # found gone
     assert hints.get(key) is None
+
+
+def test_a_document_too_large_to_keep_is_not_kept() -> None:
+    hints = DocumentHints(8)
+    key = (RUNS, "r")
+    hints.keep([(key, _document(1))])
+    hints.keep([(key, _document(2, checkpoint={"data": b"x" * MAX_HINT_BYTES}))])
+    assert hints.get(key) is None  # not even its older version: it moved
 
 
 def test_hints_hold_at_most_their_size_least_recent_out() -> None:
