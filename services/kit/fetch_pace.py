@@ -65,7 +65,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
@@ -683,11 +683,44 @@ _LISTENERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[
 """Who hears of this process's own records, by topic, an event loop."""
 
 
+Sent = Callable[[int, bytes], None]
+"""Told of a record this process queued for a partition of a topic listened to, before the broker
+acknowledges it: the partition and the record's value."""
+
+_SENT_LISTENERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Sent]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Who hears of this process's records as they are queued, by topic, an event loop."""
+
+
+def sent(topic: str, partition: int, value: bytes) -> None:
+    """A service of this process queued `value` for `topic`'s `partition` (kit.publishing calls
+    this for every record sent to a partition it names): those listening are told at once."""
+    for heard in list(_SENT_LISTENERS.get(asyncio.get_running_loop(), {}).get(topic, ())):
+        heard(partition, value)
+
+
+def listen_sent(topic: str, heard: Sent) -> Callable[[], None]:
+    """Have `heard` told of every record this process queues for a named partition of `topic`
+    from now on, before the broker holds it (a client whose answers only matter to itself: a lost
+    one is asked for again); returns what stops it."""
+    return _listen(_SENT_LISTENERS, topic, heard)
+
+
 def listen(topic: str, heard: Heard) -> Callable[[], None]:
     """Have `heard` told of every record this process publishes on `topic` from now on (a client
     that waits for its own process's answers there instead of fetching for them); returns what
     stops it."""
-    topics = _LISTENERS.setdefault(asyncio.get_running_loop(), {})
+    return _listen(_LISTENERS, topic, heard)
+
+
+L = TypeVar("L")
+
+
+def _listen(
+    registry: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[L]]], topic: str, heard: L
+) -> Callable[[], None]:
+    topics = registry.setdefault(asyncio.get_running_loop(), {})
     topics.setdefault(topic, []).append(heard)
 
     def stop() -> None:

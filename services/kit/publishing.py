@@ -177,6 +177,8 @@ class TopicPublisher:
                 break
             queued.append(taken.acknowledged)
             records.append(_Sent(key, body, taken.headers))
+            if each.partition is not None:
+                fetch_pace.sent(topic, each.partition, body)
         return asyncio.ensure_future(_acknowledged(topics, queued, records, refused, hand=self._hand))
 
 

@@ -12,8 +12,9 @@ attempt times out the caller gets UNAVAILABLE.
 On Tansu a waiting client fetches every 10 ms (its fetch does not wake on new data). A call whose
 command lands on a partition of `storage.commands` that an owner of this very process holds
 (`quipu up`, everything in one process) is answered by this process: the client does not fetch for
-it, and is told of the reply as it is published (`kit.fetch_pace.listen`), then is handed it
-(kit.handover) or fetches it at once.
+it: the reply resolves the call as soon as that owner queues it, before the broker acknowledges
+it (`kit.fetch_pace.listen_sent`: a reply only answers this call, and one lost would be asked for
+again), and the client is then handed the record (kit.handover) or fetches it, only to move past it.
 Should that owner no longer hold the partition (a rebalance moved it elsewhere), or no reply come
 within `HERE_REPLY_WAIT_S`, it fetches for the call as for any other.
 """
@@ -98,6 +99,9 @@ HERE_LOOK_S = 0.05
 calls answered here went to (a rebalance may have moved one: its reply then comes from elsewhere)."""
 HERE_REPLY_WAIT_S = 5.0
 """Longest a call answered in this process waits for its reply without fetching for it."""
+EARLY_KEPT = 1024
+"""Calls answered as their reply was queued whose record is still to be read, at most (one whose
+record never comes, its partition moved, is forgotten after as many more)."""
 
 _ON_SENT: ContextVar[asyncio.Event | None] = ContextVar("quipu_store_on_sent", default=None)
 """Set by `KafkaStore.sent` in the task of the call it starts: the call's first publish the broker
@@ -183,6 +187,11 @@ class KafkaStore:
         """Reply partitions read by this client where this process published a record not read
         yet: the offset past it."""
         self._unlisten: Callable[[], None] | None = None
+        self._unlisten_sent: Callable[[], None] | None = None
+        self._early: dict[str, None] = {}
+        """Calls resolved by a reply of this process before the broker held it (insertion order,
+        bounded): the record, when it is read, is theirs, not another client's passed over."""
+        self._resolving: set[asyncio.Task[None]] = set()
 
     @classmethod
     def for_service(
@@ -217,6 +226,7 @@ class KafkaStore:
         self._commands = producer_publisher(self._producer, settings, self._seals)
         self._command_partitions = sorted(await self._producer.partitions_for(self._commands_topic))
         self._unlisten = fetch_pace.listen(self._replies_topic, self._heard)
+        self._unlisten_sent = fetch_pace.listen_sent(self._replies_topic, self._sent_here)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap,
             client_id=f"{settings.client_id}-store-replies",
@@ -258,6 +268,11 @@ class KafkaStore:
     def replies_passed_over(self) -> int:
         """Replies fetched that no call of this client waited for (another client's, or late)."""
         return self._passed_over
+
+    @property
+    def replies_answered_early(self) -> int:
+        """Calls answered by a reply of this process as it was queued, whose record is not read yet."""
+        return len(self._early)
 
     def _claimed(self, partition: int) -> None:
         if partition != self._reply_partition:
@@ -320,9 +335,12 @@ class KafkaStore:
 
     async def stop(self) -> None:
         """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""
-        if self._unlisten is not None:
-            self._unlisten()
-            self._unlisten = None
+        for unlisten in (self._unlisten, self._unlisten_sent):
+            if unlisten is not None:
+                unlisten()
+        self._unlisten = self._unlisten_sent = None
+        for resolving in list(self._resolving):
+            resolving.cancel()
         if self._looking_here is not None:
             self._looking_here.cancel()
             await asyncio.gather(self._looking_here, return_exceptions=True)
@@ -374,12 +392,24 @@ class KafkaStore:
 
     def _heard(self, partition: int, offset: int, record: HandedRecord | None) -> None:
         """This process published a record on the replies topic: take it now (handed, else
-        fetched) if it is on a partition this client reads while calls answered here wait."""
-        if partition in self._reading and self._here:
+        fetched) if it is on a partition this client reads while calls answered here wait, or
+        answered one already as it was queued (read past it, so no backlog builds up)."""
+        if partition in self._reading and (self._here or self._early):
             self._due[partition] = max(offset + 1, self._due.get(partition, 0))
             self._fetch_as_needed()
             if record is not None and self._consumer is not None:
                 handover.hand(self._consumer, TopicPartition(self._replies_topic, partition), offset, record)
+
+    def _sent_here(self, partition: int, value: bytes) -> None:
+        """An owner of this process queued a reply for a partition this client reads: when it
+        answers a pending call, resolve that call now, as the record would once fetched."""
+        if partition not in self._reading or not any(
+            correlation_id.encode() in value for correlation_id in self._pending
+        ):
+            return
+        resolving = asyncio.ensure_future(self._resolve(value, early=True))
+        self._resolving.add(resolving)
+        resolving.add_done_callback(self._resolving.discard)
 
     def _fetch_as_needed(self) -> None:
         """Fetch the partitions read while a call waits for a reply from elsewhere, or a reply of
@@ -421,12 +451,16 @@ class KafkaStore:
             if elsewhere:
                 self._fetch_as_needed()
 
-    async def _resolve(self, value: bytes) -> None:
+    async def _resolve(self, value: bytes, *, early: bool = False) -> None:
         # Other clients may read this partition too: their replies are passed over before they are
         # decoded or opened (the correlation id is in clear in every reply; a false match is only
         # decoded in vain).
         if not any(correlation_id.encode() in value for correlation_id in self._pending):
-            self._passed_over += 1
+            answered = next((done for done in self._early if done.encode() in value), None)
+            if answered is None:
+                self._passed_over += 1
+            else:
+                del self._early[answered]  # the record of a reply taken as it was queued
             return
         try:
             reply = StoreReply.model_validate_json(await self._seals.open(value))
@@ -439,6 +473,10 @@ class KafkaStore:
         future = self._pending.get(reply.correlation_id)
         if future is not None and not future.done():
             future.set_result(reply)
+            if early:
+                self._early[reply.correlation_id] = None
+                while len(self._early) > EARLY_KEPT:
+                    del self._early[next(iter(self._early))]
 
     async def call(self, command: StoreOperation) -> Any:
         """Send `command` and return its decoded result, or raise the owner's StoreError."""

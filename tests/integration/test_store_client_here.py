@@ -9,7 +9,8 @@ partition, it fetches as for any other call. Real broker; the owner runs in the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -21,7 +22,7 @@ from quipu.contracts.topics import TOPICS, Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.memory.memory_store import InMemoryMemoryStore
 from quipu.services.domain.store.memory import InMemoryStore
-from quipu.services.kit import fetch_pace
+from quipu.services.kit import fetch_pace, publishing, store_client
 from quipu.services.kit.fetch_pace import FetchPace
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -74,6 +75,46 @@ async def test_a_call_the_owner_of_this_process_answers_is_fetched_only_once_ans
                 assert (session.session_id, session.status) == ("s-1", SessionStatus.ACTIVE)
                 assert store.fetching == set()
         finally:
+            await owner.stop()
+
+
+async def test_a_reply_of_this_process_answers_its_call_before_the_broker_holds_it(
+    kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker's acknowledgements of the owner's replies are held back: the call is answered
+    # all the same, by the reply as the owner queued it. Once they are let go the record is read
+    # as that call's own, not passed over as another client's.
+    monkeypatch.setattr(store_client, "HERE_REPLY_WAIT_S", 3600.0)  # no fetch for the call meanwhile
+    replies = kafka_settings.topic_prefix + Topic.STORAGE_REPLIES.value
+    acknowledged = asyncio.Event()
+    held = publishing._acknowledged
+
+    async def holding(topics: Sequence[str], *args: Any, **kwargs: Any) -> None:
+        if replies in topics:
+            await acknowledged.wait()
+        await held(topics, *args, **kwargs)
+
+    monkeypatch.setattr(publishing, "_acknowledged", holding)
+    backend = InMemoryStore()
+    await backend.create_session("s-1", utc_now_ms())
+    owner = create_owner(kafka_settings, store=backend, memory=InMemoryMemoryStore())
+    async with asyncio.timeout(scaled(60)):
+        await owner.start()
+        try:
+            await eventually(held_here(kafka_settings), within=30, what="the owner holding its partitions")
+            async with KafkaStore(kafka_settings, reply_timeout_s=scaled(30), claim_partition=False) as store:
+                session = await store.load_session_status("s-1")
+                assert session.session_id == "s-1"
+                assert store.replies_answered_early == 1
+                acknowledged.set()
+
+                async def read_as_its_own() -> bool:
+                    return store.replies_answered_early == 0
+
+                await eventually(read_as_its_own, within=30, what="the reply's record read")
+                assert store.replies_passed_over == 0
+        finally:
+            acknowledged.set()
             await owner.stop()
 
 

@@ -210,6 +210,27 @@ async def test_messages_published_together_are_queued_in_order_before_any_acknow
     await publishing
 
 
+async def test_a_record_for_a_partition_it_names_is_told_as_it_is_queued_before_its_acknowledgement() -> None:
+    # A store reply (its caller's partition) is heard by a client of this process at once; a
+    # record the producer's partitioner places is not told until the broker says where it went.
+    told: list[tuple[int, bytes]] = []
+    unlisten = [
+        fetch_pace.listen_sent(topic, lambda partition, value: told.append((partition, value)))
+        for topic in ("t1-storage.replies", "t1-runs.control")
+    ]
+    pending = Pending()
+    reply = StoreReply(correlation_id="c")
+    queued = await TopicPublisher(SETTINGS, pending).queue_together(
+        [Outgoing(reply, partition=2), Outgoing(CancelRun(run_id="r"))]
+    )
+    assert told == [(2, reply.model_dump_json().encode())]
+    for topic, future in pending.queued:
+        future.set_result(RecordMetadata(topic, 0, TopicPartition(topic, 0), 1, -1, -1, -1))
+    await queued
+    for stop in unlisten:
+        stop()
+
+
 async def test_a_message_among_others_the_broker_did_not_take_is_a_publish_error() -> None:
     pending = Pending()
     messages = [Outgoing(StoreReply(correlation_id="c")), Outgoing(CancelRun(run_id="r"))]
