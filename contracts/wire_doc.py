@@ -307,8 +307,9 @@ A client names one partition on every command, reads that partition without a co
 from its end offset (fetching only while a command of its own waits), and resolves each reply by
 `correlation_id`, ignoring replies nobody waits for. On Tansu, where a waiting fetch is repeated
 every 10 ms, a Quipu client does not fetch for a command that an owner in its own process holds
-the partition of: it fetches once that owner has published the reply (or once the owner no
-longer holds the partition). Quipu's clients take a partition of their own
+the partition of: it is answered by the reply as that owner queues it, and reads the record once
+published, to move past it (it fetches as for any command once the owner no longer holds the
+partition). Quipu's clients take a partition of their own
 so that none fetches another's replies: each is a member of the consumer group `store-replies`
 (prefixed like every group), whose assignor (`quipu-one-partition-each`) gives every member a
 partition number in its assignment's user data (`<partition>:<members sharing it>`) and no
