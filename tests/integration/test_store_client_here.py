@@ -9,7 +9,8 @@ partition, it fetches as for any other call. Real broker; the owner runs in the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -56,26 +57,34 @@ def held_here(kafka: KafkaSettings) -> Callable[[], Awaitable[bool]]:
     return check
 
 
+@contextlib.asynccontextmanager
+async def answered_here(kafka: KafkaSettings, backend: InMemoryStore) -> AsyncIterator[KafkaStore]:
+    """A client, and an owner of its process over `backend` (session "s-1" created) holding every
+    partition of `storage.commands`."""
+    await backend.create_session("s-1", utc_now_ms())
+    owner = create_owner(kafka, store=backend, memory=InMemoryMemoryStore())
+    async with asyncio.timeout(scaled(60)):
+        await owner.start()
+        try:
+            await eventually(held_here(kafka), within=30, what="the owner holding its partitions")
+            async with KafkaStore(kafka, reply_timeout_s=scaled(30), claim_partition=False) as store:
+                yield store
+        finally:
+            await owner.stop()
+
+
 async def test_a_call_the_owner_of_this_process_answers_is_fetched_only_once_answered(
     kafka_settings: KafkaSettings,
 ) -> None:
     backend = GatedStore()
-    await backend.create_session("s-1", utc_now_ms())
-    owner = create_owner(kafka_settings, store=backend, memory=InMemoryMemoryStore())
-    async with asyncio.timeout(scaled(60)):
-        await owner.start()
-        try:
-            await eventually(held_here(kafka_settings), within=30, what="the owner holding its partitions")
-            async with KafkaStore(kafka_settings, reply_timeout_s=scaled(30), claim_partition=False) as store:
-                call = asyncio.create_task(store.call(LoadSessionStatus(session_id="s-1")))
-                await asyncio.wait_for(backend.reading.wait(), scaled(20))
-                assert store.fetching == set()  # the owner holds the command: nothing to fetch yet
-                backend.gate.set()
-                session = await call
-                assert (session.session_id, session.status) == ("s-1", SessionStatus.ACTIVE)
-                assert store.fetching == set()
-        finally:
-            await owner.stop()
+    async with answered_here(kafka_settings, backend) as store:
+        call = asyncio.create_task(store.call(LoadSessionStatus(session_id="s-1")))
+        await asyncio.wait_for(backend.reading.wait(), scaled(20))
+        assert store.fetching == set()  # the owner holds the command: nothing to fetch yet
+        backend.gate.set()
+        session = await call
+        assert (session.session_id, session.status) == ("s-1", SessionStatus.ACTIVE)
+        assert store.fetching == set()
 
 
 async def test_a_reply_of_this_process_answers_its_call_before_the_broker_holds_it(
@@ -95,27 +104,19 @@ async def test_a_reply_of_this_process_answers_its_call_before_the_broker_holds_
         await held(topics, *args, **kwargs)
 
     monkeypatch.setattr(publishing, "_acknowledged", holding)
-    backend = InMemoryStore()
-    await backend.create_session("s-1", utc_now_ms())
-    owner = create_owner(kafka_settings, store=backend, memory=InMemoryMemoryStore())
-    async with asyncio.timeout(scaled(60)):
-        await owner.start()
+    async with answered_here(kafka_settings, InMemoryStore()) as store:
         try:
-            await eventually(held_here(kafka_settings), within=30, what="the owner holding its partitions")
-            async with KafkaStore(kafka_settings, reply_timeout_s=scaled(30), claim_partition=False) as store:
-                session = await store.load_session_status("s-1")
-                assert session.session_id == "s-1"
-                assert store.replies_answered_early == 1
-                acknowledged.set()
-
-                async def read_as_its_own() -> bool:
-                    return store.replies_answered_early == 0
-
-                await eventually(read_as_its_own, within=30, what="the reply's record read")
-                assert store.replies_passed_over == 0
+            session = await store.load_session_status("s-1")
+            assert session.session_id == "s-1"
+            assert store.replies_answered_early == 1
         finally:
-            acknowledged.set()
-            await owner.stop()
+            acknowledged.set()  # else the owner's stop waits for them
+
+        async def read_as_its_own() -> bool:
+            return store.replies_answered_early == 0
+
+        await eventually(read_as_its_own, within=30, what="the reply's record read")
+        assert store.replies_passed_over == 0
 
 
 async def test_a_call_is_fetched_for_once_no_consumer_of_this_process_holds_its_partition(
