@@ -659,7 +659,7 @@ def published(topic: str, partition: int, offset: int, record: HandedRecord | No
     lookout = _LOOKOUTS.get(loop)
     if lookout is not None:
         lookout.published(TopicPartition(topic, partition), offset, record)
-    for heard in list(_LISTENERS.get(loop, {}).get(topic, ())):
+    for heard in _listening(_LISTENERS, topic):
         heard(partition, offset, record)
 
 
@@ -696,7 +696,7 @@ _SENT_LISTENERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, 
 def sent(topic: str, partition: int, value: bytes) -> None:
     """A service of this process queued `value` for `topic`'s `partition` (kit.publishing calls
     this for every record sent to a partition it names): those listening are told at once."""
-    for heard in list(_SENT_LISTENERS.get(asyncio.get_running_loop(), {}).get(topic, ())):
+    for heard in _listening(_SENT_LISTENERS, topic):
         heard(partition, value)
 
 
@@ -715,6 +715,12 @@ def listen(topic: str, heard: Heard) -> Callable[[], None]:
 
 
 L = TypeVar("L")
+
+
+def _listening(
+    registry: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[L]]], topic: str
+) -> list[L]:
+    return list(registry.get(asyncio.get_running_loop(), {}).get(topic, ()))
 
 
 def _listen(

@@ -186,8 +186,7 @@ class KafkaStore:
         self._due: dict[int, int] = {}
         """Reply partitions read by this client where this process published a record not read
         yet: the offset past it."""
-        self._unlisten: Callable[[], None] | None = None
-        self._unlisten_sent: Callable[[], None] | None = None
+        self._unlisten: list[Callable[[], None]] = []
         self._early: dict[str, None] = {}
         """Calls resolved by a reply of this process before the broker held it (insertion order,
         bounded): the record, when it is read, is theirs, not another client's passed over."""
@@ -225,8 +224,10 @@ class KafkaStore:
         await self._producer.start()
         self._commands = producer_publisher(self._producer, settings, self._seals)
         self._command_partitions = sorted(await self._producer.partitions_for(self._commands_topic))
-        self._unlisten = fetch_pace.listen(self._replies_topic, self._heard)
-        self._unlisten_sent = fetch_pace.listen_sent(self._replies_topic, self._sent_here)
+        self._unlisten = [
+            fetch_pace.listen(self._replies_topic, self._heard),
+            fetch_pace.listen_sent(self._replies_topic, self._sent_here),
+        ]
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap,
             client_id=f"{settings.client_id}-store-replies",
@@ -335,10 +336,9 @@ class KafkaStore:
 
     async def stop(self) -> None:
         """Stop reading replies and close both clients; pending calls fail with UNAVAILABLE."""
-        for unlisten in (self._unlisten, self._unlisten_sent):
-            if unlisten is not None:
-                unlisten()
-        self._unlisten = self._unlisten_sent = None
+        for unlisten in self._unlisten:
+            unlisten()
+        self._unlisten = []
         for resolving in list(self._resolving):
             resolving.cancel()
         if self._looking_here is not None:

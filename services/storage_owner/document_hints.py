@@ -52,8 +52,7 @@ def _newer(kept: Document, document: Document) -> bool:
         return False
     if document.get("tombstone"):
         return True
-    revision, kept_revision = document.get("revision"), kept.get("revision")
-    return not isinstance(revision, int) or not isinstance(kept_revision, int) or revision >= kept_revision
+    return bool(document.get("revision", 0) >= kept.get("revision", 0))
 
 
 class DocumentHints:

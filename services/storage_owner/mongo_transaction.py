@@ -629,8 +629,7 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
         if documents.opened == 0:
             # Before the turn ends: the session's next operation here starts from what this committed.
             documents.settle()
-            if self._attempts.get(id(transaction.session)) is documents:
-                del self._attempts[id(transaction.session)]
+            self._attempts.pop(id(transaction.session), None)  # a read's is not there
         transaction.end_turn()
 
     def _wrote(self, transaction: MongoTransaction) -> bool:
