@@ -23,6 +23,9 @@ Why not FastStream's defaults (PLATFORM_NOTES):
   takes at least a second on Tansu (and a rebalance round on Kafka): eight
   subscribers took 8 s to start. The broker built here starts them
   concurrently (1 s for eight).
+- FastStream builds a producer per broker; the broker built here publishes through the
+  process's producer instead (`quipu.services.kit.producers`), so the records of every
+  service in a process share produce requests.
 - FastStream's own access logger writes formatted text to stdout and does not
   propagate; the broker gets a standard logger instead, so its lines go
   through `quipu.services.kit.logging` (JSON, redaction) like everything else.
@@ -32,16 +35,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from faststream._internal.parser import DefaultCodec
+from faststream._internal.utils.data import filter_by_dict
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
+from faststream.kafka.schemas.params import ConsumerConnectionParams
 from faststream.middlewares import AckPolicy
 
 from quipu.services.kit.delivery import DeadLetterLimits, Delivery, MessageOpener, RetryPolicy
+from quipu.services.kit.producers import shared_producer
 from quipu.services.kit.settings import KafkaSettings
 
 BROKER_LOGGER_NAME = "quipu.faststream"
@@ -49,7 +58,27 @@ BROKER_LOGGER_NAME = "quipu.faststream"
 
 
 class ConcurrentStartKafkaBroker(KafkaBroker):
-    """A `KafkaBroker` whose `start()` starts every subscriber at once instead of in turn."""
+    """A `KafkaBroker` whose `start()` starts every subscriber at once instead of in turn, and
+    which publishes through the process's producer (`producers.shared_producer`) when `settings`
+    share it."""
+
+    def __init__(self, *args: Any, settings: KafkaSettings | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._producer_settings = settings
+
+    async def _connect(self) -> Callable[..., AIOKafkaConsumer]:
+        settings, config = self._producer_settings, self.config.broker_config
+        if settings is None or not settings.share_producer or config.consumer_only:
+            return await super()._connect()
+        # FastStream 0.7's KafkaBrokerConfig.connect, but with a lease of the process's producer
+        # where it builds a producer of its own; a broker test covers this.
+        lease = cast(AIOKafkaProducer, shared_producer(settings, settings.client_id))
+        codec = config.broker_codec or DefaultCodec()
+        await config.producer.connect(lease, serializer=config.fd_config._serializer, codec=codec)
+        await config.admin.connect(**self._connection_kwargs)
+        consumer_options, _ = filter_by_dict(ConsumerConnectionParams, self._connection_kwargs)
+        config.builder = functools.partial(AIOKafkaConsumer, **consumer_options)
+        return config.builder
 
     async def start(self) -> None:
         """Connect, start all subscribers concurrently, then the publishers."""
@@ -132,6 +161,7 @@ def make_broker(
     """
     return ConcurrentStartKafkaBroker(
         settings.bootstrap,
+        settings=settings,
         client_id=client_id or settings.client_id,
         acks=settings.acks,
         enable_idempotence=settings.enable_idempotence,

@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from faststream.kafka import KafkaBroker
@@ -39,6 +38,7 @@ from quipu.services.kit import fetch_pace
 from quipu.services.kit.delivery import broker_may_take_again
 from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.keys import MessageSeals
+from quipu.services.kit.producers import Producer
 from quipu.services.kit.settings import KafkaSettings
 
 
@@ -260,9 +260,9 @@ def broker_publisher(
 
 
 def producer_publisher(
-    producer: AIOKafkaProducer, settings: KafkaSettings, seals: MessageSeals | None = None
+    producer: Producer, settings: KafkaSettings, seals: MessageSeals | None = None
 ) -> TopicPublisher:
-    """A `TopicPublisher` on a started aiokafka producer (clients without a FastStream broker)."""
+    """A `TopicPublisher` on a started producer (clients without a FastStream broker)."""
 
     async def send(
         topic: str, body: bytes, *, key: bytes | None, partition: int | None, headers: Mapping[str, str]

@@ -288,6 +288,14 @@ class KafkaSettings(QuipuSettings):
             "than it carries the original body's size and sha256 instead of the body."
         ),
     )
+    share_producer: bool = Field(
+        default=True,
+        description=(
+            "Whether the services of one process send through one producer (leases of it): "
+            "their records share produce requests instead of each service sending its own. "
+            "Off gives every service and store client a producer of its own."
+        ),
+    )
     dead_letter_attempts: int = Field(
         default=3,
         ge=1,

@@ -81,6 +81,7 @@ from quipu.services.kit.consumers import stop_consumer
 from quipu.services.kit.delivery import MessageErasedError, PermanentError, RetryableError, describe_error
 from quipu.services.kit.handover import HandedRecord
 from quipu.services.kit.keys import MessageSeals, message_seals
+from quipu.services.kit.producers import Producer, shared_producer
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.reply_claim import ReplyClaim
 from quipu.services.kit.run_events import partition_for_key
@@ -164,7 +165,7 @@ class KafkaStore:
         self._tenant_id = tenant_id
         self._replies_topic = settings.topic_prefix + Topic.STORAGE_REPLIES.value
         self._pending: dict[str, asyncio.Future[StoreReply]] = {}
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Producer | None = None
         self._commands: TopicPublisher | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -215,12 +216,7 @@ class KafkaStore:
     async def start(self) -> None:
         """Connect, and be positioned on the replies topic before the first command is sent."""
         settings = self._settings
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap,
-            client_id=f"{settings.client_id}-store",
-            acks=settings.acks,
-            enable_idempotence=settings.enable_idempotence,
-        )
+        self._producer = shared_producer(settings, f"{settings.client_id}-store")
         await self._producer.start()
         self._commands = producer_publisher(self._producer, settings, self._seals)
         self._command_partitions = sorted(await self._producer.partitions_for(self._commands_topic))

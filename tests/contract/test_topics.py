@@ -104,6 +104,8 @@ SENDS = {"send", "send_and_wait", "send_batch", "publish_batch"}
 
 ALLOWED = {
     ("services/kit/publishing.py", "send"): "the router itself",
+    ("services/kit/producers.py", "send"): "the process's producer, which the router sends through",
+    ("services/kit/producers.py", "send_batch"): "the process's producer (FastStream's batch publish)",
     (
         "services/kit/broker.py",
         "dead_letter",
