@@ -106,7 +106,6 @@ class SharedProducer:
         self._settings = settings
         self._key = _key(settings)
         self._held: _Shared | None = None
-        self._stopped = False
 
     async def start(self) -> None:
         """Hold the process's producer, starting it when no lease does."""
@@ -126,14 +125,13 @@ class SharedProducer:
                 del producers.by_key[self._key]
             raise
         shared.holders += 1
-        self._held, self._stopped = shared, False
+        self._held = shared
 
     async def stop(self) -> None:
         """Flush what is queued; close the producer if this was its last holder."""
         shared, self._held = self._held, None
         if shared is None:
             return
-        self._stopped = True
         shared.holders -= 1
         if shared.holders > 0:
             await shared.producer.flush()
@@ -150,7 +148,7 @@ class SharedProducer:
 
     def _producer(self) -> AIOKafkaProducer:
         if self._held is None:
-            raise ProducerClosed() if self._stopped else RuntimeError("the producer lease is not started")
+            raise ProducerClosed()  # what a stopped aiokafka producer raises; a lease not started yet too
         return self._held.producer
 
     async def send(
