@@ -11,8 +11,8 @@ and its store client in production; every service under `quipu up`, the tests an
 each had a producer of their own, so each sent its own requests, most carrying one record. A
 lease of one producer per event loop and connection settings (brokers, acknowledgements,
 idempotence, request size) makes their records share requests: in the run bench (every service
-in one process, 50 sessions at once) 11.6 produce requests a run became 6.3, and the CPU of the
-three processes a run went down with them (NOTES.md).
+in one process, 50 sessions at once) 11.6 produce requests a run became 6.3, one connection and
+its buffers in place of five (NOTES.md has what it did and did not change).
 
 A record's order is the order of its partition, whoever queued it, so sharing changes nothing a
 consumer sees. The shared producer's client id is the settings' `client_id` (the deployment's),
