@@ -38,13 +38,13 @@ class MemoryOperation(StoreOperation):
     def partition_key(self) -> str:
         """The session when the command has one, else the principal (ordering only)."""
         for name in ("session_id", "turn", "summary"):
-            value = getattr(self, name, None)
+            value = self.field_or_none(name)
             if isinstance(value, HistoryTurn | SessionSummary):
                 return value.session_id
             if isinstance(value, str) and value:
                 return value
         for name in ("scope", "profile", "entry"):
-            value = getattr(self, name, None)
+            value = self.field_or_none(name)
             if isinstance(value, MemoryScope):
                 return value.principal_id
             if isinstance(value, Profile | IndexEntry):
@@ -54,7 +54,7 @@ class MemoryOperation(StoreOperation):
     def whose_words(self) -> SealedFor | None:
         """The principal whose memory the command touches (their key seals it), when it names one."""
         for name in ("scope", "turn", "profile", "entry"):
-            value = getattr(self, name, None)
+            value = self.field_or_none(name)
             scope = value if isinstance(value, MemoryScope) else getattr(value, "scope", None)
             if isinstance(scope, MemoryScope) and scope.principal_id:
                 return SealedFor(tenant_id=scope.tenant_id, principal_id=scope.principal_id)
