@@ -39,6 +39,7 @@ from quipu.services.domain.agent_publisher import publish_agents
 from quipu.services.domain.memory.protocol import MemoryStore
 from quipu.services.domain.models.scripted import ScriptedModel
 from quipu.services.domain.store.protocol import Store
+from quipu.services.kit.producers import new_producer
 from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.store_client import KafkaStore
@@ -110,14 +111,6 @@ class System:
         return {name: process_cpu_s(pid) for name, pid in self.pids.items()}
 
 
-def _producer(settings: KafkaSettings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap,
-        acks=settings.acks,
-        enable_idempotence=settings.enable_idempotence,
-    )
-
-
 @contextlib.asynccontextmanager
 async def started_system(stack: EmbeddedStack) -> AsyncIterator[System]:
     prefix = f"rb{uuid.uuid4().hex[:8]}."
@@ -143,7 +136,7 @@ async def started_system(stack: EmbeddedStack) -> AsyncIterator[System]:
     planner = create_planner(settings, deps=PlannerDeps(store=planner_store, model=model))
     executor = create_executor(settings)
     setup_store = KafkaStore(settings, reply_timeout_s=10.0)
-    producer = _producer(settings)
+    producer = new_producer(settings, "bench-requests")
     watcher = TerminalWatcher(settings)
     await owner.start()
     await planner_store.start()
@@ -190,7 +183,7 @@ async def raw_hops(settings: KafkaSettings, count: int, idle_s: float) -> list[f
             await admin.create_topics([NewTopic(name, 1, 1)])
     finally:
         await admin.close()
-    producer = _producer(settings)
+    producer = new_producer(settings, "bench-raw-hops")
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap,
         group_id=None,

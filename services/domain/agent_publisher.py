@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from aiokafka import AIOKafkaProducer
-
 from quipu.contracts.agents import AgentChanged, AgentDefinition
 from quipu.contracts.topics import Topic
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.agents import AgentRegistry, InvalidAgentEntryError, defined, removed
 from quipu.services.kit.logging import get_logger
+from quipu.services.kit.producers import new_producer
 from quipu.services.kit.publishing import producer_publisher
 from quipu.services.kit.settings import KafkaSettings
 from quipu.services.kit.topic_replay import read_to_end
@@ -86,12 +85,7 @@ async def _publish(
 ) -> list[AgentChanged]:
     if not entries:
         return entries
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap,
-        client_id=client_id,
-        acks=settings.acks,
-        enable_idempotence=settings.enable_idempotence,
-    )
+    producer = new_producer(settings, client_id)
     await producer.start()
     try:
         publisher = producer_publisher(producer, settings)

@@ -24,6 +24,7 @@ from quipu.contracts.errors import ErrorCode, StoreError
 from quipu.contracts.runs import CancelRun, RunRequested
 from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.kit.keys import MessageSeals, message_seals
+from quipu.services.kit.producers import new_producer
 from quipu.services.kit.publishing import PublishError, TopicPublisher, producer_publisher
 from quipu.services.kit.sealing import sealing_for
 from quipu.services.kit.settings import KafkaSettings, KeySettings
@@ -69,12 +70,7 @@ class KafkaRunPublisher:
 
     async def start(self) -> None:
         """Connect the producer."""
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap,
-            client_id=f"{self._client_id}-publisher",
-            acks=self._settings.acks,
-            enable_idempotence=self._settings.enable_idempotence,
-        )
+        self._producer = new_producer(self._settings, f"{self._client_id}-publisher")
         await self._producer.start()
         # A request's words are sealed under its principal's key.
         self._seals = self._given_seals or message_seals(self._keys)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
@@ -65,14 +65,10 @@ class _Shared:
     holders: int = 0
 
 
-@dataclass
-class _Producers:
-    """The shared producers of one event loop (a producer belongs to the loop that started it)."""
-
-    by_key: dict[_Key, _Shared] = field(default_factory=dict)
-
-
-_LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Producers] = weakref.WeakKeyDictionary()
+_LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Key, _Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The shared producers of each event loop (a producer belongs to the loop that started it)."""
 
 
 def _key(settings: KafkaSettings) -> _Key:
@@ -111,18 +107,18 @@ class SharedProducer:
         """Hold the process's producer, starting it when no lease does."""
         if self._held is not None:
             return
-        producers = _LOOPS.setdefault(asyncio.get_running_loop(), _Producers())
-        shared = producers.by_key.get(self._key)
+        producers = _LOOPS.setdefault(asyncio.get_running_loop(), {})
+        shared = producers.get(self._key)
         if shared is None:
             producer = new_producer(self._settings, self._settings.client_id)
             shared = _Shared(producer, asyncio.ensure_future(producer.start()))
-            producers.by_key[self._key] = shared
+            producers[self._key] = shared
         try:
             await asyncio.shield(shared.started)
         except BaseException:
-            if shared.started.done() and producers.by_key.get(self._key) is shared:
+            if shared.started.done() and producers.get(self._key) is shared:
                 # A producer that failed to start is not handed out again: the next start tries anew.
-                del producers.by_key[self._key]
+                del producers[self._key]
             raise
         shared.holders += 1
         self._held = shared
@@ -137,8 +133,8 @@ class SharedProducer:
             await shared.producer.flush()
             return
         producers = _LOOPS.get(asyncio.get_running_loop())
-        if producers is not None and producers.by_key.get(self._key) is shared:
-            del producers.by_key[self._key]
+        if producers is not None and producers.get(self._key) is shared:
+            del producers[self._key]
         await shared.producer.stop()
 
     @property
