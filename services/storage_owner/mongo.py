@@ -164,9 +164,10 @@ class TransactionLoop(Generic[X]):
         """Whether operations that arrive together share a transaction."""
         return self._policy.group_max > 1
 
-    def _open(self, session: AsyncClientSession, *, reading: bool = False) -> X:
+    def _open(self, session: AsyncClientSession, *, reading: bool = False, retrying: bool = False) -> X:
         """The operation's transaction object on `session` (`reading`: outside any transaction,
-        its collections read with `TransactionPolicy.single_read_concern`)."""
+        its collections read with `TransactionPolicy.single_read_concern`; `retrying`: an attempt
+        after one failed, which takes no chance a first one may take)."""
         raise NotImplementedError
 
     def _close(self, transaction: X) -> None:
@@ -220,9 +221,9 @@ class TransactionLoop(Generic[X]):
                 self._queue.clear()
             raise
 
-    async def _apply_alone(self, queued: _Queued) -> None:
+    async def _apply_alone(self, queued: _Queued, *, retrying: bool = False) -> None:
         try:
-            queued.settle(await self._alone(queued.operation))
+            queued.settle(await self._alone(queued.operation, retrying=retrying))
         except Exception as error:
             queued.settle(error=error)
 
@@ -239,7 +240,7 @@ class TransactionLoop(Generic[X]):
             # A conflict, or one operation's own failure: each alone gets its own outcome.
             self.fallbacks += 1
             for queued in group:
-                await self._apply_alone(queued)
+                await self._apply_alone(queued, retrying=True)
             return
         self.groups += 1
         self.grouped += len(group)
@@ -298,7 +299,7 @@ class TransactionLoop(Generic[X]):
         except PyMongoError as error:
             raise unavailable(error) from error
 
-    async def _alone(self, operation: Callable[[X], Awaitable[T]]) -> T:
+    async def _alone(self, operation: Callable[[X], Awaitable[T]], *, retrying: bool = False) -> T:
         policy = self._policy
         last: BaseException | None = None
         for attempt in range(1, policy.max_attempts + 1):
@@ -306,7 +307,7 @@ class TransactionLoop(Generic[X]):
                 await asyncio.sleep(policy.backoff(attempt - 1))
             self.attempts += 1
             try:
-                return await self._attempt(operation)
+                return await self._attempt(operation, retrying=retrying or attempt > 1)
             except StoreError:
                 raise
             except (PyMongoError, DocumentTooLarge, WriteRaceError) as error:
@@ -321,13 +322,13 @@ class TransactionLoop(Generic[X]):
             ErrorCode.UNAVAILABLE, f"gave up after {policy.max_attempts} conflicting attempts: {last}"
         ) from last
 
-    async def _attempt(self, operation: Callable[[X], Awaitable[T]]) -> T:
+    async def _attempt(self, operation: Callable[[X], Awaitable[T]], *, retrying: bool) -> T:
         policy = self._policy
         async with self._client.start_session() as session:
             await session.start_transaction(
                 read_concern=policy.read_concern, write_concern=policy.write_concern
             )
-            transaction = self._open(session)
+            transaction = self._open(session, retrying=retrying)
             try:
                 try:
                     try:

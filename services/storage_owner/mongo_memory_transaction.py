@@ -532,7 +532,9 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
         self._reading = _Collections(database.with_options(read_concern=self._policy.single_read_concern))
         self._keyring = keyring
 
-    def _open(self, session: AsyncClientSession, *, reading: bool = False) -> MongoMemoryTransaction:
+    def _open(
+        self, session: AsyncClientSession, *, reading: bool = False, retrying: bool = False
+    ) -> MongoMemoryTransaction:
         return MongoMemoryTransaction(self._reading if reading else self._collections, session, self._keyring)
 
     async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:

@@ -44,7 +44,7 @@ retries go on (a retry of an erased record is an EVENT_CONFLICT, final), and rea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TypeVar
 
 import bson
@@ -287,6 +287,8 @@ class MongoTransaction:
         turns: KeyedTurns | None,
         keyring: Keyring,
         documents: AttemptDocuments,
+        *,
+        guessing: bool = False,
     ) -> None:
         self._collections = collections
         self._session = session
@@ -301,6 +303,10 @@ class MongoTransaction:
         self._pending: list[InsertOne[Document] | ReplaceOne[Document]] = []
         self._replacing = 0
         self._saving: list[tuple[Key, Document]] = []
+        self._guessing = guessing
+        self._guessed: dict[str, set[str]] = {}
+        """Record keys answered absent unread (`likely_absent`), by run, until this transaction
+        inserts them (the unique index then decides) or confirms them by a read."""
 
     @property
     def session(self) -> AsyncClientSession:
@@ -338,11 +344,19 @@ class MongoTransaction:
         return document
 
     async def confirm(self) -> None:
-        """Read each hinted document this operation neither wrote nor read, in the snapshot:
-        WriteRaceError when one is not the hint's version (the attempt is retried without it)."""
+        """Read each hinted document this operation neither wrote nor read, and each record key
+        answered absent unread and not inserted, in the snapshot: WriteRaceError when a document is
+        not the hint's version or a key is there (the attempt is retried without them)."""
         for key, _ in self.documents.unconfirmed():
             found = await self._collection(key[0]).find_one({"_id": key[1]}, session=self._session)
             self.documents.confirm(key, found)
+        guessed, self._guessed = self._guessed, {}
+        for run_id, event_keys in guessed.items():
+            if not event_keys:
+                continue  # every one inserted
+            query = {"run_id": run_id, "event_key": {"$in": sorted(event_keys)}}
+            if await self._collections.records.find_one(query, {"_id": True}, session=self._session):
+                raise WriteRaceError("a record this write took for new was there")
 
     async def is_tombstoned(self, session_id: str) -> bool:
         document = await self._session_document(session_id)
@@ -472,7 +486,15 @@ class MongoTransaction:
         rows = [row for row in _rows(document) if row["event_key"] == event_key] if document else []
         return await self._record(rows[0]) if rows else None
 
-    async def load_records(self, run_id: str, event_keys: list[str]) -> dict[str, Record]:
+    async def load_records(
+        self, run_id: str, event_keys: list[str], *, likely_absent: Collection[str] = ()
+    ) -> dict[str, Record]:
+        if self._guessing and likely_absent:
+            # A new step's keys: its insert confirms them (the unique index), else `confirm` reads.
+            self._guessed.setdefault(run_id, set()).update(likely_absent)
+            event_keys = [key for key in event_keys if key not in likely_absent]
+            if not event_keys:
+                return {}
         if len(event_keys) == 1:
             found = await self.load_record(run_id, event_keys[0])
             return {} if found is None else {found.event_key: found}
@@ -491,6 +513,8 @@ class MongoTransaction:
     async def insert_records(self, rows: list[tuple[RunState, Record, int]]) -> None:
         namespace = self._collections.records.full_name
         documents = [await self._record_document(run, record, sequence) for run, record, sequence in rows]
+        for _, record, _ in rows:
+            self._guessed.get(record.run_id, set()).discard(record.event_key)
         for document in _ranges(documents):
             self._pending.append(InsertOne(document, namespace=namespace))
 
@@ -614,14 +638,18 @@ class MongoTransactions(TransactionLoop["MongoTransaction"]):
         self._attempts: dict[int, AttemptDocuments] = {}
         """What each attempt under way knows, by its session (the operations of a group share it)."""
 
-    def _open(self, session: AsyncClientSession, *, reading: bool = False) -> MongoTransaction:
+    def _open(
+        self, session: AsyncClientSession, *, reading: bool = False, retrying: bool = False
+    ) -> MongoTransaction:
         if reading:  # no snapshot to confirm a hint in: every document is found
             documents = AttemptDocuments(None)
         else:
             documents = self._attempts.setdefault(id(session), AttemptDocuments(self._hints))
         documents.opened += 1
         collections = self._reading if reading else self._collections
-        return MongoTransaction(collections, session, self._turns, self._keyring, documents)
+        return MongoTransaction(
+            collections, session, self._turns, self._keyring, documents, guessing=not (reading or retrying)
+        )
 
     def _close(self, transaction: MongoTransaction) -> None:
         documents = transaction.documents

@@ -2,8 +2,8 @@
 
 What the conformance suite cannot show (it sees outcomes only): that the commands of different
 sessions really were committed as one group, that a command refused by a rule inside a group
-neither loses nor changes what the others wrote, and that a group meeting a conflict is applied
-again command by command, each exactly once.
+neither loses nor changes what the others wrote, and that a group meeting a conflict (or a step
+whose own key is taken) is applied again command by command, each exactly once.
 """
 
 from __future__ import annotations
@@ -95,9 +95,8 @@ async def test_a_command_refused_inside_a_group_neither_loses_nor_changes_the_ot
     grouped: tuple[MongoStore, Client],
 ) -> None:
     store, _ = grouped
-    first, closed, second, third = await _runs(store, 4)
+    first, closed, second = await _runs(store, 3)
     await store.record_run_terminal(terminal(closed))
-    await store.append_run_record(ordinary(third, "taken", payload=b'{"phase":"planning"}'))
     loop = store.transactions
     groups, fallbacks = loop.groups, loop.fallbacks
 
@@ -105,26 +104,51 @@ async def test_a_command_refused_inside_a_group_neither_loses_nor_changes_the_ot
         store.append_run_records([ordinary(first, "a"), ordinary(first, "b")]),
         store.append_run_record(ordinary(closed, "too-late")),  # RUN_NOT_ACTIVE
         store.append_run_record(ordinary(second, "c")),
-        store.append_run_record(ordinary(third, "taken", payload=b'{"phase":"other"}')),  # EVENT_CONFLICT
         store.append_run_record(ordinary(second, "d")),  # the same session again, after "c"
     )
 
     assert (loop.groups - groups, loop.fallbacks - fallbacks) == (1, 0)
-    assert [result.code for result in results if isinstance(result, StoreError)] == [
-        ErrorCode.RUN_NOT_ACTIVE,
-        ErrorCode.EVENT_CONFLICT,
-    ]
+    assert [result.code for result in results if isinstance(result, StoreError)] == [ErrorCode.RUN_NOT_ACTIVE]
     assert [[r.record_id for r in results[0]]] == [["2", "3"]]
-    assert [(r.record_id, r.inserted) for r in (results[2], results[4])] == [("2", True), ("3", True)]
-    assert [await _keys(store, run) for run in (first, closed, second, third)] == [
+    assert [(r.record_id, r.inserted) for r in (results[2], results[3])] == [("2", True), ("3", True)]
+    assert [await _keys(store, run) for run in (first, closed, second)] == [
         ["started", "a", "b"],
         ["started", "terminal"],
         ["started", "c", "d"],
+    ]
+    # Session sequences stay gapless: the refused command took none.
+    assert [r.event_key for r in await all_session_records(store, second.session_id)] == ["started", "c", "d"]
+
+
+async def test_a_step_whose_key_is_taken_costs_its_group_an_attempt_and_changes_nothing_else(
+    grouped: tuple[MongoStore, Client],
+) -> None:
+    # A step on an open run takes its own keys for new (its insert checks them): one that is taken
+    # (a redelivery, a conflict) fails the group's insert, and each command is applied alone.
+    store, _ = grouped
+    first, second, third = await _runs(store, 3)
+    await store.append_run_record(ordinary(third, "taken", payload=b'{"phase":"planning"}'))
+    redelivered = ordinary(second, "again")
+    original = await store.append_run_record(redelivered)
+    loop = store.transactions
+    groups, fallbacks = loop.groups, loop.fallbacks
+
+    results = await _outcomes(
+        store.append_run_record(ordinary(first, "a")),
+        store.append_run_record(redelivered),
+        store.append_run_record(ordinary(third, "taken", payload=b'{"phase":"other"}')),  # EVENT_CONFLICT
+    )
+
+    assert (loop.groups - groups, loop.fallbacks - fallbacks) == (0, 1)
+    assert [result.code for result in results if isinstance(result, StoreError)] == [ErrorCode.EVENT_CONFLICT]
+    assert (results[0].record_id, results[0].inserted) == ("2", True)
+    assert (results[1].record_id, results[1].inserted) == (original.record_id, False)
+    assert [await _keys(store, run) for run in (first, second, third)] == [
+        ["started", "a"],
+        ["started", "again"],
         ["started", "taken"],
     ]
     assert [r.payload for r in await all_run_records(store, third.run_id)][1] == b'{"phase":"planning"}'
-    # Session sequences stay gapless: the refused commands took none.
-    assert [r.event_key for r in await all_session_records(store, second.session_id)] == ["started", "c", "d"]
 
 
 async def test_a_group_that_meets_a_write_conflict_is_applied_again_command_by_command(

@@ -169,7 +169,9 @@ async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, d
                 stages = plan_stages(plan["queryPlanner"]["winningPlan"])
                 assert "COLLSCAN" not in stages, (find, stages)
                 explained += 1
-        assert explained > 40  # every path above sent its reads (sessions and runs hinted once written)
+        # Every path above sent its reads (sessions and runs hinted once written, a new step's own
+        # keys taken for new: its insert checks them).
+        assert explained > 35
     finally:
         await client.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -54,7 +54,9 @@ class _MemoryTransaction:
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
         return self._tables.records_by_key.get(run_id, {}).get(event_key)
 
-    async def load_records(self, run_id: str, event_keys: list[str]) -> dict[str, Record]:
+    async def load_records(
+        self, run_id: str, event_keys: list[str], *, likely_absent: Collection[str] = ()
+    ) -> dict[str, Record]:
         held = self._tables.records_by_key.get(run_id, {})
         return {key: held[key] for key in event_keys if key in held}
 

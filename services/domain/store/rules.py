@@ -385,7 +385,10 @@ class RuleStore:
         async def apply(tx: StoreTransaction) -> list[AppendResult]:
             run, session = await self._record_owner(tx, *step)
             # The log the step follows is read with the step's own keys: one read either way.
-            stored = await tx.load_records(run.run_id, [record.event_key for record in step] + basis)
+            keys = [record.event_key for record in step]
+            stored = await tx.load_records(
+                run.run_id, keys + basis, likely_absent=_new_unless_closed(run, keys)
+            )
             retried = [_retried(stored, record, session) for record in step]
             new = [record for record, result in zip(step, retried, strict=True) if result is None]
             _check_follows(follows, run, stored, writes_anew=bool(new))
@@ -475,7 +478,10 @@ class RuleStore:
             # One read answers the terminal's key, every carried record's and the log it follows
             # (§6.7, §6.4.1).
             sent = [record, *carried]
-            stored = await tx.load_records(run.run_id, [each.event_key for each in sent] + basis)
+            keys = [each.event_key for each in sent]
+            stored = await tx.load_records(
+                run.run_id, keys + basis, likely_absent=_new_unless_closed(run, keys)
+            )
             anew = not all(_stored_as_sent(stored, each) for each in sent)
             _check_follows(follows, run, stored, writes_anew=anew)
             if run.status.closed:
@@ -632,6 +638,12 @@ async def _run(tx: StoreTransaction, run_id: str) -> RunState:
     if run is None:
         _fail(ErrorCode.RUN_NOT_FOUND, "run not found")
     return run
+
+
+def _new_unless_closed(run: RunState, keys: list[str]) -> list[str]:
+    """A write's own keys, expected absent while its run is open (a closed run's write is most
+    likely a redelivery, whose keys are there)."""
+    return [] if run.status.closed else keys
 
 
 def _check_follows(

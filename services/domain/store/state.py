@@ -7,7 +7,7 @@ on what it read (optimistic concurrency) — a racing writer then retries the wh
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -129,8 +129,16 @@ class StoreTransaction(Protocol):
         """The record with this key on this run, or None."""
         ...
 
-    async def load_records(self, run_id: str, event_keys: list[str]) -> dict[str, Record]:
-        """The run's records with these keys, by key (a missing key is absent), in one read."""
+    async def load_records(
+        self, run_id: str, event_keys: list[str], *, likely_absent: Collection[str] = ()
+    ) -> dict[str, Record]:
+        """The run's records with these keys, by key (a missing key is absent), in one read.
+
+        `likely_absent`: keys among `event_keys` that the operation writes when they are absent
+        and that are expected to be (a new step's own). A backend may answer them absent without
+        reading them, provided it confirms that before the operation's outcome stands: by its own
+        insert of the key (a unique index), or else by a read, failing the attempt as a write race
+        when one is there; the retry reads them."""
         ...
 
     async def insert_records(self, rows: list[tuple[RunState, Record, int]]) -> None:

@@ -1,0 +1,107 @@
+"""A write's own record keys taken for new: a step or terminal on an open run inserts its records
+without reading their keys first, and every outcome stays the one a read would give
+(services/storage_owner/mongo_transaction.py, `likely_absent`).
+
+The unique `(run_id, event_key)` index confirms a key the write inserts; one it does not insert
+is read before the outcome stands. A key that was there fails the first attempt, and the retry
+reads. Two MongoStore objects on one database stand for two owner copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from quipu.contracts.errors import ErrorCode
+from quipu.contracts.store import LogBasis
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.storage_owner.mongo import TransactionPolicy
+from quipu.services.storage_owner.mongo_store import MongoStore
+from quipu.services.storage_owner.mongo_transaction import RECORDS
+from tests.conformance.builders import all_run_records, ordinary, refused, session_with_root, terminal
+from tests.owner_support import CommandLog, client_on
+
+GROUPED = TransactionPolicy(group_max=8)
+
+
+@pytest.fixture
+async def elsewhere(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
+    """Another owner copy on the same database."""
+    opened = await MongoStore.connect(stack.mongo_uri, database)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture(params=[TransactionPolicy(), GROUPED], ids=["alone", "grouped"])
+async def here(
+    stack: EmbeddedStack, database: str, request: pytest.FixtureRequest
+) -> AsyncIterator[MongoStore]:
+    """The owner copy under test, applying each operation alone or in groups."""
+    policy: TransactionPolicy = request.param
+    opened = await MongoStore.connect(stack.mongo_uri, database, policy=policy)
+    yield opened
+    await opened.close()
+
+
+async def test_a_new_steps_and_its_terminals_keys_are_not_read(stack: EmbeddedStack, database: str) -> None:
+    log = CommandLog()
+    client = client_on(stack.mongo_uri, event_listeners=[log])
+    try:
+        store = await MongoStore.open(client, database)
+        _, run = await session_with_root(store)
+        log.commands.clear()
+        [appended] = await store.append_run_records([ordinary(run, "step")])
+        closed = await store.record_run_terminal(terminal(run), [ordinary(run, "answer")])
+        reads = [command for name, command in log.commands if name == "find" and command["find"] == RECORDS]
+        assert reads == []
+        assert appended.inserted and closed.inserted
+        stored = [record.event_key for record in await all_run_records(store, run.run_id)]
+        assert stored[-3:] == ["step", "answer", "terminal"]
+    finally:
+        await client.close()
+
+
+async def test_a_redelivered_step_is_answered_as_its_first_delivery(here: MongoStore) -> None:
+    _, run = await session_with_root(here)
+    step = [ordinary(run, "one"), ordinary(run, "two")]
+    first = await here.append_run_records(step)
+    again = await here.append_run_records(step)
+    assert [result.record_id for result in again] == [result.record_id for result in first]
+    assert [result.inserted for result in again] == [False, False]
+
+
+async def test_a_redelivered_step_behind_its_start_is_a_retry_not_a_moved_log(here: MongoStore) -> None:
+    # Taken for new, the step's keys make the redelivery look like a step on a log that moved on:
+    # that refusal is given only once the keys were read, and they are there (an exact retry).
+    _, run = await session_with_root(here)
+    basis = LogBasis.of(await all_run_records(here, run.run_id))
+    step = [ordinary(run, "behind")]
+    [first] = await here.append_run_records(step, follows=basis)
+    [again] = await here.append_run_records(step, follows=basis)
+    assert first.inserted and not again.inserted and again.record_id == first.record_id
+
+
+async def test_a_key_another_copy_wrote_is_still_an_event_conflict(
+    here: MongoStore, elsewhere: MongoStore
+) -> None:
+    _, run = await session_with_root(here)
+    await here.append_run_record(ordinary(run, "warm"))  # the run, hinted here
+    await elsewhere.append_run_record(ordinary(run, "taken", payload=b'{"phase":"theirs"}'))
+    await refused(
+        ErrorCode.EVENT_CONFLICT,
+        here.append_run_records([ordinary(run, "taken", payload=b'{"phase":"ours"}')]),
+    )
+    await refused(ErrorCode.EVENT_CONFLICT, here.record_run_terminal(terminal(run, key="taken")))
+    keys = [record.event_key for record in await all_run_records(here, run.run_id)]
+    assert keys.count("taken") == 1
+
+
+async def test_a_terminal_another_copy_recorded_is_an_exact_retry(
+    here: MongoStore, elsewhere: MongoStore
+) -> None:
+    _, run = await session_with_root(here)
+    await here.append_run_record(ordinary(run, "warm"))
+    theirs = await elsewhere.record_run_terminal(terminal(run), [ordinary(run, "answer")])
+    ours = await here.record_run_terminal(terminal(run), [ordinary(run, "answer")])
+    assert not ours.inserted and ours.record_id == theirs.record_id
