@@ -94,7 +94,7 @@ class AttemptDocuments:
     def __init__(self, hints: DocumentHints | None) -> None:
         self._hints = hints
         self._known: dict[Key, Document | None] = {}
-        self._hinted: dict[Key, Document] = {}
+        self._hinted: dict[Key, Document | None] = {}
         self.opened = 0
         """Operations of the attempt still open (a group's share it)."""
         self.committed = False
@@ -116,7 +116,12 @@ class AttemptDocuments:
         self._known[key] = document
         self._hinted.pop(key, None)
 
-    def unconfirmed(self) -> list[tuple[Key, Document]]:
+    def guess_absent(self, key: Key) -> None:
+        """Take `key` for absent unread (an operation that inserts it when it is: a start's run),
+        confirmed as a hint is: by the operation's own insert, or else by a read."""
+        self._hinted[key] = None
+
+    def unconfirmed(self) -> list[tuple[Key, Document | None]]:
         """The hinted documents this transaction has neither written nor read itself."""
         return list(self._hinted.items())
 

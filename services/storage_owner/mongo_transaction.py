@@ -333,11 +333,13 @@ class MongoTransaction:
     def _collection(self, name: str) -> AsyncCollection[Document]:
         return self._collections.sessions if name == SESSIONS else self._collections.runs
 
-    async def _document(self, name: str, identifier: str) -> Document | None:
+    async def _document(self, name: str, identifier: str, *, likely_absent: bool = False) -> Document | None:
         """A session's or run's document: as this transaction knows it, else as a hint has it,
-        else found."""
+        else absent when `likely_absent` (confirmed as a hint is), else found."""
         found, document = self.documents.lookup((name, identifier))
-        if not found:
+        if not found and likely_absent and self._guessing:
+            self.documents.guess_absent((name, identifier))
+        elif not found:
             await self.flush()
             document = await self._collection(name).find_one({"_id": identifier}, session=self._session)
             self.documents.read((name, identifier), document)
@@ -371,10 +373,10 @@ class MongoTransaction:
         await self._save(SESSIONS, document, state.revision)
         self._sessions[state.session.session_id] = document
 
-    async def load_run(self, run_id: str) -> RunState | None:
+    async def load_run(self, run_id: str, *, likely_absent: bool = False) -> RunState | None:
         await self._take_turn(f"run:{run_id}")
         if run_id not in self._runs:
-            document = await self._document(RUNS, run_id)
+            document = await self._document(RUNS, run_id, likely_absent=likely_absent)
             self._runs[run_id] = await self._run_state(document) if document is not None else None
         return self._runs[run_id]
 

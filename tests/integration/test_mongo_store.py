@@ -169,9 +169,9 @@ async def test_every_query_the_store_sends_uses_an_index(stack: EmbeddedStack, d
                 stages = plan_stages(plan["queryPlanner"]["winningPlan"])
                 assert "COLLSCAN" not in stages, (find, stages)
                 explained += 1
-        # Every path above sent its reads (sessions and runs hinted once written, a new step's own
-        # keys taken for new: its insert checks them).
-        assert explained > 35
+        # Every path above sent its reads (sessions and runs hinted once written; a new run and a
+        # new step's own keys taken for new: their inserts check them).
+        assert explained > 30
     finally:
         await client.close()
 

@@ -1,10 +1,10 @@
-"""A write's own record keys taken for new: a step or terminal on an open run inserts its records
-without reading their keys first, and every outcome stays the one a read would give
-(services/storage_owner/mongo_transaction.py, `likely_absent`).
+"""What a write inserts taken for new: a step or terminal on an open run inserts its records
+without reading their keys first, a start its run without reading it, and every outcome stays the
+one a read would give (services/storage_owner/mongo_transaction.py, `likely_absent`).
 
-The unique `(run_id, event_key)` index confirms a key the write inserts; one it does not insert
-is read before the outcome stands. A key that was there fails the first attempt, and the retry
-reads. Two MongoStore objects on one database stand for two owner copies.
+The unique `(run_id, event_key)` index (the run's `_id`) confirms what the write inserts; what it
+does not insert is read before the outcome stands. One that was there fails the first attempt,
+and the retry reads. Two MongoStore objects on one database stand for two owner copies.
 """
 
 from __future__ import annotations
@@ -14,12 +14,23 @@ from collections.abc import AsyncIterator
 import pytest
 
 from quipu.contracts.errors import ErrorCode
-from quipu.contracts.store import LogBasis
+from quipu.contracts.store import LogBasis, StartOutcome
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.storage_owner.mongo import TransactionPolicy
 from quipu.services.storage_owner.mongo_store import MongoStore
-from quipu.services.storage_owner.mongo_transaction import RECORDS
-from tests.conformance.builders import all_run_records, ordinary, refused, session_with_root, terminal
+from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS
+from tests.conformance.builders import (
+    all_run_records,
+    ms,
+    open_session,
+    ordinary,
+    refused,
+    root_start,
+    session_with_root,
+    start,
+    suspend,
+    terminal,
+)
 from tests.owner_support import CommandLog, client_on
 
 GROUPED = TransactionPolicy(group_max=8)
@@ -105,3 +116,46 @@ async def test_a_terminal_another_copy_recorded_is_an_exact_retry(
     theirs = await elsewhere.record_run_terminal(terminal(run), [ordinary(run, "answer")])
     ours = await here.record_run_terminal(terminal(run), [ordinary(run, "answer")])
     assert not ours.inserted and ours.record_id == theirs.record_id
+
+
+async def test_a_new_runs_start_does_not_read_the_run(stack: EmbeddedStack, database: str) -> None:
+    log = CommandLog()
+    client = client_on(stack.mongo_uri, event_listeners=[log])
+    try:
+        store = await MongoStore.open(client, database)
+        session_id = await open_session(store)
+        log.commands.clear()
+        started = await start(store, root_start(session_id))
+        reads = [command for name, command in log.commands if name == "find" and command["find"] == RUNS]
+        assert reads == [] and started.decision is StartOutcome.PROCEED and started.started.inserted
+    finally:
+        await client.close()
+
+
+async def test_a_start_another_copy_applied_is_answered_as_its_retry(
+    here: MongoStore, elsewhere: MongoStore
+) -> None:
+    session_id = await open_session(here)
+    command = root_start(session_id)
+    theirs = await start(elsewhere, command)
+    ours = await start(here, command)
+    again = await start(here, command)
+    assert theirs.started.inserted and not ours.started.inserted and not again.started.inserted
+    assert ours.started.record_id == theirs.started.record_id == again.started.record_id
+    assert ours.decision is theirs.decision is StartOutcome.PROCEED
+    assert [record.event_key for record in await all_run_records(here, command.run.run_id)] == ["started"]
+
+
+async def test_a_continuation_retried_is_its_retry_not_a_refusal(
+    here: MongoStore, elsewhere: MongoStore
+) -> None:
+    # Taken for new, the run makes the retry look like a second successor of the suspended run:
+    # that refusal is given only once the run was read, and it is there (applied by the other copy,
+    # so not hinted here).
+    session_id, run = await session_with_root(elsewhere)
+    await suspend(elsewhere, run)
+    successor = root_start(session_id, predecessor_run_id=run.run_id, started_at=ms(50))
+    first = await start(elsewhere, successor)
+    again = await start(here, successor)
+    assert first.started.inserted and not again.started.inserted
+    assert again.started.record_id == first.started.record_id

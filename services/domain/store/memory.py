@@ -45,7 +45,7 @@ class _MemoryTransaction:
     async def save_session(self, state: SessionState) -> None:
         self._tables.sessions[state.session.session_id] = state
 
-    async def load_run(self, run_id: str) -> RunState | None:
+    async def load_run(self, run_id: str, *, likely_absent: bool = False) -> RunState | None:
         return self._tables.runs.get(run_id)
 
     async def save_run(self, state: RunState) -> None:

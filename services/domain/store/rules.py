@@ -254,7 +254,7 @@ class RuleStore:
         async def apply(tx: StoreTransaction) -> StartResult:
             if run.session_id:
                 await self._refuse_purged(tx, run.session_id)
-            existing = await tx.load_run(run.run_id)
+            existing = await tx.load_run(run.run_id, likely_absent=True)
             session = await tx.load_session(run.session_id) if run.session_id else None
             if existing is not None:
                 result = _retried_start(existing, run, started, stopped, parent_link, session)

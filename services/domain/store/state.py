@@ -117,8 +117,9 @@ class StoreTransaction(Protocol):
         """Insert (revision 1) or replace the session written at `revision - 1`."""
         ...
 
-    async def load_run(self, run_id: str) -> RunState | None:
-        """The run, or None."""
+    async def load_run(self, run_id: str, *, likely_absent: bool = False) -> RunState | None:
+        """The run, or None. `likely_absent`: the operation inserts the run when it is absent and
+        expects it to be (a start); a backend may answer None unread, as `load_records` may."""
         ...
 
     async def save_run(self, state: RunState) -> None:
