@@ -233,11 +233,26 @@ class LogBasis(_Frozen):
         pattern="^[0-9a-f]{64}$",
         description="sha256 (hex) over those records' contents in that order (record equality: never `id`).",
     )
+    chain: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description=(
+            "The same log as a chain: each record's link is the sha256 (hex) of the previous link "
+            "(none before the first record) and the record's content, this the last link. A store "
+            "that keeps its runs' chains checks the basis against it without reading the records; "
+            "absent (writers before it), the records are read."
+        ),
+    )
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> LogBasis:
         """The basis of a log made of `records`, in order."""
-        return cls(keys=[record.event_key for record in records], digest=_log_digest(records))
+        digest, chain = hashlib.sha256(), ""
+        for record in records:
+            line = _content_line(record)
+            digest.update(line)
+            chain = _link(chain, line)
+        return cls(keys=[record.event_key for record in records], digest=digest.hexdigest(), chain=chain)
 
     def holds(self, record_count: int, stored: Mapping[str, Record]) -> bool:
         """Whether a run with `record_count` records, of which `stored` are read by key, still has
@@ -249,12 +264,32 @@ class LogBasis(_Frozen):
             return False
         return _log_digest([record for record in log if record is not None]) == self.digest
 
+    def holds_chained(self, record_count: int, chain: str) -> bool | None:
+        """Whether a run with `record_count` records whose log chains to `chain` (`extend_chain`)
+        still has exactly this log; None when this basis names no chain (read the records)."""
+        if self.chain is None:
+            return None
+        return record_count == len(self.keys) and chain == self.chain
+
+
+def extend_chain(chain: str, record: Record) -> str:
+    """A log's chain (`LogBasis.chain`; "" for an empty log) once `record` follows it."""
+    return _link(chain, _content_line(record))
+
+
+def _link(chain: str, line: bytes) -> str:
+    return hashlib.sha256(chain.encode() + line).hexdigest()
+
+
+def _content_line(record: Record) -> bytes:
+    # A record's JSON holds no raw newline: one record per line.
+    return record.model_dump_json(exclude={"id"}).encode() + b"\n"
+
 
 def _log_digest(records: Sequence[Record]) -> str:
     digest = hashlib.sha256()
     for record in records:
-        digest.update(record.model_dump_json(exclude={"id"}).encode())
-        digest.update(b"\n")  # a record's JSON holds no raw newline: one record per line
+        digest.update(_content_line(record))
     return digest.hexdigest()
 
 

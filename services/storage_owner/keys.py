@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
 import os
 import secrets
 from typing import Any
@@ -55,6 +56,11 @@ def key_id(tenant_id: str, principal_id: str) -> str:
 def _cipher(key: bytes) -> AESGCM:
     # Building the cipher costs more than sealing a short text; keys repeat across documents.
     return AESGCM(key)
+
+
+def fingerprint(key: bytes) -> str:
+    """A data key's name where one is kept beside what it seals (hex; tells keys apart, opens nothing)."""
+    return hashlib.sha256(b"quipu data key fingerprint\n" + key).hexdigest()[:32]
 
 
 def wrap(key: bytes, plaintext: bytes, context: str) -> bytes:
@@ -149,6 +155,10 @@ class PrincipalKeys:
         if fence:
             self._fenced.add(who)
         return key
+
+    def known(self, tenant_id: str, principal_id: str) -> bytes | None:
+        """The principal's data key if this transaction has read or made it already (no read)."""
+        return self._read.get((tenant_id, principal_id))
 
     async def shred(self, tenant_id: str, principal_id: str) -> None:
         """Delete the principal's data key: every text sealed under it becomes unreadable."""

@@ -61,7 +61,7 @@ from quipu.services.domain.memory.context import run_sealing_principal
 from quipu.services.domain.store.state import RunState, SessionState, StoreTransaction
 from quipu.services.kit.sealing import BrokenSealError, OtherKeyError, open_sealed, seal
 from quipu.services.storage_owner.document_hints import AttemptDocuments, DocumentHints, Key
-from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys
+from quipu.services.storage_owner.keys import KEYS, Keyring, PrincipalKeys, fingerprint
 from quipu.services.storage_owner.mongo import Document, TransactionLoop, TransactionPolicy, WriteRaceError
 
 T = TypeVar("T")
@@ -97,9 +97,16 @@ def _run_document(state: RunState, checkpoint: Document | None) -> Document:
 
 
 def _run_state(document: Document, checkpoint: Checkpoint | None) -> RunState:
-    fields = {key: value for key, value in document.items() if key not in ("_id", "checkpoint")}
+    fields = {key: value for key, value in document.items() if key not in ("_id", "checkpoint", SEALED_BY)}
     fields["labels"] = dict(fields["labels"])
     return RunState.model_validate({**fields, "checkpoint": checkpoint})
+
+
+SEALED_BY = "sealed_by"
+"""A run document's fingerprint of the data key every record of its log is sealed under, kept while
+its `log_chain` stands for that log: a principal forgotten meanwhile (their records erased, the next
+sealed under a fresh key) leaves the chain standing for words no longer readable, so a run whose
+records lie under two keys keeps no chain, and one whose key is gone has none that stands."""
 
 
 def run_owner(run: RunState) -> tuple[str, str]:
@@ -298,6 +305,7 @@ class MongoTransaction:
         self._turn: str | None = None
         self._sessions: dict[str, Document | None] = {}
         self._runs: dict[str, RunState | None] = {}
+        self._run_documents: dict[str, Document | None] = {}
         self.wrote = False
         """Whether this operation sent a write (or may have: a data key made for sealing)."""
         self._pending: list[InsertOne[Document] | ReplaceOne[Document]] = []
@@ -377,12 +385,47 @@ class MongoTransaction:
         await self._take_turn(f"run:{run_id}")
         if run_id not in self._runs:
             document = await self._document(RUNS, run_id, likely_absent=likely_absent)
+            self._run_documents[run_id] = document
             self._runs[run_id] = await self._run_state(document) if document is not None else None
         return self._runs[run_id]
 
     async def save_run(self, state: RunState) -> None:
-        await self._save(RUNS, await self._run_document(state), state.revision)
+        document = await self._run_document(state)
+        self._keep_log_seal(state, document)
+        await self._save(RUNS, document, state.revision)
         self._runs[state.run_id] = state
+        self._run_documents[state.run_id] = document
+
+    def _keep_log_seal(self, state: RunState, document: Document) -> None:
+        """Name the key the run's log is sealed under (`SEALED_BY`), or drop its chain when the
+        log's records lie under more than one key, or under one this transaction cannot name."""
+        if state.log_chain is None:
+            return
+        prior = self._run_documents.get(state.run_id)
+        prior_count, prior_seal = (prior.get("record_count", 0), prior.get(SEALED_BY)) if prior else (0, None)
+        key = self._keys.known(*run_owner(state))
+        if key is None:
+            # Nothing sealed here: no record was written, so the log and its key are as they were.
+            if prior_seal is not None and prior_count == state.record_count:
+                document[SEALED_BY] = prior_seal
+            else:
+                document["log_chain"] = None
+            return
+        seal = fingerprint(key)
+        if prior_count == 0 or prior_seal == seal:
+            document[SEALED_BY] = seal
+        else:
+            document["log_chain"] = None
+
+    async def log_chain(self, run: RunState) -> str | None:
+        if run.log_chain is None:
+            return None
+        document = self._run_documents.get(run.run_id)
+        seal = document.get(SEALED_BY) if document is not None else None
+        if seal is None:
+            return None
+        key = await self._keys.reading_key(*run_owner(run))  # the write seals under it: read anyway
+        return run.log_chain if key is not None and fingerprint(key) == seal else None
 
     # -- sealing -----------------------------------------------------------------------------
 

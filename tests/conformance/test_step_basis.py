@@ -123,3 +123,19 @@ async def test_a_terminal_following_its_log_closes_the_run_after_its_session_end
     closed = await store.record_run_terminal(terminal(run), [ordinary(run, "answer")], follows=basis)
     assert closed.inserted and closed.session_status == SessionStatus.ENDED.value
     assert (await store.load_run(run.run_id)).status is RunStatus.COMPLETED
+
+
+async def test_a_basis_that_names_no_chain_is_checked_by_the_records(
+    store: Store, following: FollowingWrite
+) -> None:
+    # A writer from before `LogBasis.chain`: the store reads the records the basis names.
+    _, run = await session_with_root(store)
+    stored = await all_run_records(store, run.run_id)
+    unchained = LogBasis.of(stored).model_copy(update={"chain": None})
+    other = LogBasis.of([ordinary(run, stored[0].event_key, payload=b'{"said":"other"}')])
+    await refused(ErrorCode.RUN_LOG_MOVED, following(store, run, other.model_copy(update={"chain": None})))
+    await following(store, run, unchained)
+    assert [record.event_key for record in await all_run_records(store, run.run_id)][-1] in (
+        "step",
+        "terminal",
+    )

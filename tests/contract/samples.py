@@ -105,6 +105,8 @@ def _field(info: FieldInfo) -> st.SearchStrategy[Any]:
     pattern = next((bound.pattern for bound in info.metadata if getattr(bound, "pattern", None)), None)
     if info.annotation is str and pattern:
         return st.from_regex(pattern, fullmatch=True)
+    if info.annotation == str | None and pattern:
+        return st.none() | st.from_regex(pattern, fullmatch=True)
     shortest = max((bound.min_length for bound in info.metadata if isinstance(bound, MinLen)), default=0)
     if info.annotation is str and shortest:
         return st.text(IDS_ALPHABET, min_size=shortest, max_size=shortest + 12)

@@ -54,6 +54,9 @@ class _MemoryTransaction:
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
         return self._tables.records_by_key.get(run_id, {}).get(event_key)
 
+    async def log_chain(self, run: RunState) -> str | None:
+        return run.log_chain  # nothing here is ever erased
+
     async def load_records(
         self, run_id: str, event_keys: list[str], *, likely_absent: Collection[str] = ()
     ) -> dict[str, Record]:

@@ -41,6 +41,7 @@ from quipu.contracts.store import (
     SessionStatus,
     StartOutcome,
     StartResult,
+    extend_chain,
 )
 from quipu.contracts.wire import utc_now_ms
 from quipu.services.domain.store.cursors import CursorCodec
@@ -82,13 +83,14 @@ class _Writes:
         """Give the record the next per-run (and per-session) sequence; it is inserted at commit."""
         current = self.run(run)
         sequence = current.record_count + 1
-        self.runs[run.run_id] = current.model_copy(update={"record_count": sequence})
         session_sequence = 0
         if self.session is not None and record.session_id:
             session_sequence = self.session.record_count + 1
             self.session = self.session.model_copy(update={"record_count": session_sequence})
             self.session_changed = True
         stored = record.model_copy(update={"id": str(sequence)})
+        chain = None if current.log_chain is None else extend_chain(current.log_chain, stored)
+        self.runs[run.run_id] = current.model_copy(update={"record_count": sequence, "log_chain": chain})
         self.inserts.append((current, stored, session_sequence))
         return stored
 
@@ -354,6 +356,7 @@ class RuleStore:
             start=StoredStart(started=started, stopped=stopped, parent_link=parent_link, started_id=""),
             terminal_key=stopped.event_key if stop and stopped is not None else "",
             start_order=start_order,
+            log_chain="",
         )
         started_id = (await writes.append(state, started)).id
         stopped_id = (await writes.append(state, stopped)).id if stop and stopped is not None else ""
@@ -384,14 +387,17 @@ class RuleStore:
 
         async def apply(tx: StoreTransaction) -> list[AppendResult]:
             run, session = await self._record_owner(tx, *step)
-            # The log the step follows is read with the step's own keys: one read either way.
             keys = [record.event_key for record in step]
+            chained = await _holds_chained(tx, run, follows, keys)
+            # The log the step follows, unless its chain answers, is read with the step's own keys.
             stored = await tx.load_records(
-                run.run_id, keys + basis, likely_absent=_new_unless_closed(run, keys)
+                run.run_id,
+                keys + (basis if chained is None else []),
+                likely_absent=_new_unless_closed(run, keys),
             )
             retried = [_retried(stored, record, session) for record in step]
             new = [record for record, result in zip(step, retried, strict=True) if result is None]
-            _check_follows(follows, run, stored, writes_anew=bool(new))
+            _check_follows(follows, run, stored, chained, writes_anew=bool(new))
             if new and run.status.closed:
                 _fail(ErrorCode.RUN_NOT_ACTIVE, "run is closed")
             writes = _Writes(tx, session)
@@ -479,11 +485,14 @@ class RuleStore:
             # (§6.7, §6.4.1).
             sent = [record, *carried]
             keys = [each.event_key for each in sent]
+            chained = await _holds_chained(tx, run, follows, keys)
             stored = await tx.load_records(
-                run.run_id, keys + basis, likely_absent=_new_unless_closed(run, keys)
+                run.run_id,
+                keys + (basis if chained is None else []),
+                likely_absent=_new_unless_closed(run, keys),
             )
             anew = not all(_stored_as_sent(stored, each) for each in sent)
-            _check_follows(follows, run, stored, writes_anew=anew)
+            _check_follows(follows, run, stored, chained, writes_anew=anew)
             if run.status.closed:
                 if run.status is not payload.run_status or run.terminal_key != record.event_key:
                     _fail(ErrorCode.RUN_TERMINAL_CONFLICT, "run already closed otherwise")
@@ -646,12 +655,33 @@ def _new_unless_closed(run: RunState, keys: list[str]) -> list[str]:
     return [] if run.status.closed else keys
 
 
+async def _holds_chained(
+    tx: StoreTransaction, run: RunState, follows: LogBasis | None, keys: list[str]
+) -> bool | None:
+    """Whether the run's log is still `follows`, as the run's chain answers it without a read;
+    None when it cannot (no basis or no chain on either side, a log since erased, or one of the
+    write's own keys among the basis's, which only a read of that record settles)."""
+    if follows is None or follows.chain is None or not set(keys).isdisjoint(follows.keys):
+        return None
+    chain = await tx.log_chain(run)
+    return None if chain is None else follows.holds_chained(run.record_count, chain)
+
+
 def _check_follows(
-    follows: LogBasis | None, run: RunState, stored: dict[str, Record], *, writes_anew: bool
+    follows: LogBasis | None,
+    run: RunState,
+    stored: dict[str, Record],
+    chained: bool | None,
+    *,
+    writes_anew: bool,
 ) -> None:
     """RUN_LOG_MOVED when a write that is not an exact retry follows a log that is no longer the
-    run's (§6.4, §6.7); `stored` holds the records read at the basis's keys."""
-    if writes_anew and follows is not None and not follows.holds(run.record_count, stored):
+    run's (§6.4, §6.7): as the run's chain answers (`chained`), else as the records read at the
+    basis's keys (`stored`) do."""
+    if not writes_anew or follows is None:
+        return
+    holds = follows.holds(run.record_count, stored) if chained is None else chained
+    if not holds:
         _fail(ErrorCode.RUN_LOG_MOVED, "the run's log is no longer the one the write was decided on")
 
 

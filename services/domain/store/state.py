@@ -64,6 +64,10 @@ class RunState(BaseModel):
     terminal_key: str = Field(default="", description="Key of the closing record.")
     checkpoint: Checkpoint | None = Field(default=None, description="Suspension checkpoint.")
     record_count: int = Field(default=0, description="Last per-run sequence given.")
+    log_chain: str | None = Field(
+        default=None,
+        description="The log's chain (`LogBasis.chain`) over its records; None: started before chains.",
+    )
     start_order: int = Field(default=0, description="Position among the session's starts.")
     revision: int = Field(default=0, description="Bumped on every save; guards concurrent writers.")
 
@@ -128,6 +132,12 @@ class StoreTransaction(Protocol):
 
     async def load_record(self, run_id: str, event_key: str) -> Record | None:
         """The record with this key on this run, or None."""
+        ...
+
+    async def log_chain(self, run: RunState) -> str | None:
+        """`run.log_chain` when every record of the run's log still reads as it was written, so the
+        chain stands for the log; None otherwise (a backend whose texts were erased since, or
+        that cannot tell: the rules then read the records)."""
         ...
 
     async def load_records(
