@@ -231,6 +231,7 @@ class ConcurrentConsumer:
         revoke_grace_s: float,
         order: OrderKey | None,
         redeliver_after_s: float = 1.0,
+        commit_linger_s: float = 0.0,
         handle_attempts: int = 3,
         on_assigned: Callable[[], None] | None = None,
         on_call: bool = False,
@@ -248,6 +249,7 @@ class ConcurrentConsumer:
         self._revoke_grace_s = revoke_grace_s
         self._order = order
         self._redeliver_after_s = redeliver_after_s
+        self._commit_linger_s = commit_linger_s
         self._ledger = OffsetLedger()
         self._keys: KeyedLocks[bytes | None] = KeyedLocks()
         self._tasks: dict[asyncio.Task[None], Ticket] = {}
@@ -356,9 +358,11 @@ class ConcurrentConsumer:
             self._committer = asyncio.create_task(self._commit_due(), name=f"{self._name} commits")
 
     async def _commit_due(self) -> None:
-        # One commit at a time, each of every partition that moved since the last: under load the
-        # messages that finish while a commit is in flight share the next one.
+        # One commit at a time, each of every partition that moved since the last: the messages
+        # that finish while a commit lingers or is in flight share the next one.
         while self._due:
+            if self._commit_linger_s > 0 and not self._closing and not self._revoking:
+                await asyncio.sleep(self._commit_linger_s)
             due, self._due = self._due, {}
             positions = {
                 ticket: position
@@ -506,6 +510,7 @@ def consume_concurrently(
         name=f"{group} {source}",
         max_in_flight=settings.max_in_flight,
         revoke_grace_s=settings.revoke_grace_s,
+        commit_linger_s=settings.commit_linger_s,
         order=order,
         on_assigned=on_assigned,
         on_call=on_call,

@@ -472,6 +472,15 @@ class ConsumerSettings(SealingSettings):
             "keys run beside them); when all are busy the consumer takes no more until one finishes."
         ),
     )
+    commit_linger_s: float = Field(
+        default=0.05,
+        ge=0,
+        description=(
+            "How long a consumer lets handled messages gather before it commits their offsets, in "
+            "one commit of every partition that moved (0: at once). A crash delivers at most that "
+            "much handled work again, which every handler takes as a redelivery."
+        ),
+    )
     shutdown_grace_s: float = Field(
         default=10.0,
         ge=0,

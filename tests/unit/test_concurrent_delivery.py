@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, by_kafka_key, let_order_go
 from quipu.services.kit.delivery import ConsumedMessage, Delivery, RetryableError, RetryPolicy
 from quipu.services.kit.keyed_locks import KeyedLocks
-from tests.timing import eventually
+from tests.timing import eventually, scaled
 
 TOPIC = "runs.requested"
 TEXT = TypeAdapter(str)
@@ -416,3 +416,43 @@ async def test_a_revoke_and_a_drain_whose_commit_does_not_return_end_within_thei
     await asyncio.wait_for(consumer.drain(0.05), timeout=10)
     commits.release.set()
     await consumer.flush()
+
+
+@dataclass
+class CountedCommits(Commits):
+    calls: int = 0
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.calls += 1
+        await super().commit(offsets)
+
+
+async def _commits_of_messages_handled_one_after_another(linger_s: float) -> CountedCommits:
+    delivery = Delivery(Letters(), RetryPolicy(attempts=1))
+
+    async def effect(body: str) -> None:
+        pass
+
+    consumer = ConcurrentConsumer(
+        lambda message: delivery.handle(message, TEXT, effect),
+        name="test",
+        max_in_flight=4,
+        revoke_grace_s=1.0,
+        order=by_kafka_key,
+        commit_linger_s=linger_s,
+    )
+    commits = CountedCommits()
+    for offset in range(6):
+        await consumer.dispatch(_message(commits, offset // 2, f"k{offset}", "body", partition=offset % 2))
+        await _handlers_done(consumer)
+        await asyncio.sleep(0)  # a commit due without a linger goes out now
+    await consumer.flush()
+    return commits
+
+
+async def test_offsets_of_messages_handled_within_the_linger_go_in_one_commit() -> None:
+    lingering = await _commits_of_messages_handled_one_after_another(scaled(1.0))
+    assert lingering.calls == 1
+    assert sorted(lingering.positions) == [(0, 3), (1, 3)]
+    at_once = await _commits_of_messages_handled_one_after_another(0.0)
+    assert at_once.calls == 6
