@@ -51,7 +51,7 @@ from faststream.middlewares import AckPolicy
 
 from quipu.contracts.topics import Topic
 from quipu.services.kit import fetch_pace
-from quipu.services.kit.broker import subscriber_options, topic
+from quipu.services.kit.broker import InLoopKafkaMessage, subscriber_options, topic
 from quipu.services.kit.delivery import ConsumedMessage, describe_error
 from quipu.services.kit.keyed_locks import KeyedLocks
 from quipu.services.kit.logging import get_logger
@@ -273,7 +273,7 @@ class ConcurrentConsumer:
         """Messages being handled or waiting for their key."""
         return len(self._tasks)
 
-    async def dispatch(self, message: KafkaMessage) -> None:
+    async def dispatch(self, message: InLoopKafkaMessage) -> None:
         """Start one consumed message; returns once it runs (or at once when it must wait for later)."""
         record: Any = message.raw_message  # one ConsumerRecord (not a batch subscriber)
         ticket = self._ledger.begin(

@@ -22,10 +22,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
 
 from quipu.contracts.errors import QuipuError
-from quipu.services.kit.broker import follow_from_start, topic
+from quipu.services.kit.broker import InLoopKafkaMessage, follow_from_start, topic
 from quipu.services.kit.logging import get_logger
 from quipu.services.kit.run_events import topic_partitions
 from quipu.services.kit.settings import KafkaSettings
@@ -124,10 +123,10 @@ def follow_registries(
         follow_from_start(broker, settings, [name for name, _ in readers], _on_entry(takes))
 
 
-def _on_entry(takes: dict[str, Callable[[bytes], None]]) -> Callable[[KafkaMessage], Awaitable[None]]:
+def _on_entry(takes: dict[str, Callable[[bytes], None]]) -> Callable[[InLoopKafkaMessage], Awaitable[None]]:
     # Each record to the view of the registry it came from; a key's entries stay in order, since
     # each topic's partitions are read in order whatever else the consumer reads.
-    async def on_entry(message: KafkaMessage) -> None:
+    async def on_entry(message: InLoopKafkaMessage) -> None:
         record: Any = message.raw_message  # one ConsumerRecord (not a batch subscriber)
         takes[record.topic](message.body)
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter, ValidationError
 
 from quipu.contracts.runs import CancelRun
 from quipu.contracts.tools import ToolCallCompleted, ToolCallRequested
 from quipu.contracts.topics import Topic
-from quipu.services.kit.broker import follow_from_start
+from quipu.services.kit.broker import InLoopKafkaMessage, follow_from_start
 from quipu.services.kit.concurrent_delivery import ConcurrentConsumer, consume_concurrently
 from quipu.services.kit.delivery import Delivery, PermanentError
 from quipu.services.kit.keys import MessageSeals
@@ -115,7 +114,7 @@ def register(
         order=None,
     )
 
-    async def on_control(message: KafkaMessage) -> None:
+    async def on_control(message: InLoopKafkaMessage) -> None:
         try:
             cancel = CANCEL.validate_json(message.body)
         except ValidationError:
