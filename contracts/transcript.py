@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import json.encoder
 import math
 import re
 from decimal import Decimal
@@ -63,6 +64,9 @@ class TranscriptErasedError(TranscriptError):
 # --- exact JSON values ----------------------------------------------------------------------------
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_json_string = json.encoder.encode_basestring
+"""`json.dumps(text, ensure_ascii=False)` for a str, without building an encoder each call (the
+C function json.dumps ends in; a transcript's every string goes through it)."""
 # Where JSON text may spell a surrogate: strict UTF-8 holds none, only an escape from D800 to DFFF
 # does (an escaped backslash before the `u` matches too: the decoded value is searched then).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -400,7 +404,7 @@ def _write(value: Any, out: list[str]) -> None:
     elif isinstance(value, Decimal):
         out.append(_decimal_text(value))
     elif isinstance(value, str):
-        out.append(json.dumps(_SURROGATE.sub("\ufffd", value), ensure_ascii=False))
+        out.append(_json_string(_SURROGATE.sub("\ufffd", value)))
     elif isinstance(value, bytes):
         out.append('"' + base64.b64encode(value).decode("ascii") + '"')
     elif isinstance(value, dict):
