@@ -13,6 +13,7 @@ The estimate is deterministic and monotonic: adding text, a part or a message ne
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -109,8 +110,27 @@ def estimate_tool_tokens(tool: ToolSpec) -> int:
         TOOL_OVERHEAD_TOKENS
         + estimate_text_tokens(tool.name)
         + estimate_text_tokens(tool.description)
-        + _json_tokens(tool.input_schema)
+        + _schema_tokens(tool.input_schema)
     )
+
+
+_SCHEMA_TOKENS: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()
+_SCHEMAS_KEPT = 1024
+
+
+def _schema_tokens(schema: dict[str, Any]) -> int:
+    # A tool's schema is one object shared by every spec of its class (`tool_catalog.input_schema`)
+    # and counted at every model step; encoding it was a fifth of a turn's planning. Kept by
+    # identity with the object itself, so an id is never taken for another's once reused.
+    kept = _SCHEMA_TOKENS.get(id(schema))
+    if kept is not None and kept[0] is schema:
+        _SCHEMA_TOKENS.move_to_end(id(schema))
+        return kept[1]
+    tokens = _json_tokens(schema)
+    _SCHEMA_TOKENS[id(schema)] = (schema, tokens)
+    while len(_SCHEMA_TOKENS) > _SCHEMAS_KEPT:
+        _SCHEMA_TOKENS.popitem(last=False)
+    return tokens
 
 
 def estimate_request_tokens(request: ModelRequest) -> int:
