@@ -472,6 +472,15 @@ class ConsumerSettings(SealingSettings):
             "keys run beside them); when all are busy the consumer takes no more until one finishes."
         ),
     )
+    gc_young_threshold: int = Field(
+        default=10_000,
+        ge=0,
+        description=(
+            "Allocations between two collections of the garbage collector's youngest generation, "
+            "set for the whole process once the service started (Python's default is 700; 0 keeps "
+            "it). What start-up built is frozen out of every collection then."
+        ),
+    )
     commit_linger_s: float = Field(
         default=0.05,
         ge=0,
