@@ -381,6 +381,12 @@ class CommandLog(monitoring.CommandListener):
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         self.commands.append((event.command_name, dict(event.command)))
 
+    def finds_of(self, collection: str) -> list[Document]:
+        """The `find` commands sent to `collection`."""
+        return [
+            command for name, command in self.commands if name == "find" and command["find"] == collection
+        ]
+
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
 

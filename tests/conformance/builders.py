@@ -506,6 +506,13 @@ async def running_root(store: Store, session_id: str, **options: Any) -> RunStar
     return await proceed(store, root_start(session_id, **options))
 
 
+async def principals_root(store: Store, session_id: str, tenant_id: str, principal_id: str) -> RunStart:
+    """A running root run of the session whose texts are the principal's (sealed under their key)."""
+    command = root_start(session_id)
+    run = command.run.model_copy(update={"tenant_id": tenant_id, "principal_id": principal_id})
+    return await proceed(store, RootStart(run, command.started, command.stopped))
+
+
 async def stopped_root(store: Store) -> RootStart:
     """A root run's start sent in an ended session: it stops (canceled, session_ended)."""
     command = root_start(await ended_session(store))

@@ -43,14 +43,6 @@ async def here(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]
 
 
 @pytest.fixture
-async def elsewhere(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
-    """Another owner copy on the same database."""
-    opened = await MongoStore.connect(stack.mongo_uri, database)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
 async def unhinted(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
     """A copy without hints: every document found (what the answers must equal)."""
     opened = await MongoStore.connect(stack.mongo_uri, database, policy=UNHINTED)

@@ -6,10 +6,6 @@ record of that log still reads as written (services/storage_owner/mongo_transact
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from quipu.contracts.errors import ErrorCode
 from quipu.contracts.store import LogBasis, RunStart
 from quipu.deploy.local.stack import EmbeddedStack
@@ -17,49 +13,23 @@ from quipu.services.storage_owner.mongo import TransactionPolicy
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS, SEALED_BY
-from tests.conformance.builders import (
-    RootStart,
-    all_run_records,
-    open_session,
-    ordinary,
-    proceed,
-    refused,
-    root_start,
-)
-from tests.owner_support import CommandLog, client_on
+from tests.conformance.builders import all_run_records, open_session, ordinary, principals_root, refused
+from tests.owner_support import CommandLog
 
 TENANT = "t1"
 
 
-@pytest.fixture
-async def stores(stack: EmbeddedStack, database: str) -> AsyncIterator[tuple[MongoStore, MongoMemoryStore]]:
-    """Both stores on one client and database, as the storage owner opens them."""
-    client = client_on(stack.mongo_uri)
-    store = await MongoStore.open(client, database)
-    memory = await MongoMemoryStore.open(client, database)
-    yield store, memory
-    await client.close()
-
-
 async def _run_of(store: MongoStore, principal_id: str) -> RunStart:
-    start = root_start(await open_session(store))
-    run = start.run.model_copy(update={"tenant_id": TENANT, "principal_id": principal_id})
-    return await proceed(store, RootStart(run, start.started, start.stopped))
+    return await principals_root(store, await open_session(store), TENANT, principal_id)
 
 
-async def test_a_step_behind_its_start_reads_no_record(stack: EmbeddedStack, database: str) -> None:
-    log = CommandLog()
-    client = client_on(stack.mongo_uri, event_listeners=[log])
-    try:
-        store = await MongoStore.open(client, database)
-        run = await _run_of(store, "ana")
-        basis = LogBasis.of(await all_run_records(store, run.run_id))
-        log.commands.clear()
-        [result] = await store.append_run_records([ordinary(run, "step")], follows=basis)
-        reads = [command for name, command in log.commands if name == "find" and command["find"] == RECORDS]
-        assert result.inserted and reads == []
-    finally:
-        await client.close()
+async def test_a_step_behind_its_start_reads_no_record(logged: tuple[MongoStore, CommandLog]) -> None:
+    store, log = logged
+    run = await _run_of(store, "ana")
+    basis = LogBasis.of(await all_run_records(store, run.run_id))
+    log.commands.clear()
+    [result] = await store.append_run_records([ordinary(run, "step")], follows=basis)
+    assert result.inserted and log.finds_of(RECORDS) == []
 
 
 async def test_a_step_following_a_log_since_forgotten_is_refused(

@@ -31,17 +31,9 @@ from tests.conformance.builders import (
     suspend,
     terminal,
 )
-from tests.owner_support import CommandLog, client_on
+from tests.owner_support import CommandLog
 
 GROUPED = TransactionPolicy(group_max=8)
-
-
-@pytest.fixture
-async def elsewhere(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
-    """Another owner copy on the same database."""
-    opened = await MongoStore.connect(stack.mongo_uri, database)
-    yield opened
-    await opened.close()
 
 
 @pytest.fixture(params=[TransactionPolicy(), GROUPED], ids=["alone", "grouped"])
@@ -55,22 +47,16 @@ async def here(
     await opened.close()
 
 
-async def test_a_new_steps_and_its_terminals_keys_are_not_read(stack: EmbeddedStack, database: str) -> None:
-    log = CommandLog()
-    client = client_on(stack.mongo_uri, event_listeners=[log])
-    try:
-        store = await MongoStore.open(client, database)
-        _, run = await session_with_root(store)
-        log.commands.clear()
-        [appended] = await store.append_run_records([ordinary(run, "step")])
-        closed = await store.record_run_terminal(terminal(run), [ordinary(run, "answer")])
-        reads = [command for name, command in log.commands if name == "find" and command["find"] == RECORDS]
-        assert reads == []
-        assert appended.inserted and closed.inserted
-        stored = [record.event_key for record in await all_run_records(store, run.run_id)]
-        assert stored[-3:] == ["step", "answer", "terminal"]
-    finally:
-        await client.close()
+async def test_a_new_steps_and_its_terminals_keys_are_not_read(logged: tuple[MongoStore, CommandLog]) -> None:
+    store, log = logged
+    _, run = await session_with_root(store)
+    log.commands.clear()
+    [appended] = await store.append_run_records([ordinary(run, "step")])
+    closed = await store.record_run_terminal(terminal(run), [ordinary(run, "answer")])
+    assert log.finds_of(RECORDS) == []
+    assert appended.inserted and closed.inserted
+    stored = [record.event_key for record in await all_run_records(store, run.run_id)]
+    assert stored[-3:] == ["step", "answer", "terminal"]
 
 
 async def test_a_redelivered_step_is_answered_as_its_first_delivery(here: MongoStore) -> None:
@@ -118,18 +104,13 @@ async def test_a_terminal_another_copy_recorded_is_an_exact_retry(
     assert not ours.inserted and ours.record_id == theirs.record_id
 
 
-async def test_a_new_runs_start_does_not_read_the_run(stack: EmbeddedStack, database: str) -> None:
-    log = CommandLog()
-    client = client_on(stack.mongo_uri, event_listeners=[log])
-    try:
-        store = await MongoStore.open(client, database)
-        session_id = await open_session(store)
-        log.commands.clear()
-        started = await start(store, root_start(session_id))
-        reads = [command for name, command in log.commands if name == "find" and command["find"] == RUNS]
-        assert reads == [] and started.decision is StartOutcome.PROCEED and started.started.inserted
-    finally:
-        await client.close()
+async def test_a_new_runs_start_does_not_read_the_run(logged: tuple[MongoStore, CommandLog]) -> None:
+    store, log = logged
+    session_id = await open_session(store)
+    log.commands.clear()
+    started = await start(store, root_start(session_id))
+    assert log.finds_of(RUNS) == []
+    assert started.decision is StartOutcome.PROCEED and started.started.inserted
 
 
 async def test_a_start_another_copy_applied_is_answered_as_its_retry(

@@ -10,7 +10,6 @@ database holds nothing readable of theirs, reads say "erased", and the contract'
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,35 +17,22 @@ import pytest
 from quipu.contracts.errors import ErrorCode
 from quipu.contracts.store import ERASED_PAYLOAD, Checkpoint, RunStart
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED, TranscriptErasedError
-from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.domain.transcript import build_messages_from_run_log
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS
 from tests.conformance.builders import (
-    RootStart,
     all_run_records,
     all_session_records,
     open_session,
     ordinary,
-    proceed,
+    principals_root,
     refused,
-    root_start,
     suspend,
 )
-from tests.owner_support import client_on, resting_bytes
+from tests.owner_support import resting_bytes
 
 TENANT = "t1"
-
-
-@pytest.fixture
-async def stores(stack: EmbeddedStack, database: str) -> AsyncIterator[tuple[MongoStore, MongoMemoryStore]]:
-    """Both stores on one client and database, as the storage owner opens them."""
-    client = client_on(stack.mongo_uri)
-    store = await MongoStore.open(client, database)
-    memory = await MongoMemoryStore.open(client, database)
-    yield store, memory
-    await client.close()
 
 
 def _transcript(text: str) -> bytes:
@@ -54,9 +40,7 @@ def _transcript(text: str) -> bytes:
 
 
 async def _run_of(store: MongoStore, session_id: str, principal_id: str) -> RunStart:
-    start = root_start(session_id)
-    run = start.run.model_copy(update={"tenant_id": TENANT, "principal_id": principal_id})
-    return await proceed(store, RootStart(run, start.started, start.stopped))
+    return await principals_root(store, session_id, TENANT, principal_id)
 
 
 async def _said(store: MongoStore, run: RunStart, phrase: str) -> None:

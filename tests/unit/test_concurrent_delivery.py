@@ -66,6 +66,7 @@ def _consumer(
     max_in_flight: int = 16,
     letters: Letters | None = None,
     revoke_grace_s: float = 1.0,
+    commit_linger_s: float = 0.0,
 ) -> ConcurrentConsumer:
     delivery = Delivery(letters or Letters(), RetryPolicy(attempts=1))
     return ConcurrentConsumer(
@@ -75,6 +76,7 @@ def _consumer(
         revoke_grace_s=revoke_grace_s,
         order=by_kafka_key if ordered else None,
         redeliver_after_s=0.01,
+        commit_linger_s=commit_linger_s,
     )
 
 
@@ -428,19 +430,10 @@ class CountedCommits(Commits):
 
 
 async def _commits_of_messages_handled_one_after_another(linger_s: float) -> CountedCommits:
-    delivery = Delivery(Letters(), RetryPolicy(attempts=1))
-
     async def effect(body: str) -> None:
         pass
 
-    consumer = ConcurrentConsumer(
-        lambda message: delivery.handle(message, TEXT, effect),
-        name="test",
-        max_in_flight=4,
-        revoke_grace_s=1.0,
-        order=by_kafka_key,
-        commit_linger_s=linger_s,
-    )
+    consumer = _consumer(effect, commit_linger_s=linger_s)
     commits = CountedCommits()
     for offset in range(6):
         await consumer.dispatch(_message(commits, offset // 2, f"k{offset}", "body", partition=offset % 2))

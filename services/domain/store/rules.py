@@ -383,18 +383,10 @@ class RuleStore:
     ) -> list[AppendResult]:
         step = list(records)
         check_step_records(step)
-        basis = follows.keys if follows is not None else []
 
         async def apply(tx: StoreTransaction) -> list[AppendResult]:
             run, session = await self._record_owner(tx, *step)
-            keys = [record.event_key for record in step]
-            chained = await _holds_chained(tx, run, follows, keys)
-            # The log the step follows, unless its chain answers, is read with the step's own keys.
-            stored = await tx.load_records(
-                run.run_id,
-                keys + (basis if chained is None else []),
-                likely_absent=_new_unless_closed(run, keys),
-            )
+            stored, chained = await _read_for(tx, run, step, follows)
             retried = [_retried(stored, record, session) for record in step]
             new = [record for record, result in zip(step, retried, strict=True) if result is None]
             _check_follows(follows, run, stored, chained, writes_anew=bool(new))
@@ -477,20 +469,13 @@ class RuleStore:
         if carried:
             check_step_records(carried, closing=record)
         payload = decode_run_completed(record.payload)
-        basis = follows.keys if follows is not None else []
 
         async def apply(tx: StoreTransaction) -> AppendResult:
             run, session = await self._record_owner(tx, record, *carried)
             # One read answers the terminal's key, every carried record's and the log it follows
             # (§6.7, §6.4.1).
             sent = [record, *carried]
-            keys = [each.event_key for each in sent]
-            chained = await _holds_chained(tx, run, follows, keys)
-            stored = await tx.load_records(
-                run.run_id,
-                keys + (basis if chained is None else []),
-                likely_absent=_new_unless_closed(run, keys),
-            )
+            stored, chained = await _read_for(tx, run, sent, follows)
             anew = not all(_stored_as_sent(stored, each) for each in sent)
             _check_follows(follows, run, stored, chained, writes_anew=anew)
             if run.status.closed:
@@ -647,6 +632,19 @@ async def _run(tx: StoreTransaction, run_id: str) -> RunState:
     if run is None:
         _fail(ErrorCode.RUN_NOT_FOUND, "run not found")
     return run
+
+
+async def _read_for(
+    tx: StoreTransaction, run: RunState, written: Sequence[Record], follows: LogBasis | None
+) -> tuple[dict[str, Record], bool | None]:
+    """What a write of `written` following `follows` is decided on, in one read: the records at
+    its own keys and, unless the run's chain answers whether its log is still `follows` (the
+    second value, None when it cannot), those at the basis's keys."""
+    keys = [record.event_key for record in written]
+    chained = await _holds_chained(tx, run, follows, keys)
+    basis = follows.keys if follows is not None and chained is None else []
+    stored = await tx.load_records(run.run_id, keys + basis, likely_absent=_new_unless_closed(run, keys))
+    return stored, chained
 
 
 def _new_unless_closed(run: RunState, keys: list[str]) -> list[str]:
