@@ -16,7 +16,7 @@ import dataclasses
 import json
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -47,7 +47,8 @@ from quipu.services.kit.keys import message_seals
 from quipu.services.kit.settings import KeySettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.kit.topic_replay import at_the_end
-from quipu.services.storage_owner.mongo import client_options
+from quipu.services.storage_owner.mongo import TransactionPolicy, client_options
+from quipu.services.storage_owner.mongo_store import MongoStore
 from tests.conformance.builders import (
     all_run_records,
     all_session_records,
@@ -351,6 +352,18 @@ class RawPublisher:
 
 
 # --- the owner's database ---------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def owner_copy(
+    uri: str, database: str, policy: TransactionPolicy | None = None
+) -> AsyncIterator[MongoStore]:
+    """A MongoStore of its own client on `database`, as one owner copy opens it (its hints its own)."""
+    store = await MongoStore.connect(uri, database, policy=policy)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def client_on(uri: str, **options: Any) -> AsyncMongoClient[Document]:

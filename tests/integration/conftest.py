@@ -9,7 +9,7 @@ import pytest
 from quipu.deploy.local.stack import EmbeddedStack
 from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
-from tests.owner_support import CommandLog, client_on
+from tests.owner_support import CommandLog, client_on, owner_copy
 
 
 @pytest.fixture
@@ -32,11 +32,17 @@ async def stores(stack: EmbeddedStack, database: str) -> AsyncIterator[tuple[Mon
 
 
 @pytest.fixture
+async def here(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
+    """The owner copy under test."""
+    async with owner_copy(stack.mongo_uri, database) as opened:
+        yield opened
+
+
+@pytest.fixture
 async def elsewhere(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
     """Another owner copy on the test's database (its document hints are its own)."""
-    opened = await MongoStore.connect(stack.mongo_uri, database)
-    yield opened
-    await opened.close()
+    async with owner_copy(stack.mongo_uri, database) as opened:
+        yield opened
 
 
 @pytest.fixture

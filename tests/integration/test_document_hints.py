@@ -29,25 +29,16 @@ from tests.conformance.builders import (
     start,
     terminal,
 )
-from tests.owner_support import CommandLog, client_on
+from tests.owner_support import CommandLog, client_on, owner_copy
 
 UNHINTED = TransactionPolicy(document_hints=0)
 
 
 @pytest.fixture
-async def here(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
-    """The owner copy whose hints are under test."""
-    opened = await MongoStore.connect(stack.mongo_uri, database)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture
 async def unhinted(stack: EmbeddedStack, database: str) -> AsyncIterator[MongoStore]:
     """A copy without hints: every document found (what the answers must equal)."""
-    opened = await MongoStore.connect(stack.mongo_uri, database, policy=UNHINTED)
-    yield opened
-    await opened.close()
+    async with owner_copy(stack.mongo_uri, database, UNHINTED) as opened:
+        yield opened
 
 
 async def _finds_of_an_append(stack: EmbeddedStack, database: str, policy: TransactionPolicy) -> list[str]:

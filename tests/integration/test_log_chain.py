@@ -14,7 +14,7 @@ from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
 from quipu.services.storage_owner.mongo_store import MongoStore
 from quipu.services.storage_owner.mongo_transaction import RECORDS, RUNS, SEALED_BY
 from tests.conformance.builders import all_run_records, open_session, ordinary, principals_root, refused
-from tests.owner_support import CommandLog
+from tests.owner_support import CommandLog, owner_copy
 
 TENANT = "t1"
 
@@ -50,16 +50,11 @@ async def test_a_step_following_a_log_since_forgotten_is_refused(
 
 
 async def test_a_run_written_before_chains_is_checked_by_its_records(
-    stack: EmbeddedStack, database: str
+    stack: EmbeddedStack, database: str, elsewhere: MongoStore
 ) -> None:
-    written = await MongoStore.connect(stack.mongo_uri, database)
-    try:
-        run = await _run_of(written, "bo")
-        records = await all_run_records(written, run.run_id)
-    finally:
-        await written.close()
-    store = await MongoStore.connect(stack.mongo_uri, database, policy=TransactionPolicy(document_hints=0))
-    try:
+    run = await _run_of(elsewhere, "bo")
+    records = await all_run_records(elsewhere, run.run_id)
+    async with owner_copy(stack.mongo_uri, database, TransactionPolicy(document_hints=0)) as store:
         await store.database[RUNS].update_one(
             {"_id": run.run_id}, {"$unset": {"log_chain": "", SEALED_BY: ""}}
         )
@@ -71,5 +66,3 @@ async def test_a_run_written_before_chains_is_checked_by_its_records(
         assert result.inserted
         document = await store.database[RUNS].find_one({"_id": run.run_id})
         assert document is not None and document["log_chain"] is None  # it cannot start one midway
-    finally:
-        await store.close()

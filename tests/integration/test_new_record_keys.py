@@ -31,7 +31,7 @@ from tests.conformance.builders import (
     suspend,
     terminal,
 )
-from tests.owner_support import CommandLog
+from tests.owner_support import CommandLog, owner_copy
 
 GROUPED = TransactionPolicy(group_max=8)
 
@@ -41,10 +41,8 @@ async def here(
     stack: EmbeddedStack, database: str, request: pytest.FixtureRequest
 ) -> AsyncIterator[MongoStore]:
     """The owner copy under test, applying each operation alone or in groups."""
-    policy: TransactionPolicy = request.param
-    opened = await MongoStore.connect(stack.mongo_uri, database, policy=policy)
-    yield opened
-    await opened.close()
+    async with owner_copy(stack.mongo_uri, database, request.param) as opened:
+        yield opened
 
 
 async def test_a_new_steps_and_its_terminals_keys_are_not_read(logged: tuple[MongoStore, CommandLog]) -> None:
