@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream import FastStream
 
 from quipu.contracts.errors import StoreError
@@ -41,6 +41,7 @@ from quipu.contracts.topics import Topic
 from quipu.contracts.transcript import TRANSCRIPT_MESSAGES_APPENDED
 from quipu.contracts.wire import utc_now_ms
 from quipu.deploy.local.stack import EmbeddedStack, create_topics, delete_topics
+from quipu.services.kit.producers import Producer, shared_producer
 from quipu.services.kit.settings import KafkaSettings, MongoSettings
 from quipu.services.kit.store_client import KafkaStore
 from quipu.services.storage_owner.app import create_app as create_owner
@@ -124,11 +125,15 @@ class StandInPlanner:
     _runs: dict[str, RunStart] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _consumer: AIOKafkaConsumer | None = None
-    _producer: AIOKafkaProducer | None = None
+    _producer: Producer | None = None
 
     async def __aenter__(self) -> StandInPlanner:
         bootstrap = self.served.stack.bootstrap
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+        # The owner's producer, as a planner of the owner's process publishes: its deltas then
+        # follow on the partition what the owner queued before it answered (replies are taken as
+        # they are queued in-process, before the broker has the owner's events).
+        kafka = self.served.kafka
+        self._producer = shared_producer(kafka, kafka.client_id)
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10
@@ -184,11 +189,12 @@ class StandInPlanner:
             timestamp=utc_now_ms(),
             payload=payload,
         )
-        await self._producer.send_and_wait(
+        acknowledged = await self._producer.send(
             self.served.topic(Topic.RUNS_EVENTS),
             event.model_dump_json().encode(),
             key=(run.session_id or run.run_id).encode(),
         )
+        await acknowledged
 
     async def _run(self, request: RunRequested) -> None:
         self.requests.append(request)
