@@ -44,8 +44,8 @@ Definitions (printed by `python -m bench`):
   replayed): what the path costs if every hop and operation costs its floor and nothing else.
 - run_overhead_vs_hops_ratio = run_overhead_p50 / raw_hops_p50 (target <= 1.5).
 
-Then 50 sessions run at once, each client running its turns back to back (a fresh session per run,
-created beforehand, so every run is the same first turn): runs/s and p50/p99 under load.
+Then 50 sessions run at once, each client running four turns back to back (a fresh session per run,
+created beforehand, so every run is the same first turn; 200 runs): runs/s and p50/p99 under load.
 The CPU of those runs, per run, is read for each process (this one with every service, the
 broker, the database): `run_cpu_ms_all_processes_50_sessions` is their sum, and
 `runs_per_s_cpu_bound_50_sessions` = cores x 1000 / that sum, the rate at which the box's cores
@@ -90,7 +90,9 @@ SEQUENTIAL_RUNS = 40
 ANSWER_RUNS = 20
 REPLAYED_RUNS = 20
 SESSIONS = 50
-RUNS_PER_SESSION = 2
+RUNS_PER_SESSION = 4
+"""Runs each of the 50 clients makes, one after another: 200 in all, a few seconds, so that one slow
+spell of the box does not set the figure alone."""
 RAW_HOPS = 150
 IDLE_GAP_S = 0.020
 IDLE_CPU_S = 2.0
