@@ -121,10 +121,20 @@ def _changes_id(scope: MemoryScope, idempotency_key: str) -> str:
 class MongoMemoryTransaction:
     """The `MemoryTransaction` port inside one MongoDB transaction; seals and opens texts."""
 
-    def __init__(self, collections: _Collections, session: AsyncClientSession, keyring: Keyring) -> None:
+    def __init__(
+        self,
+        collections: _Collections,
+        session: AsyncClientSession,
+        keyring: Keyring,
+        *,
+        guessing: bool = False,
+    ) -> None:
         self._c = collections
         self._session = session
         self._keys = PrincipalKeys(collections.keys, session, keyring)
+        self._guessing = guessing
+        self._guessed: set[str] = set()
+        """Sessions answered absent unread (`likely_absent`) and not inserted yet."""
         self.opened_for: set[tuple[str, str]] = set()
         """Whose keys (tenant, principal) opened the texts this transaction read: the people whose
         words its result holds, known without reading anything again."""
@@ -143,19 +153,36 @@ class MongoMemoryTransaction:
 
     # -- history -------------------------------------------------------------------------------
 
-    async def load_session(self, session_id: str) -> MemorySession | None:
+    async def load_session(self, session_id: str, *, likely_absent: bool = False) -> MemorySession | None:
+        if likely_absent and self._guessing:
+            self._guessed.add(session_id)
+            return None
         document = await self._c.sessions.find_one({"_id": session_id}, session=self._session)
         if document is None:
             return None
         return MemorySession(session_id=session_id, scope=_scope(document), last_seq=document["last_seq"])
 
     async def save_session(self, session: MemorySession) -> None:
+        document = {"_id": session.session_id, **_scope_fields(session.scope), "last_seq": session.last_seq}
+        if session.session_id in self._guessed:
+            # Taken for new: the insert is what confirms it (the retry reads what was there).
+            try:
+                await self._c.sessions.insert_one(document, session=self._session)
+            except DuplicateKeyError as error:
+                raise WriteRaceError("a session this claim took for new was there") from error
+            self._guessed.discard(session.session_id)
+            return
         await self._c.sessions.replace_one(
-            {"_id": session.session_id},
-            {"_id": session.session_id, **_scope_fields(session.scope), "last_seq": session.last_seq},
-            upsert=True,
-            session=self._session,
+            {"_id": session.session_id}, document, upsert=True, session=self._session
         )
+
+    async def confirm(self) -> None:
+        """Read each session answered absent unread and not inserted, in the snapshot: WriteRaceError
+        when one is there (the attempt is retried, reading it)."""
+        guessed, self._guessed = self._guessed, set()
+        for session_id in sorted(guessed):
+            if await self._c.sessions.find_one({"_id": session_id}, {"_id": True}, session=self._session):
+                raise WriteRaceError("a session this operation took for new was there")
 
     async def _history_rows(self, query: Document, limit: int) -> list[HistoryMessage]:
         cursor = self._c.history.find(query, sort=[("seq", ASCENDING)], limit=limit, session=self._session)
@@ -535,7 +562,14 @@ class MongoMemoryTransactions(TransactionLoop["MongoMemoryTransaction"]):
     def _open(
         self, session: AsyncClientSession, *, reading: bool = False, retrying: bool = False
     ) -> MongoMemoryTransaction:
-        return MongoMemoryTransaction(self._reading if reading else self._collections, session, self._keyring)
+        collections = self._reading if reading else self._collections
+        return MongoMemoryTransaction(collections, session, self._keyring, guessing=not (reading or retrying))
+
+    async def _finish(self, transaction: MongoMemoryTransaction) -> None:
+        await transaction.confirm()
+
+    async def _confirm(self, transaction: MongoMemoryTransaction) -> None:
+        await transaction.confirm()
 
     async def run(self, operation: Callable[[MemoryTransaction], Awaitable[T]]) -> T:
         return await self.run_transaction(operation)

@@ -62,7 +62,7 @@ class _MemoryTransaction:
     def __init__(self, tables: _Tables) -> None:
         self._tables = tables
 
-    async def load_session(self, session_id: str) -> MemorySession | None:
+    async def load_session(self, session_id: str, *, likely_absent: bool = False) -> MemorySession | None:
         return self._tables.sessions.get(session_id)
 
     async def save_session(self, session: MemorySession) -> None:

@@ -159,7 +159,8 @@ class MemoryRules:
         require_principal(scope)
 
         async def operation(tx: MemoryTransaction) -> MemoryScope:
-            session = await tx.load_session(session_id)
+            # A turn is claimed once a planner first sees its session: mostly the session's first.
+            session = await tx.load_session(session_id, likely_absent=True)
             if session is None:
                 await tx.save_session(MemorySession(session_id=session_id, scope=scope))
                 return scope

@@ -46,8 +46,12 @@ def require_owner(session: MemorySession, scope: MemoryScope) -> None:
 class MemoryTransaction(Protocol):
     """What the rules need from a backend inside one atomic unit (no rule lives here)."""
 
-    async def load_session(self, session_id: str) -> MemorySession | None:
-        """The session's bookkeeping, or None before its first turn."""
+    async def load_session(self, session_id: str, *, likely_absent: bool = False) -> MemorySession | None:
+        """The session's bookkeeping, or None before its first turn. `likely_absent`: the operation
+        saves the session when it is absent and expects it to be (a claim). A backend may answer
+        None without reading it, provided it confirms that before the operation's outcome stands:
+        by its save inserting the session (its unique id), or else by a read, failing the attempt
+        as a write race when the session is there; the retry reads it."""
         ...
 
     async def save_session(self, session: MemorySession) -> None:

@@ -1,0 +1,86 @@
+"""A claim takes its session's history for new: the first attempt inserts the session's
+bookkeeping without reading it, and every answer stays the one a read would give
+(services/storage_owner/mongo_memory_transaction.py, `likely_absent`).
+
+The session's unique `_id` confirms the insert; a session that was there fails the first attempt,
+and the retry reads it. Alone and in groups (group commit), on two stores of one database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from quipu.contracts.errors import ErrorCode, StoreError
+from quipu.contracts.memory import MemoryScope
+from quipu.deploy.local.stack import EmbeddedStack
+from quipu.services.domain.memory.transaction import MemorySession, MemoryTransaction
+from quipu.services.storage_owner.mongo import TransactionPolicy
+from quipu.services.storage_owner.mongo_memory_store import MongoMemoryStore
+from tests.conformance.memory_builders import scope, uid
+from tests.owner_support import CommandLog, client_on
+
+SESSIONS = "memory_sessions"
+
+
+@pytest.fixture(params=[TransactionPolicy(), TransactionPolicy(group_max=8)], ids=["alone", "grouped"])
+async def logged(
+    stack: EmbeddedStack, database: str, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[MongoMemoryStore, CommandLog]]:
+    """A memory store whose client logs every command it sends, applying operations alone or grouped."""
+    log = CommandLog()
+    client = client_on(stack.mongo_uri, event_listeners=[log])
+    memory = await MongoMemoryStore.open(client, database, policy=request.param)
+    yield memory, log
+    await client.close()
+
+
+async def test_a_new_sessions_claim_reads_no_session(logged: tuple[MongoMemoryStore, CommandLog]) -> None:
+    memory, log = logged
+    session_id, person = uid("session"), scope()
+    log.commands.clear()
+    assert await memory.claim_session(session_id, person) == person
+    assert log.finds_of(SESSIONS) == []
+    assert await memory.claim_session(session_id, person) == person  # the session is there now
+
+
+async def test_a_claimed_session_answers_as_a_read_would(logged: tuple[MongoMemoryStore, CommandLog]) -> None:
+    memory, _ = logged
+    session_id, owner = uid("session"), scope()
+    await memory.claim_session(session_id, owner)
+    again = MemoryScope(tenant_id=owner.tenant_id, principal_id=owner.principal_id, agent_id="agent-b")
+    assert await memory.claim_session(session_id, again) == owner
+    with pytest.raises(StoreError) as refusal:
+        await memory.claim_session(session_id, scope())
+    assert refusal.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
+
+
+async def test_another_copys_claim_is_found_on_the_retry(stack: EmbeddedStack, database: str) -> None:
+    client = client_on(stack.mongo_uri)
+    here = await MongoMemoryStore.open(client, database)
+    elsewhere = await MongoMemoryStore.open(client_on(stack.mongo_uri), database, owns_client=True)
+    try:
+        session_id, owner = uid("session"), scope()
+        assert await elsewhere.claim_session(session_id, owner) == owner
+        with pytest.raises(StoreError) as refusal:
+            await here.claim_session(session_id, scope())
+        assert refusal.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
+        assert await here.claim_session(session_id, owner) == owner
+    finally:
+        await elsewhere.close()
+        await client.close()
+
+
+async def test_a_session_taken_for_new_and_not_saved_is_read_before_the_answer(
+    logged: tuple[MongoMemoryStore, CommandLog],
+) -> None:
+    memory, _ = logged
+    session_id, owner = uid("session"), scope()
+    await memory.claim_session(session_id, owner)
+
+    async def look(tx: MemoryTransaction) -> MemorySession | None:
+        return await tx.load_session(session_id, likely_absent=True)
+
+    found = await memory.transactions.run(look)
+    assert found is not None and found.scope == owner
