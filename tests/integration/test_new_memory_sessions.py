@@ -8,6 +8,7 @@ and the retry reads it. Alone and in groups (group commit), on two stores of one
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -70,6 +71,31 @@ async def test_another_copys_claim_is_found_on_the_retry(stack: EmbeddedStack, d
     finally:
         await elsewhere.close()
         await client.close()
+
+
+async def test_racing_claims_of_a_new_session_have_one_winner(stack: EmbeddedStack, database: str) -> None:
+    copies = [
+        await MongoMemoryStore.open(client_on(stack.mongo_uri), database, owns_client=True) for _ in range(2)
+    ]
+    try:
+        for _ in range(5):
+            session_id, people = uid("session"), [scope(), scope()]
+            outcomes = await asyncio.gather(
+                *(
+                    copy.claim_session(session_id, person)
+                    for copy, person in zip(copies, people, strict=True)
+                ),
+                return_exceptions=True,
+            )
+            winners = [outcome for outcome in outcomes if isinstance(outcome, MemoryScope)]
+            refusals = [outcome for outcome in outcomes if isinstance(outcome, StoreError)]
+            assert len(winners) == 1 and len(refusals) == 1, outcomes
+            assert refusals[0].code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
+            for copy in copies:
+                assert await copy.claim_session(session_id, winners[0]) == winners[0]
+    finally:
+        for copy in copies:
+            await copy.close()
 
 
 async def test_a_session_taken_for_new_and_not_saved_is_read_before_the_answer(
