@@ -169,7 +169,7 @@ class MongoMemoryTransaction:
             try:
                 await self._c.sessions.insert_one(document, session=self._session)
             except DuplicateKeyError as error:
-                raise WriteRaceError("a session this claim took for new was there") from error
+                raise WriteRaceError("a session this operation took for new was there") from error
             self._guessed.discard(session.session_id)
             return
         await self._c.sessions.replace_one(

@@ -57,45 +57,40 @@ async def test_a_claimed_session_answers_as_a_read_would(logged: tuple[MongoMemo
     assert refusal.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
 
 
-async def test_another_copys_claim_is_found_on_the_retry(stack: EmbeddedStack, database: str) -> None:
-    client = client_on(stack.mongo_uri)
-    here = await MongoMemoryStore.open(client, database)
-    elsewhere = await MongoMemoryStore.open(client_on(stack.mongo_uri), database, owns_client=True)
-    try:
-        session_id, owner = uid("session"), scope()
-        assert await elsewhere.claim_session(session_id, owner) == owner
-        with pytest.raises(StoreError) as refusal:
-            await here.claim_session(session_id, scope())
-        assert refusal.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
-        assert await here.claim_session(session_id, owner) == owner
-    finally:
-        await elsewhere.close()
-        await client.close()
-
-
-async def test_racing_claims_of_a_new_session_have_one_winner(stack: EmbeddedStack, database: str) -> None:
-    copies = [
+@pytest.fixture
+async def copies(stack: EmbeddedStack, database: str) -> AsyncIterator[list[MongoMemoryStore]]:
+    """Two memory stores on the test's database, each on a client of its own (two owner copies)."""
+    opened = [
         await MongoMemoryStore.open(client_on(stack.mongo_uri), database, owns_client=True) for _ in range(2)
     ]
-    try:
-        for _ in range(5):
-            session_id, people = uid("session"), [scope(), scope()]
-            outcomes = await asyncio.gather(
-                *(
-                    copy.claim_session(session_id, person)
-                    for copy, person in zip(copies, people, strict=True)
-                ),
-                return_exceptions=True,
-            )
-            winners = [outcome for outcome in outcomes if isinstance(outcome, MemoryScope)]
-            refusals = [outcome for outcome in outcomes if isinstance(outcome, StoreError)]
-            assert len(winners) == 1 and len(refusals) == 1, outcomes
-            assert refusals[0].code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
-            for copy in copies:
-                assert await copy.claim_session(session_id, winners[0]) == winners[0]
-    finally:
+    yield opened
+    for copy in opened:
+        await copy.close()
+
+
+async def test_another_copys_claim_is_found_on_the_retry(copies: list[MongoMemoryStore]) -> None:
+    elsewhere, here = copies
+    session_id, owner = uid("session"), scope()
+    assert await elsewhere.claim_session(session_id, owner) == owner
+    with pytest.raises(StoreError) as refusal:
+        await here.claim_session(session_id, scope())
+    assert refusal.value.code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
+    assert await here.claim_session(session_id, owner) == owner
+
+
+async def test_racing_claims_of_a_new_session_have_one_winner(copies: list[MongoMemoryStore]) -> None:
+    for _ in range(5):
+        session_id, people = uid("session"), [scope(), scope()]
+        outcomes = await asyncio.gather(
+            *(copy.claim_session(session_id, person) for copy, person in zip(copies, people, strict=True)),
+            return_exceptions=True,
+        )
+        winners = [outcome for outcome in outcomes if isinstance(outcome, MemoryScope)]
+        refusals = [outcome for outcome in outcomes if isinstance(outcome, StoreError)]
+        assert len(winners) == 1 and len(refusals) == 1, outcomes
+        assert refusals[0].code is ErrorCode.SESSION_PRINCIPAL_MISMATCH
         for copy in copies:
-            await copy.close()
+            assert await copy.claim_session(session_id, winners[0]) == winners[0]
 
 
 async def test_a_session_taken_for_new_and_not_saved_is_read_before_the_answer(
